@@ -1,0 +1,41 @@
+# Every target does its own set-up: a fresh clone needs only python3, node and npm on PATH.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help setup test lint format pytest clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed ## Create the virtualenv and install pinned Python and npm packages
+
+lint: setup ## ruff: lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup ## ruff: fix what can be fixed and reformat
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+pytest: setup
+	$(PYTHON) -m pytest
+
+test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
+
+clean: ## Remove the virtualenv, node_modules and caches
+	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache .hypothesis cdk.out

@@ -1,0 +1,335 @@
+"""Connection leases: acquire, take over, checkpoint, release, and "which of mine were stopped?".
+
+Every write a holder makes to a connection is fenced on ``lease_owner`` and ``lease_version``
+(incremented by every acquisition), so a holder that was paused past its deadline can never
+write again once someone else has acquired the connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import model
+from ..aws import AsyncClient
+from .dynamo import (
+    batch_get,
+    from_item,
+    is_condition_failure,
+    names,
+    old_item_of,
+    query_all,
+    retry_until,
+    to_attr,
+)
+from .errors import LeaseLost
+from .sessions import SessionDirectory, SessionKeeper
+
+STARTED = model.DesiredState.STARTED.value
+# A claim that races with another writer is retried a few times, then given up to the others.
+MAX_CLAIM_ROUNDS = 3
+# How long a release may keep retrying after the holder's deadline: it is fenced, so late is safe.
+RELEASE_BUDGET_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a holder knows of a connection it owns."""
+
+    pk: str
+    ws_url: str
+    last_seq: int
+    lease_version: int
+    owner: str
+    session_version: int
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> Lease:
+        return cls(
+            pk=item[model.PK],
+            ws_url=item.get(model.WS_URL, ""),
+            last_seq=int(item.get(model.LAST_SEQ, 0)),
+            lease_version=int(item[model.LEASE_VERSION]),
+            owner=item[model.LEASE_OWNER],
+            session_version=int(item[model.LEASE_SESSION]),
+        )
+
+
+@dataclass(frozen=True)
+class Claimable:
+    """A connection someone may claim: unowned, or owned by a session that has ended."""
+
+    pk: str
+    owner: str | None = None
+    session_version: int | None = None
+
+
+class ConnectionLeases:
+    """The holder's operations on connection items, all attached to its current session."""
+
+    def __init__(
+        self,
+        *,
+        dynamodb: AsyncClient,
+        table_name: str,
+        session: SessionKeeper,
+        directory: SessionDirectory,
+    ):
+        self._dynamodb = dynamodb
+        self._table = table_name
+        self.session = session
+        self.directory = directory
+
+    @property
+    def worker_id(self) -> str:
+        return self.session.worker_id
+
+    # -- acquisition ---------------------------------------------------------------------------
+
+    async def acquire(self, pk: str) -> Lease | None:
+        """Claim ``pk`` if it is STARTED and unowned, or its owner's session has expired.
+
+        ``None`` when it is not claimable (owned by a live session, STOPPED, or missing). Raises
+        :class:`SessionLost` if this worker's own session is past its deadline.
+        """
+        candidate = Claimable(pk)
+        for _ in range(MAX_CLAIM_ROUNDS):
+            current = await self._try_claim(candidate)
+            if isinstance(current, Lease):
+                return current
+            if current is None or current.get(model.DESIRED_STATE) != STARTED:
+                return None
+            owner = current.get(model.LEASE_OWNER)
+            if owner is None:
+                candidate = Claimable(pk)
+                continue
+            version = int(current[model.LEASE_SESSION])
+            if owner == self.worker_id and version == self.session.version:
+                return None  # already ours
+            if not await self._owner_is_gone(owner, version):
+                return None
+            candidate = Claimable(pk, owner, version)
+        return None
+
+    async def claim(self, candidate: Claimable) -> Lease | None:
+        """Claim a candidate found by orphan discovery; ``None`` if someone was quicker."""
+        current = await self._try_claim(candidate)
+        return current if isinstance(current, Lease) else None
+
+    async def _owner_is_gone(self, owner: str, version: int) -> bool:
+        session = await self.directory.read(owner, version)
+        if session is None:
+            return True  # never existed or forgotten: nobody can renew it
+        if not self.directory.is_expired(session):
+            return False
+        return await self.directory.fence(session)
+
+    async def _try_claim(self, candidate: Claimable) -> Lease | dict[str, Any] | None:
+        """One conditional write. Returns the lease, or the item as it stood if the write failed."""
+        my_version = self.session.require_live()
+        values = {
+            ":me": to_attr(self.worker_id),
+            ":session": to_attr(my_version),
+            ":one": to_attr(1),
+            ":started": to_attr(STARTED),
+            ":now": to_attr(self.session.clock.wall_ms()),
+        }
+        if candidate.owner is None:
+            ownership = "attribute_not_exists(#lease_owner)"
+        else:
+            ownership = "#lease_owner = :owner AND #lease_session = :owner_session"
+            values[":owner"] = to_attr(candidate.owner)
+            values[":owner_session"] = to_attr(candidate.session_version)
+        try:
+            response = await retry_until(
+                lambda: self._dynamodb.call(
+                    "update_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(candidate.pk)},
+                    UpdateExpression=(
+                        "SET #lease_owner = :me, #lease_session = :session, #updated_at_ms = :now "
+                        "ADD #lease_version :one "
+                        "REMOVE #awaiting_owner, #stop_requested_for"
+                    ),
+                    ConditionExpression=(
+                        f"attribute_exists(#pk) AND #desired_state = :started AND {ownership}"
+                    ),
+                    ExpressionAttributeNames=names(
+                        model.PK,
+                        model.LEASE_OWNER,
+                        model.LEASE_SESSION,
+                        model.LEASE_VERSION,
+                        model.UPDATED_AT_MS,
+                        model.AWAITING_OWNER,
+                        model.STOP_REQUESTED_FOR,
+                        model.DESIRED_STATE,
+                    ),
+                    ExpressionAttributeValues=values,
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                ),
+                deadline=self.session.deadline,
+                clock=self.session.clock,
+                what=f"acquire {candidate.pk}",
+            )
+        except Exception as exc:
+            if not is_condition_failure(exc):
+                raise
+            return await self._item_after_failure(exc, candidate.pk)
+        return Lease.from_item(from_item(response["Attributes"]))
+
+    async def _item_after_failure(self, exc: Exception, pk: str) -> dict[str, Any] | None:
+        """The item a failed condition saw: from ``ALL_OLD`` when the server returns it (DynamoDB,
+        moto), otherwise (dynalite) from a consistent read."""
+        item = old_item_of(exc)  # type: ignore[arg-type]
+        if item is not None:
+            return item
+        return await self.read(pk)
+
+    # -- the holder's fenced writes ------------------------------------------------------------
+
+    def _fence(self, lease: Lease) -> dict[str, Any]:
+        return {":me": to_attr(lease.owner), ":lease_version": to_attr(lease.lease_version)}
+
+    async def checkpoint(self, lease: Lease, last_seq: int) -> None:
+        """Record that every message up to ``last_seq`` is stored. Raises :class:`LeaseLost`."""
+        self.session.require_live()
+        await self._fenced_update(
+            lease,
+            update="SET #last_seq = :seq, #updated_at_ms = :now",
+            extra_values={
+                ":seq": to_attr(last_seq),
+                ":now": to_attr(self.session.clock.wall_ms()),
+            },
+            deadline=self.session.deadline,
+            what=f"checkpoint {lease.pk}",
+        )
+
+    async def release(self, lease: Lease) -> bool:
+        """Give the connection up. ``True`` if it is STARTED, so a peer should claim it now.
+
+        Fenced: after someone else acquired it this raises :class:`LeaseLost` and changes
+        nothing. Allowed a little past the holder's deadline, since a fenced write is safe late.
+        """
+        clock = self.session.clock
+        deadline = max(self.session.deadline, clock.monotonic() + RELEASE_BUDGET_SECONDS)
+        update = "REMOVE #lease_owner, #lease_session, #stop_requested_for SET #updated_at_ms = :now"
+        now = {":now": to_attr(clock.wall_ms())}
+        try:
+            await self._fenced_update(
+                lease,
+                update=f"{update}, #awaiting_owner = :started",
+                condition="#desired_state = :started",
+                extra_values={**now, ":started": to_attr(STARTED)},
+                deadline=deadline,
+                what=f"release {lease.pk}",
+            )
+            return True
+        except LeaseLost as lost:
+            if lost.holder != lease.owner:
+                raise
+        # Still ours but STOPPED: release without offering it to the fleet.
+        await self._fenced_update(
+            lease, update=update, extra_values=now, deadline=deadline, what=f"release {lease.pk}"
+        )
+        return False
+
+    async def _fenced_update(
+        self,
+        lease: Lease,
+        *,
+        update: str,
+        extra_values: dict[str, Any],
+        deadline: float,
+        what: str,
+        condition: str = "",
+    ) -> None:
+        condition_expression = "#lease_owner = :me AND #lease_version = :lease_version"
+        if condition:
+            condition_expression += f" AND {condition}"
+        attribute_names = {
+            key: value
+            for key, value in names(
+                model.LEASE_OWNER,
+                model.LEASE_VERSION,
+                model.LEASE_SESSION,
+                model.LAST_SEQ,
+                model.UPDATED_AT_MS,
+                model.AWAITING_OWNER,
+                model.STOP_REQUESTED_FOR,
+                model.DESIRED_STATE,
+            ).items()
+            if key in update or key in condition_expression
+        }
+        try:
+            await retry_until(
+                lambda: self._dynamodb.call(
+                    "update_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(lease.pk)},
+                    UpdateExpression=update,
+                    ConditionExpression=condition_expression,
+                    ExpressionAttributeNames=attribute_names,
+                    ExpressionAttributeValues={**self._fence(lease), **extra_values},
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                ),
+                deadline=deadline,
+                clock=self.session.clock,
+                what=what,
+            )
+        except Exception as exc:
+            if not is_condition_failure(exc):
+                raise
+            current = await self._item_after_failure(exc, lease.pk) or {}
+            version = current.get(model.LEASE_VERSION)
+            raise LeaseLost(
+                lease.pk,
+                current.get(model.LEASE_OWNER),
+                "" if version == lease.lease_version else f" at lease_version {version}",
+            ) from None
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def read(self, pk: str) -> dict[str, Any] | None:
+        """A connection item, read consistently."""
+        response = await retry_until(
+            lambda: self._dynamodb.call(
+                "get_item", TableName=self._table, Key={model.PK: to_attr(pk)}, ConsistentRead=True
+            ),
+            deadline=self.session.clock.monotonic() + self.session.timing.lease_seconds,
+            clock=self.session.clock,
+            what=f"read {pk}",
+        )
+        return from_item(response.get("Item"))
+
+    async def read_many(self, pks: list[str]) -> dict[str, dict[str, Any]]:
+        """Connection items by key, consistently, in batches of 100 (``UnprocessedKeys`` retried)."""
+        items = await batch_get(
+            self._dynamodb,
+            table_name=self._table,
+            keys=[{model.PK: to_attr(pk)} for pk in dict.fromkeys(pks)],
+            consistent=True,
+            clock=self.session.clock,
+            deadline=self.session.clock.monotonic() + self.session.timing.lease_seconds,
+            what="read connections",
+        )
+        return {item[model.PK]: item for item in items}
+
+    async def stop_requested(self) -> list[str]:
+        """Keys of the connections this worker was asked to stop: one index query.
+
+        The index is eventually consistent, so the answer may lag a STOP by a moment and may still
+        list one that a new START cancelled; confirm with :meth:`read_many` before acting.
+        """
+        items = await query_all(
+            self._dynamodb,
+            clock=self.session.clock,
+            deadline=self.session.clock.monotonic() + self.session.timing.heartbeat_seconds,
+            what="query stopped connections",
+            TableName=self._table,
+            IndexName=model.STOP_REQUESTED_INDEX.name,
+            KeyConditionExpression="#stop_requested_for = :me",
+            ExpressionAttributeNames=names(model.STOP_REQUESTED_FOR),
+            ExpressionAttributeValues={":me": to_attr(self.worker_id)},
+        )
+        return [item[model.PK] for item in items]

@@ -1,0 +1,358 @@
+"""Sessions: one item per worker session, renewed every heartbeat; the fleet's view of them.
+
+A worker renews *its session*, not each connection, so lease upkeep costs O(workers) writes.
+Every connection it owns names the session it was acquired under; when the session ends (closed,
+or fenced by a taker after it expired) all of them become claimable together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import model
+from ..aws import AsyncClient
+from ..clock import SYSTEM_CLOCK, Clock
+from .dynamo import (
+    batch_get,
+    from_item,
+    is_condition_failure,
+    names,
+    query_all,
+    retry_until,
+    to_attr,
+)
+from .errors import SessionLost, StoreUnavailable
+from .timing import LeaseTiming
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session item as read from the table."""
+
+    owner: str
+    version: int
+    state: model.SessionState
+    expires_at_ms: int
+    region: str = ""
+    capacity: int = 0
+    load: int = 0
+
+    @property
+    def pk(self) -> str:
+        return model.session_pk(self.owner, self.version)
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> SessionInfo:
+        return cls(
+            owner=item[model.SESSION_OWNER],
+            version=int(item[model.SESSION_VERSION]),
+            state=model.SessionState(item[model.SESSION_STATE]),
+            expires_at_ms=int(item[model.EXPIRES_AT_MS]),
+            region=item.get(model.SESSION_REGION, ""),
+            capacity=int(item.get(model.SESSION_CAPACITY, 0)),
+            load=int(item.get(model.SESSION_LOAD, 0)),
+        )
+
+
+class SessionKeeper:
+    """This process's session: opens, renews and closes it, and knows the holder's deadline.
+
+    The deadline is on the monotonic clock: ``sent_at_of_last_successful_renew + lease - skew -
+    margin``. Past it the worker must hold no connection; a renewal attempted past it opens a new
+    session version instead, because the old one may already have been taken over.
+    """
+
+    def __init__(
+        self,
+        *,
+        dynamodb: AsyncClient,
+        table_name: str,
+        worker_id: str,
+        timing: LeaseTiming,
+        clock: Clock = SYSTEM_CLOCK,
+        group: str = model.DEFAULT_SESSION_GROUP,
+        region: str = "",
+        capacity: int = 0,
+    ):
+        self._dynamodb = dynamodb
+        self._table = table_name
+        self.worker_id = worker_id
+        self.timing = timing
+        self.clock = clock
+        self.group = group
+        self.region = region
+        self.capacity = capacity
+        self.version: int | None = None
+        self.deadline = float("-inf")
+
+    # -- the holder's view -------------------------------------------------------------------
+
+    @property
+    def pk(self) -> str:
+        if self.version is None:
+            raise SessionLost("no session is open")
+        return model.session_pk(self.worker_id, self.version)
+
+    def deadline_passed(self) -> bool:
+        return self.clock.monotonic() >= self.deadline
+
+    def seconds_left(self) -> float:
+        """Seconds until the holder's deadline (negative once it has passed)."""
+        return self.deadline - self.clock.monotonic()
+
+    def require_live(self) -> int:
+        """The session version, or :class:`SessionLost` if the deadline has passed."""
+        if self.version is None or self.deadline_passed():
+            raise SessionLost(f"{self.worker_id}: session deadline passed")
+        return self.version
+
+    # -- operations ----------------------------------------------------------------------------
+
+    async def open(self, *, load: int = 0) -> int:
+        """Start a new session (a new ``session_version``) and return its version."""
+        version = max(time.time_ns() // 1000, (self.version or 0) + 1)
+        sent_at = self.clock.monotonic()
+
+        async def put() -> dict[str, Any]:
+            nonlocal sent_at
+            sent_at = self.clock.monotonic()
+            wall = self.clock.wall_ms()
+            item = {
+                model.PK: model.session_pk(self.worker_id, version),
+                model.SESSION_OWNER: self.worker_id,
+                model.SESSION_VERSION: version,
+                model.SESSION_GROUP: self.group,
+                model.SESSION_STATE: model.SessionState.LIVE.value,
+                model.EXPIRES_AT_MS: wall + self.timing.lease_ms,
+                model.STARTED_AT_MS: wall,
+                model.SESSION_CAPACITY: self.capacity,
+                model.SESSION_LOAD: load,
+            }
+            if self.region:
+                item[model.SESSION_REGION] = self.region
+            return await self._dynamodb.call(
+                "put_item",
+                TableName=self._table,
+                Item={name: to_attr(value) for name, value in item.items()},
+                ConditionExpression="attribute_not_exists(#pk)",
+                ExpressionAttributeNames=names(model.PK),
+            )
+
+        await retry_until(
+            put,
+            deadline=self.clock.monotonic() + self.timing.lease_seconds,
+            clock=self.clock,
+            what=f"open session of {self.worker_id}",
+        )
+        self.version = version
+        self.deadline = self.timing.holder_deadline(sent_at)
+        return version
+
+    async def renew(self, *, load: int = 0) -> bool:
+        """Extend the session. ``True``: same session renewed; ``False``: a new one was opened.
+
+        Raises :class:`SessionLost` if the session was fenced by a taker (the caller must drop
+        every connection it holds), :class:`StoreUnavailable` if DynamoDB did not answer before
+        the deadline.
+        """
+        if self.version is None:
+            await self.open(load=load)
+            return False
+        if self.deadline_passed():
+            await self._end_quietly(self.version)
+            await self.open(load=load)
+            return False
+        pk = self.pk
+        sent_at = self.clock.monotonic()
+
+        async def update() -> dict[str, Any]:
+            nonlocal sent_at
+            sent_at = self.clock.monotonic()
+            return await self._dynamodb.call(
+                "update_item",
+                TableName=self._table,
+                Key={model.PK: to_attr(pk)},
+                UpdateExpression="SET #expires_at_ms = :expires, #load = :load",
+                ConditionExpression="#session_state = :live",
+                ExpressionAttributeNames=names(
+                    model.EXPIRES_AT_MS, model.SESSION_LOAD, model.SESSION_STATE
+                ),
+                ExpressionAttributeValues={
+                    ":expires": to_attr(self.clock.wall_ms() + self.timing.lease_ms),
+                    ":load": to_attr(load),
+                    ":live": to_attr(model.SessionState.LIVE.value),
+                },
+            )
+
+        try:
+            await retry_until(update, deadline=self.deadline, clock=self.clock, what=f"renew {pk}")
+        except Exception as exc:
+            if is_condition_failure(exc):
+                self.version = None
+                self.deadline = float("-inf")
+                raise SessionLost(f"{pk}: session was ended or fenced by another worker") from None
+            raise
+        self.deadline = self.timing.holder_deadline(sent_at)
+        return True
+
+    async def close(self) -> None:
+        """End the session: its remaining connections become claimable at once."""
+        if self.version is not None:
+            version, self.version = self.version, None
+            self.deadline = float("-inf")
+            await self._end_quietly(version)
+
+    async def _end_quietly(self, version: int) -> None:
+        pk = model.session_pk(self.worker_id, version)
+        try:
+            await retry_until(
+                lambda: self._dynamodb.call(
+                    "update_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(pk)},
+                    UpdateExpression="SET #session_state = :ended",
+                    ConditionExpression="#session_state = :live",
+                    ExpressionAttributeNames=names(model.SESSION_STATE),
+                    ExpressionAttributeValues={
+                        ":ended": to_attr(model.SessionState.ENDED.value),
+                        ":live": to_attr(model.SessionState.LIVE.value),
+                    },
+                ),
+                deadline=self.clock.monotonic() + self.timing.heartbeat_seconds,
+                clock=self.clock,
+                what=f"end {pk}",
+            )
+        except StoreUnavailable:
+            pass  # it expires on its own; ending it early only speeds recovery up
+        except Exception as exc:
+            if not is_condition_failure(exc):
+                raise
+
+
+class SessionDirectory:
+    """The fleet's sessions as other workers see them: list, read, fence, forget."""
+
+    def __init__(
+        self,
+        *,
+        dynamodb: AsyncClient,
+        table_name: str,
+        timing: LeaseTiming,
+        clock: Clock = SYSTEM_CLOCK,
+        group: str = model.DEFAULT_SESSION_GROUP,
+    ):
+        self._dynamodb = dynamodb
+        self._table = table_name
+        self.timing = timing
+        self.clock = clock
+        self.group = group
+
+    def _deadline(self) -> float:
+        return self.clock.monotonic() + self.timing.lease_seconds
+
+    def is_expired(self, session: SessionInfo) -> bool:
+        """Taker's rule: gone when expired by more than the clock skew, or ended."""
+        return session.state is model.SessionState.ENDED or self.timing.is_expired_for_taker(
+            session.expires_at_ms, self.clock.wall_ms()
+        )
+
+    async def list(self) -> list[SessionInfo]:
+        """Every session of the group: one index query, then consistent batched reads."""
+        deadline = self._deadline()
+        keys = await query_all(
+            self._dynamodb,
+            clock=self.clock,
+            deadline=deadline,
+            what="list sessions",
+            TableName=self._table,
+            IndexName=model.SESSION_INDEX.name,
+            KeyConditionExpression="#session_group = :group",
+            ExpressionAttributeNames=names(model.SESSION_GROUP),
+            ExpressionAttributeValues={":group": to_attr(self.group)},
+        )
+        items = await batch_get(
+            self._dynamodb,
+            table_name=self._table,
+            keys=[{model.PK: to_attr(key[model.PK])} for key in keys],
+            consistent=True,
+            clock=self.clock,
+            deadline=deadline,
+            what="read sessions",
+        )
+        return sorted(
+            (SessionInfo.from_item(item) for item in items), key=lambda s: (s.owner, s.version)
+        )
+
+    async def read(self, owner: str, version: int) -> SessionInfo | None:
+        """One session, read consistently; ``None`` if it no longer exists."""
+        response = await retry_until(
+            lambda: self._dynamodb.call(
+                "get_item",
+                TableName=self._table,
+                Key={model.PK: to_attr(model.session_pk(owner, version))},
+                ConsistentRead=True,
+            ),
+            deadline=self._deadline(),
+            clock=self.clock,
+            what=f"read session {owner}#{version}",
+        )
+        item = from_item(response.get("Item"))
+        return SessionInfo.from_item(item) if item else None
+
+    async def fence(self, session: SessionInfo) -> bool:
+        """End an expired session so its holder can never renew it again.
+
+        Conditional on ``expires_at_ms`` being what the taker saw: a renewal that lands first
+        makes the fence fail (the session is alive), one that lands later fails on the state.
+        Either way there is one linearisation point, so a slow renewal in flight cannot leave
+        both the holder and the taker believing they own a connection. ``True`` if the session
+        is ended now.
+        """
+        if session.state is model.SessionState.ENDED:
+            return True
+        try:
+            await retry_until(
+                lambda: self._dynamodb.call(
+                    "update_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(session.pk)},
+                    UpdateExpression="SET #session_state = :ended",
+                    ConditionExpression="#session_state = :live AND #expires_at_ms = :seen",
+                    ExpressionAttributeNames=names(model.SESSION_STATE, model.EXPIRES_AT_MS),
+                    ExpressionAttributeValues={
+                        ":ended": to_attr(model.SessionState.ENDED.value),
+                        ":live": to_attr(model.SessionState.LIVE.value),
+                        ":seen": to_attr(session.expires_at_ms),
+                    },
+                ),
+                deadline=self._deadline(),
+                clock=self.clock,
+                what=f"fence {session.pk}",
+            )
+            return True
+        except Exception as exc:
+            if not is_condition_failure(exc):
+                raise
+        current = await self.read(session.owner, session.version)
+        return current is None or current.state is model.SessionState.ENDED
+
+    async def forget(self, session: SessionInfo) -> None:
+        """Delete an ended session that no longer owns any connection."""
+        try:
+            await retry_until(
+                lambda: self._dynamodb.call(
+                    "delete_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(session.pk)},
+                    ConditionExpression="#session_state = :ended",
+                    ExpressionAttributeNames=names(model.SESSION_STATE),
+                    ExpressionAttributeValues={":ended": to_attr(model.SessionState.ENDED.value)},
+                ),
+                deadline=self._deadline(),
+                clock=self.clock,
+                what=f"forget {session.pk}",
+            )
+        except Exception as exc:
+            if not is_condition_failure(exc):
+                raise

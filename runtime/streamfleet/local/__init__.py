@@ -1,0 +1,1 @@
+"""Running the system on one machine: local AWS-compatible servers and their set-up."""

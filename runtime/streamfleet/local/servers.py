@@ -1,0 +1,106 @@
+"""Real local servers on loopback: moto in server mode and dynalite.
+
+Each is a separate process on a free port, reached only through the standard endpoint variables,
+exactly as the code would reach AWS. Tests, the local mode and the benchmarks start them here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_TIMEOUT_SECONDS = 30.0
+STOP_TIMEOUT_SECONDS = 5.0
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def dynalite_command() -> list[str]:
+    """How to run dynalite: ``DYNALITE_BIN`` or the copy ``npm ci`` put in ``node_modules``."""
+    binary = os.environ.get("DYNALITE_BIN") or str(REPO_ROOT / "node_modules" / ".bin" / "dynalite")
+    if not Path(binary).exists():
+        raise FileNotFoundError(f"DYNALITE_BIN: {binary} not found (run `npm ci` or `make venv`)")
+    return [binary]
+
+
+@dataclass
+class LocalServer:
+    """One server process on 127.0.0.1. ``endpoint`` is what ``AWS_ENDPOINT_URL*`` should say."""
+
+    kind: str
+    command: list[str]
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalServer:
+        """Start the process and wait until it answers HTTP."""
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [*self.command, *self._port_args()],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in a terminal reaches our code, not the server
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited with {self.process.returncode} at start")
+            if self._answers():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"{self.kind} did not answer on {self.endpoint}")
+
+    def stop(self) -> None:
+        """Terminate the process (SIGTERM, then SIGKILL) and wait for it."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _port_args(self) -> list[str]:
+        if self.kind == "moto":
+            return ["-H", "127.0.0.1", "-p", str(self.port)]
+        return ["--host", "127.0.0.1", "--port", str(self.port), "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=0.5).close()
+        except urllib.error.HTTPError:
+            return True  # any HTTP answer means it is serving
+        except OSError:
+            return False
+        return True
+
+
+def moto_server(log_path: Path | None = None) -> LocalServer:
+    """moto in server mode: DynamoDB, SQS, CloudWatch and more in one process."""
+    return LocalServer("moto", [sys.executable, "-m", "moto.server"], log_path=log_path)
+
+
+def dynalite_server(log_path: Path | None = None) -> LocalServer:
+    """dynalite: an independent DynamoDB implementation (in memory)."""
+    return LocalServer("dynalite", dynalite_command(), log_path=log_path)

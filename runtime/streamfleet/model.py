@@ -1,0 +1,213 @@
+"""The data model: the one place where table, attribute, index and metric names are spelled.
+
+The CDK constructs, the worker, the Lambda handlers, the local mode and the tests all import
+these names; none of them retypes a name. Changing a name here changes it everywhere, which is
+the point: a typo in a condition expression would otherwise be a silent split-brain bug.
+
+Two tables:
+
+* the **lease table** holds one *connection item* per upstream connection (``pk = CONN#<id>``)
+  and one *session item* per worker session (``pk = SESSION#<worker>#<version>``);
+* the **messages table** holds every upstream message under ``(pk, seq)``, so a replay after a
+  failover rewrites the same items instead of adding duplicates.
+
+Every index is *sparse*: an attribute that is an index key is written only when it has a
+meaning and removed otherwise (never set to ``""``, which DynamoDB rejects in an index key and
+dynalite silently accepts).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+# --- Table names (defaults; deployed names come from TABLE_NAME / MESSAGES_TABLE_NAME) --------
+
+DEFAULT_LEASE_TABLE_NAME = "streamfleet-connections"
+DEFAULT_MESSAGES_TABLE_NAME = "streamfleet-messages"
+DEFAULT_QUEUE_NAME = "streamfleet-intake"
+
+# --- Keys --------------------------------------------------------------------------------------
+
+PK = "pk"
+SEQ = "seq"  # sort key of the messages table
+
+CONNECTION_PREFIX = "CONN#"
+SESSION_PREFIX = "SESSION#"
+
+
+def connection_pk(connection_id: str) -> str:
+    """The lease-table key of a connection: ``CONN#<id>``."""
+    return f"{CONNECTION_PREFIX}{connection_id}"
+
+
+def connection_id_of(pk: str) -> str:
+    """The connection id inside a ``CONN#<id>`` key."""
+    if not pk.startswith(CONNECTION_PREFIX):
+        raise ValueError(f"pk: {pk!r} is not a connection key (expected {CONNECTION_PREFIX}<id>)")
+    return pk[len(CONNECTION_PREFIX) :]
+
+
+def session_pk(worker_id: str, session_version: int) -> str:
+    """The lease-table key of one session of one worker process."""
+    return f"{SESSION_PREFIX}{worker_id}#{session_version}"
+
+
+# --- Connection item attributes (the seed's names where they mean the same) --------------------
+
+DESIRED_STATE = "desired_state"
+WS_URL = "ws_url"
+LAST_SEQ = "last_seq"
+LEASE_OWNER = "lease_owner"  # worker id; absent when unowned
+LEASE_SESSION = "lease_session"  # session_version of the owner's session at acquisition
+LEASE_VERSION = "lease_version"  # fencing token, +1 on every acquisition
+UPDATED_AT_MS = "updated_at_ms"
+AWAITING_OWNER = "awaiting_owner"  # sparse: present iff STARTED and unowned
+STOP_REQUESTED_FOR = "stop_requested_for"  # sparse: the owner asked to stop this connection
+REFUSED_REASON = "refused_reason"  # why a worker refused to dial ws_url
+
+
+class DesiredState(str, Enum):
+    """What the outside world wants for a connection (written by the event router only)."""
+
+    STARTED = "STARTED"
+    STOPPED = "STOPPED"
+
+
+# The value of AWAITING_OWNER. One constant partition: the index holds only unowned rows, so it
+# stays small; a START burst of thousands per second would want sharding (see README).
+AWAITING_OWNER_VALUE = DesiredState.STARTED.value
+
+# --- Session item attributes ---------------------------------------------------------------------
+
+SESSION_OWNER = "session_owner"
+SESSION_VERSION = "session_version"
+SESSION_GROUP = "session_group"  # index key: every session of one fleet
+SESSION_STATE = "session_state"
+EXPIRES_AT_MS = "expires_at_ms"
+SESSION_REGION = "region"
+SESSION_CAPACITY = "capacity"
+SESSION_LOAD = "load"
+STARTED_AT_MS = "started_at_ms"
+
+
+class SessionState(str, Enum):
+    """LIVE while its holder renews it; ENDED once closed by its holder or fenced by a taker."""
+
+    LIVE = "LIVE"
+    ENDED = "ENDED"
+
+
+DEFAULT_SESSION_GROUP = "fleet"
+
+# --- Messages table attributes ------------------------------------------------------------------
+
+MESSAGE_DATA = "data"
+MESSAGE_RECEIVED_AT_MS = "received_at_ms"
+MESSAGE_WORKER = "worker_id"
+MESSAGE_EXPIRES_AT = "expires_at"  # epoch seconds, the table's TTL attribute
+
+
+# --- Indexes --------------------------------------------------------------------------------------
+
+
+class Projection(str, Enum):
+    """How much of an item an index copies."""
+
+    KEYS_ONLY = "KEYS_ONLY"
+    INCLUDE = "INCLUDE"
+    ALL = "ALL"
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """A global secondary index: its name, string keys and projection."""
+
+    name: str
+    partition_key: str
+    sort_key: str | None = None
+    projection: Projection = Projection.KEYS_ONLY
+    non_key_attributes: tuple[str, ...] = ()
+
+
+# "Which STARTED connections have no owner?" (orphan discovery, part 1).
+AWAITING_OWNER_INDEX = IndexSpec(name="awaiting-owner", partition_key=AWAITING_OWNER, sort_key=PK)
+
+# "Which connections does worker W hold?" Used only for workers whose session has ended, so orphan
+# discovery costs O(orphans). Projects the fencing fields a taker conditions on.
+OWNER_INDEX = IndexSpec(
+    name="by-owner",
+    partition_key=LEASE_OWNER,
+    sort_key=PK,
+    projection=Projection.INCLUDE,
+    non_key_attributes=(LEASE_SESSION, LEASE_VERSION),
+)
+
+# "Which of my connections were stopped?" One query per worker per interval.
+STOP_REQUESTED_INDEX = IndexSpec(
+    name="stop-requested", partition_key=STOP_REQUESTED_FOR, sort_key=PK
+)
+
+# "Which sessions exist?" Keys only, so a renewal (which changes expires_at_ms) never writes the
+# index: a session renewal costs exactly one write.
+SESSION_INDEX = IndexSpec(name="sessions", partition_key=SESSION_GROUP, sort_key=PK)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table's key schema and indexes, read by the CDK constructs and by the local set-up."""
+
+    default_name: str
+    partition_key: str
+    sort_key: str | None = None
+    sort_key_type: str = "S"  # DynamoDB scalar type letter
+    indexes: tuple[IndexSpec, ...] = ()
+    ttl_attribute: str | None = None
+
+
+LEASE_TABLE = TableSpec(
+    default_name=DEFAULT_LEASE_TABLE_NAME,
+    partition_key=PK,
+    indexes=(AWAITING_OWNER_INDEX, OWNER_INDEX, STOP_REQUESTED_INDEX, SESSION_INDEX),
+)
+
+MESSAGES_TABLE = TableSpec(
+    default_name=DEFAULT_MESSAGES_TABLE_NAME,
+    partition_key=PK,
+    sort_key=SEQ,
+    sort_key_type="N",
+    ttl_attribute=MESSAGE_EXPIRES_AT,
+)
+
+# --- SQS notification ------------------------------------------------------------------------------
+
+NOTIFICATION_PK = "pk"
+
+
+def notification_body(pk: str) -> str:
+    """The SQS body that tells the fleet a connection is claimable: ``{"pk": "CONN#<id>"}``."""
+    return json.dumps({NOTIFICATION_PK: pk}, separators=(",", ":"))
+
+
+def parse_notification(body: str) -> str:
+    """The ``pk`` of a notification body; ``ValueError`` naming the problem otherwise."""
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"body: not JSON ({exc.msg})") from None
+    if not isinstance(payload, dict):
+        raise ValueError("body: not a JSON object")
+    pk = payload.get(NOTIFICATION_PK)
+    if not isinstance(pk, str) or not pk.startswith(CONNECTION_PREFIX):
+        raise ValueError(f"{NOTIFICATION_PK}: expected a {CONNECTION_PREFIX}<id> string")
+    return pk
+
+
+# --- Metrics (Embedded Metric Format; the scaling policy tracks ACTIVE_CONNECTIONS) ----------------
+
+METRIC_NAMESPACE = "StreamFleet"
+METRIC_DIMENSION_SERVICE = "ServiceName"
+METRIC_ACTIVE_CONNECTIONS = "ActiveConnections"
+METRIC_LEASES_LOST = "LeasesLost"
+METRIC_HANDOFFS = "Handoffs"
