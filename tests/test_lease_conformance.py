@@ -196,7 +196,7 @@ async def test_orphan_discovery_finds_unowned_and_expired_and_nothing_else(
     make_store, writer, dynamodb: CountingClient
 ):
     clock = ShiftableClock()
-    never, live, dead, stopped = await started(writer, "never", "live", "dead", "stopped")
+    never, live, dead, _stopped = await started(writer, "never", "live", "dead", "stopped")
     busy = await started(writer, *(f"busy-{n}" for n in range(30)))
     alive, doomed, finder = (make_store(name, clock) for name in ("alive", "doomed", "finder"))
     await doomed.session.open()

@@ -8,7 +8,7 @@ index, so each worker finds its stopped connections with one query instead of po
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from . import model
@@ -24,7 +24,7 @@ MAX_ROUNDS = 5
 DEADLINE_SECONDS = 10.0
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What a START or STOP did."""
 
     CREATED = "created"  # START of a new connection
@@ -80,9 +80,7 @@ class DesiredStateWriter:
                         "SET #desired_state = :started, #ws_url = :url, "
                         "#awaiting_owner = :awaiting, #updated_at_ms = :now REMOVE #refused_reason"
                     ),
-                    condition=(
-                        "#desired_state = :stopped AND attribute_not_exists(#lease_owner)"
-                    ),
+                    condition=("#desired_state = :stopped AND attribute_not_exists(#lease_owner)"),
                     values={":url": to_attr(ws_url), ":stopped": to_attr(STOPPED)},
                 )
                 if written is not None:

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
-# --- Table names (defaults; deployed names come from TABLE_NAME / MESSAGES_TABLE_NAME) --------
+# --- Table names (defaults; deployed names come from TABLE_NAME / MESSAGES_TABLE_NAME) ---
 
 DEFAULT_LEASE_TABLE_NAME = "streamfleet-connections"
 DEFAULT_MESSAGES_TABLE_NAME = "streamfleet-messages"
 DEFAULT_QUEUE_NAME = "streamfleet-intake"
 
-# --- Keys --------------------------------------------------------------------------------------
+# --- Keys ---
 
 PK = "pk"
 SEQ = "seq"  # sort key of the messages table
@@ -54,7 +54,7 @@ def session_pk(worker_id: str, session_version: int) -> str:
     return f"{SESSION_PREFIX}{worker_id}#{session_version}"
 
 
-# --- Connection item attributes (the seed's names where they mean the same) --------------------
+# --- Connection item attributes (the seed's names where they mean the same) ---
 
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
@@ -68,7 +68,7 @@ STOP_REQUESTED_FOR = "stop_requested_for"  # sparse: the owner asked to stop thi
 REFUSED_REASON = "refused_reason"  # why a worker refused to dial ws_url
 
 
-class DesiredState(str, Enum):
+class DesiredState(StrEnum):
     """What the outside world wants for a connection (written by the event router only)."""
 
     STARTED = "STARTED"
@@ -79,7 +79,7 @@ class DesiredState(str, Enum):
 # stays small; a START burst of thousands per second would want sharding (see README).
 AWAITING_OWNER_VALUE = DesiredState.STARTED.value
 
-# --- Session item attributes ---------------------------------------------------------------------
+# --- Session item attributes ---
 
 SESSION_OWNER = "session_owner"
 SESSION_VERSION = "session_version"
@@ -92,7 +92,7 @@ SESSION_LOAD = "load"
 STARTED_AT_MS = "started_at_ms"
 
 
-class SessionState(str, Enum):
+class SessionState(StrEnum):
     """LIVE while its holder renews it; ENDED once closed by its holder or fenced by a taker."""
 
     LIVE = "LIVE"
@@ -101,7 +101,7 @@ class SessionState(str, Enum):
 
 DEFAULT_SESSION_GROUP = "fleet"
 
-# --- Messages table attributes ------------------------------------------------------------------
+# --- Messages table attributes ---
 
 MESSAGE_DATA = "data"
 MESSAGE_RECEIVED_AT_MS = "received_at_ms"
@@ -109,10 +109,10 @@ MESSAGE_WORKER = "worker_id"
 MESSAGE_EXPIRES_AT = "expires_at"  # epoch seconds, the table's TTL attribute
 
 
-# --- Indexes --------------------------------------------------------------------------------------
+# --- Indexes ---
 
 
-class Projection(str, Enum):
+class Projection(StrEnum):
     """How much of an item an index copies."""
 
     KEYS_ONLY = "KEYS_ONLY"
@@ -180,7 +180,7 @@ MESSAGES_TABLE = TableSpec(
     ttl_attribute=MESSAGE_EXPIRES_AT,
 )
 
-# --- SQS notification ------------------------------------------------------------------------------
+# --- SQS notification ---
 
 NOTIFICATION_PK = "pk"
 
@@ -204,7 +204,7 @@ def parse_notification(body: str) -> str:
     return pk
 
 
-# --- Metrics (Embedded Metric Format; the scaling policy tracks ACTIVE_CONNECTIONS) ----------------
+# --- Metrics (Embedded Metric Format; the scaling policy tracks ACTIVE_CONNECTIONS) ---
 
 METRIC_NAMESPACE = "StreamFleet"
 METRIC_DIMENSION_SERVICE = "ServiceName"

@@ -213,7 +213,9 @@ class ConnectionLeases:
         """
         clock = self.session.clock
         deadline = max(self.session.deadline, clock.monotonic() + RELEASE_BUDGET_SECONDS)
-        update = "REMOVE #lease_owner, #lease_session, #stop_requested_for SET #updated_at_ms = :now"
+        update = (
+            "REMOVE #lease_owner, #lease_session, #stop_requested_for SET #updated_at_ms = :now"
+        )
         now = {":now": to_attr(clock.wall_ms())}
         try:
             await self._fenced_update(
@@ -303,7 +305,7 @@ class ConnectionLeases:
         return from_item(response.get("Item"))
 
     async def read_many(self, pks: list[str]) -> dict[str, dict[str, Any]]:
-        """Connection items by key, consistently, in batches of 100 (``UnprocessedKeys`` retried)."""
+        """Connection items by key, consistently, in batches of 100 (retrying unprocessed keys)."""
         items = await batch_get(
             self._dynamodb,
             table_name=self._table,

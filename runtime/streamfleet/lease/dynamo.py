@@ -150,7 +150,9 @@ async def batch_get(
                 clock=clock,
                 what=what,
             )
-            items.extend(from_item(raw) for raw in response.get("Responses", {}).get(table_name, []))
+            items.extend(
+                from_item(raw) for raw in response.get("Responses", {}).get(table_name, [])
+            )
             pending = response.get("UnprocessedKeys", {}).get(table_name, {}).get("Keys", [])
             if pending:
                 delay = full_jitter(attempt, BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS)

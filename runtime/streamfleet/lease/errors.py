@@ -20,7 +20,7 @@ class LeaseLost(LeaseError):
 
 
 class SessionLost(LeaseError):
-    """The session can no longer vouch for its connections (its deadline passed or it was fenced)."""
+    """The session can no longer vouch for its connections (deadline passed, or fenced)."""
 
 
 class StoreUnavailable(LeaseError):

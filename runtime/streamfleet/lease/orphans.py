@@ -68,9 +68,7 @@ class OrphanFinder:
                 ":version": to_attr(session.version),
             },
         )
-        return [Claimable(item[model.PK], session.owner, session.version) for item in items][
-            :limit
-        ]
+        return [Claimable(item[model.PK], session.owner, session.version) for item in items][:limit]
 
     async def _unowned(self, limit: int) -> list[Claimable]:
         items = await query_all(

@@ -26,6 +26,7 @@ from .dynamo import (
 from .errors import SessionLost, StoreUnavailable
 from .timing import LeaseTiming
 
+
 @dataclass(frozen=True)
 class SessionInfo:
     """A session item as read from the table."""

@@ -84,7 +84,18 @@ class LocalServer:
     def _port_args(self) -> list[str]:
         if self.kind == "moto":
             return ["-H", "127.0.0.1", "-p", str(self.port)]
-        return ["--host", "127.0.0.1", "--port", str(self.port), "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+        return [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--createTableMs",
+            "0",
+            "--deleteTableMs",
+            "0",
+            "--updateTableMs",
+            "0",
+        ]
 
     def _answers(self) -> bool:
         try:
