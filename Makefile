@@ -6,9 +6,11 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest clean
+.PHONY: help setup test lint format pytest synth worker upstream clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -36,6 +38,16 @@ pytest: setup
 	$(PYTHON) -m pytest
 
 test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
+
+synth: setup ## Synthesize both stacks into cdk.out (no AWS credentials, no Docker)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
+	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
+
+worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
+	$(PYTHON) -m streamfleet.worker
+
+upstream: setup ## Run the fake upstream on port 8765
+	$(PYTHON) -m streamfleet.upstream.fake --port 8765 --rate 5
 
 clean: ## Remove the virtualenv, node_modules and caches
 	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache .hypothesis cdk.out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from streamfleet.aws import AsyncClient
 
@@ -30,18 +29,14 @@ class ShiftableClock:
 
 
 class CountingClient(AsyncClient):
-    """An :class:`AsyncClient` that counts the requests it sends, by operation."""
+    """An :class:`AsyncClient` whose request counts a test can reset and read."""
 
-    def __init__(self, service: str, **kwargs: Any):
-        super().__init__(service, **kwargs)
-        self.calls: dict[str, int] = {}
-
-    async def call(self, operation: str, **params: Any) -> dict[str, Any]:
-        self.calls[operation] = self.calls.get(operation, 0) + 1
-        return await super().call(operation, **params)
+    @property
+    def calls(self) -> dict[str, int]:
+        return dict(self.requests)
 
     def total(self) -> int:
-        return sum(self.calls.values())
+        return sum(self.requests.values())
 
     def reset(self) -> None:
-        self.calls.clear()
+        self.requests.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +53,12 @@ class AsyncClient:
         self._executor = ThreadPoolExecutor(
             max_workers=self.settings.threads, thread_name_prefix=f"aws-{service}"
         )
+        # Requests sent, by operation: what the benchmarks turn into cost per connection-minute.
+        self.requests: Counter[str] = Counter()
 
     async def call(self, operation: str, **params: Any) -> dict[str, Any]:
         """Run ``client.<operation>(**params)`` without blocking the event loop."""
+        self.requests[operation] += 1
         loop = asyncio.get_running_loop()
         method = getattr(self.client, operation)
         return await loop.run_in_executor(self._executor, functools.partial(method, **params))

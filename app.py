@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""CDK app of the resilient streaming fleet: ``cdk synth`` / ``cdk deploy`` run this file.
+
+Settings come from CDK context (``cdk.json`` or ``-c streamfleet:<key>=<value>``), see
+:mod:`streamfleet_cdk.config`.
+"""
+
+import sys
+from pathlib import Path
+
+# The constructs import names from the runtime's data model (runtime/streamfleet/model.py).
+# `cdk synth` runs `python3 app.py` without PYTHONPATH, so put runtime/ on the path here.
+_RUNTIME = str(Path(__file__).resolve().parent / "runtime")
+if _RUNTIME not in sys.path:
+    sys.path.insert(0, _RUNTIME)
+
+import aws_cdk as cdk  # noqa: E402
+
+from stacks import add_fleet_stacks  # noqa: E402
+from streamfleet_cdk.config import AppConfig  # noqa: E402
+
+
+def main() -> None:
+    app = cdk.App()
+    add_fleet_stacks(app, AppConfig.from_context(app.node))
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

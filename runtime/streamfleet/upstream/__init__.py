@@ -1,0 +1,1 @@
+"""Upstream WebSocket sources the workers dial: here, the fake one used by tests and local mode."""

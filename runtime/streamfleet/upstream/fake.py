@@ -1,0 +1,491 @@
+"""A fake upstream: live sequenced WebSocket streams on loopback, for tests, benchmarks, local mode.
+
+Each stream behaves like a real live source: its sequence advances at ``rate`` messages per second
+from the moment the stream exists, whether or not anyone listens, and a client that reconnects
+with ``?last_seq=<n>`` is replayed everything after ``n`` that is still retained. Nothing ticks
+in the background: seq ``n`` of a stream is *defined* as produced at ``created_at + n / rate``, so
+the head, the replay buffer and every frame's content are computed from the clock on demand and
+thousands of idle streams cost a few objects each.
+
+The server also records what tests need to check a client fleet from the outside: how many
+clients each stream had at once (``max_concurrent``), every overlap (a second client while one is
+connected), gaps (a resume older than the replay buffer) and drops. ``GET /stats`` serves the same
+snapshot as JSON, so another process can read it.
+
+Wire format: JSON text frames ``{"seq": <int>, "data": "<stream_id>:<seq>"}`` on
+``ws://127.0.0.1:<port>/streams/<stream_id>[?last_seq=<n>]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http
+import json
+import math
+import re
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+
+HOST = "127.0.0.1"
+DEFAULT_RATE = 5.0
+DEFAULT_REPLAY_CAPACITY = 100_000
+MAX_INCOMING_BYTES = 4096
+"""Clients have nothing to say to an upstream; anything bigger than this is a bug, not data."""
+MAX_OVERLAP_EVENTS = 1000
+"""Overlap events kept for inspection; the per-stream counters stay exact beyond this."""
+SEND_BATCH = 1000
+"""Frames sent between head re-reads, so a long replay notices when it falls out of the buffer."""
+MIN_SLEEP_SECONDS = 0.001
+MAX_SLEEP_SECONDS = 1.0
+DROP_WAIT_SECONDS = 5.0
+
+_STREAM_PATH = re.compile(r"/streams/(?P<stream_id>[^/]+)")
+_HEAD_PATH = re.compile(r"/streams/(?P<stream_id>[^/]+)/head")
+_LAST_SEQ = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²"
+
+
+def message_data(stream_id: str, seq: int) -> str:
+    """The ``data`` of message ``seq`` on ``stream_id``: deterministic, so tests can check it."""
+    return f"{stream_id}:{seq}"
+
+
+def encode_frame(stream_id: str, seq: int) -> str:
+    """The JSON text frame carrying message ``seq`` of ``stream_id``."""
+    return json.dumps({"seq": seq, "data": message_data(stream_id, seq)}, separators=(",", ":"))
+
+
+class BadLastSeq(ValueError):
+    """A ``last_seq`` query parameter that is not one non-negative integer."""
+
+
+def parse_last_seq(query: str) -> int | None:
+    """``last_seq`` from a URL query string; ``None`` when absent (the client starts live)."""
+    values = parse_qs(query, keep_blank_values=True).get("last_seq")
+    if values is None:
+        return None
+    if len(values) != 1 or not _LAST_SEQ.fullmatch(values[0]):
+        shown = ",".join(values)[:40]  # a close reason is at most 123 bytes
+        raise BadLastSeq(f"last_seq must be one non-negative integer, got {shown!r}")
+    return int(values[0])
+
+
+@dataclass(eq=False)
+class _Client:
+    """One accepted WebSocket connection on a stream, until its handler has finished."""
+
+    connection: ServerConnection
+    finished: asyncio.Future[None]
+
+    @property
+    def open(self) -> bool:
+        """Still a listener: not closing, not closed. A client that sent its close frame or
+        whose socket went away is gone even if its handler has not finished yet."""
+        return self.connection.state is State.OPEN
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One live source. Its messages are a function of the clock, so it stores no messages."""
+
+    stream_id: str
+    created_at: float
+    rate: float
+    replay_capacity: int
+    clients: set[_Client] = field(default_factory=set)
+    max_concurrent: int = 0
+    connections: int = 0
+    overlaps: int = 0
+    gaps: int = 0
+    drops: int = 0
+
+    def head(self, now: float) -> int:
+        """The last seq produced by ``now`` (0: none yet)."""
+        return max(0, math.floor((now - self.created_at) * self.rate))
+
+    def due(self, seq: int) -> float:
+        """When ``seq`` is produced, on the stream's clock."""
+        return self.created_at + seq / self.rate
+
+    def oldest_retained(self, head: int) -> int:
+        """The oldest seq still in the replay buffer when the head is ``head``."""
+        return max(1, head - self.replay_capacity + 1)
+
+
+class FakeUpstream:
+    """A WebSocket server on 127.0.0.1 whose every ``/streams/<id>`` is a live sequenced source.
+
+    Args:
+        rate: messages per second produced on every stream.
+        replay_capacity: how many of the latest seqs a stream keeps for ``last_seq`` resumes.
+        port: TCP port; 0 picks a free one (read it from :attr:`port` once started).
+        clock: monotonic seconds. Inject a shifted clock to age streams without sleeping; it
+            should advance with real time, since senders sleep on the event loop's clock.
+        keepalive_seconds: ping interval, pong timeout and close timeout for clients; a client
+            that stops answering is dropped after about twice this (default 20 s).
+
+    Use ``async with FakeUpstream(rate=50) as upstream:`` or :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        *,
+        rate: float = DEFAULT_RATE,
+        replay_capacity: int = DEFAULT_REPLAY_CAPACITY,
+        port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        keepalive_seconds: float | None = None,
+    ) -> None:
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate must be a finite number > 0, got {rate!r}")
+        if replay_capacity < 1:
+            raise ValueError(f"replay_capacity must be >= 1, got {replay_capacity!r}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {port!r}")
+        self.rate = float(rate)
+        self.replay_capacity = replay_capacity
+        self._requested_port = port
+        self._clock = clock
+        self._keepalive = keepalive_seconds
+        self._streams: dict[str, _Stream] = {}
+        self._overlap_events: deque[dict[str, Any]] = deque(maxlen=MAX_OVERLAP_EVENTS)
+        self._server: Server | None = None
+        self._port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Listen on 127.0.0.1; returns once connections are accepted. Raises ``OSError``."""
+        if self._server is not None:
+            raise RuntimeError("FakeUpstream already started")
+        self._server = await serve(
+            self._handle,
+            HOST,
+            self._requested_port,
+            process_request=self._process_request,
+            max_size=MAX_INCOMING_BYTES,
+            max_queue=4,
+            # Thousands of connections in a benchmark: a zlib context each would cost far more
+            # memory than the tiny frames could ever save.
+            compression=None,
+            # A frozen client (SIGSTOP, a paused VM) keeps its socket open; a real upstream drops
+            # it when its keepalive fails. Tests make that shorter than the lease.
+            ping_interval=self._keepalive or 20.0,
+            ping_timeout=self._keepalive or 20.0,
+            close_timeout=self._keepalive or 10.0,
+        )
+        self._port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        """Close every connection (1001, going away) and stop listening. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        await server.wait_closed()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The port actually listened on."""
+        if self._port is None:
+            raise RuntimeError("FakeUpstream not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``ws://127.0.0.1:<port>``."""
+        return f"ws://{HOST}:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        """``http://127.0.0.1:<port>``, for ``/stats`` and ``/streams/<id>/head``."""
+        return f"http://{HOST}:{self.port}"
+
+    def url_for(self, stream_id: str) -> str:
+        """The WebSocket URL of one stream (add ``?last_seq=<n>`` to resume)."""
+        return f"{self.url}/streams/{quote(stream_id, safe='')}"
+
+    # -- streams and observations ------------------------------------------------------------
+
+    def ensure_stream(self, stream_id: str) -> int:
+        """Create the stream if new (its clock starts now); returns its current head."""
+        return self._stream(stream_id).head(self._clock())
+
+    def head(self, stream_id: str) -> int:
+        """The last seq produced on an existing stream (``KeyError`` if it was never created)."""
+        return self._streams[stream_id].head(self._clock())
+
+    def stats(self) -> dict[str, Any]:
+        """A JSON-ready snapshot of what the upstream has seen, keyed by counter then stream.
+
+        ``connected`` is how many clients are attached right now; ``max_concurrent`` the most
+        ever attached at once; ``connections`` the total accepted; ``overlaps`` how many
+        connections arrived while another client was attached; ``gaps`` how many resumes (or
+        slow clients) skipped seqs that had left the replay buffer; ``drops`` connections cut by
+        :meth:`drop_clients`.
+        """
+        now = self._clock()
+        streams = self._streams.values()
+        return {
+            "rate": self.rate,
+            "replay_capacity": self.replay_capacity,
+            "streams": len(self._streams),
+            "head": {s.stream_id: s.head(now) for s in streams},
+            "connected": {s.stream_id: sum(c.open for c in s.clients) for s in streams},
+            "max_concurrent": {s.stream_id: s.max_concurrent for s in streams},
+            "connections": {s.stream_id: s.connections for s in streams},
+            "overlaps": {s.stream_id: s.overlaps for s in streams},
+            "gaps": {s.stream_id: s.gaps for s in streams},
+            "drops": {s.stream_id: s.drops for s in streams},
+            "overlap_events": list(self._overlap_events),
+        }
+
+    # -- trouble -----------------------------------------------------------------------------
+
+    async def drop_clients(self, stream_id: str | None = None) -> int:
+        """Cut connections without a closing handshake, like a network failure; returns how many.
+
+        ``None`` drops every stream's clients. Returns once their handlers have finished, so
+        :meth:`stats` no longer counts them as connected.
+        """
+        if stream_id is None:
+            streams: Iterable[_Stream] = list(self._streams.values())
+        else:
+            streams = [self._streams[stream_id]] if stream_id in self._streams else []
+        dropped: list[_Client] = []
+        for stream in streams:
+            for client in list(stream.clients):
+                stream.drops += 1
+                # abort(), not close(): the client must see an abnormal closure (1006) with no
+                # close frame, which is what its reconnect logic exists for.
+                client.connection.transport.abort()
+                dropped.append(client)
+        if dropped:
+            await asyncio.wait([c.finished for c in dropped], timeout=DROP_WAIT_SECONDS)
+        return len(dropped)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _stream(self, stream_id: str) -> _Stream:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            stream = _Stream(stream_id, self._clock(), self.rate, self.replay_capacity)
+            self._streams[stream_id] = stream
+        return stream
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Plain HTTP routes, and 404 for anything that is not a stream. ``None`` upgrades."""
+        path = urlsplit(request.path).path
+        if path == "/stats":
+            return _json_response(connection, http.HTTPStatus.OK, self.stats())
+        if match := _HEAD_PATH.fullmatch(path):
+            stream = self._streams.get(unquote(match["stream_id"]))
+            if stream is None:  # a read must not start a stream's clock
+                return _json_response(
+                    connection, http.HTTPStatus.NOT_FOUND, {"error": "unknown stream"}
+                )
+            return _json_response(
+                connection, http.HTTPStatus.OK, {"seq": stream.head(self._clock())}
+            )
+        if _STREAM_PATH.fullmatch(path):
+            return None
+        return connection.respond(http.HTTPStatus.NOT_FOUND, "Not found: use /streams/<id>\n")
+
+    async def _handle(self, connection: ServerConnection) -> None:
+        """One client: validate the resume point, then send until either side goes away."""
+        target = urlsplit(connection.request.path)
+        match = _STREAM_PATH.fullmatch(target.path)
+        if match is None:  # _process_request lets only stream paths upgrade
+            await connection.close(CloseCode.POLICY_VIOLATION, "not a stream path")
+            return
+        try:
+            last_seq = parse_last_seq(target.query)
+        except BadLastSeq as exc:
+            await connection.close(CloseCode.POLICY_VIOLATION, str(exc))
+            return
+
+        stream = self._stream(unquote(match["stream_id"]))
+        client = _Client(connection, asyncio.get_running_loop().create_future())
+        self._attach(stream, client)
+        # Without last_seq the client starts live: the first seq produced after it connected.
+        first = stream.head(self._clock()) + 1 if last_seq is None else last_seq + 1
+        sender = asyncio.create_task(self._send(connection, stream, first))
+        drainer = asyncio.create_task(_drain(connection))
+        try:
+            await asyncio.wait({sender, drainer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sender, drainer):
+                task.cancel()
+            results = await asyncio.gather(sender, drainer, return_exceptions=True)
+            stream.clients.discard(client)
+            client.finished.set_result(None)
+        for result in results:
+            # A bug in the sender should fail loudly (websockets logs it, closes with 1011).
+            if isinstance(result, Exception):
+                raise result
+
+    def _attach(self, stream: _Stream, client: _Client) -> None:
+        if any(other.open for other in stream.clients):
+            stream.overlaps += 1
+            self._overlap_events.append(
+                {
+                    "stream_id": stream.stream_id,
+                    "concurrent": sum(other.open for other in stream.clients) + 1,
+                    "head": stream.head(self._clock()),
+                }
+            )
+        stream.clients.add(client)
+        stream.connections += 1
+        stream.max_concurrent = max(
+            stream.max_concurrent, sum(other.open for other in stream.clients)
+        )
+
+    async def _send(self, connection: ServerConnection, stream: _Stream, next_seq: int) -> None:
+        """Send every seq from ``next_seq`` on as it becomes due, catching up in batches."""
+        try:
+            while True:
+                now = self._clock()
+                head = stream.head(now)
+                if head < next_seq:
+                    # Sleep to the next due time, but at least a little: asyncio may wake a hair
+                    # early, and float rounding can leave the head one short at the due instant.
+                    # At most a second, so a jump of an injected clock is noticed promptly.
+                    delay = stream.due(next_seq) - now
+                    await asyncio.sleep(min(max(delay, MIN_SLEEP_SECONDS), MAX_SLEEP_SECONDS))
+                    continue
+                oldest = stream.oldest_retained(head)
+                if next_seq < oldest:
+                    stream.gaps += 1
+                    next_seq = oldest
+                last = min(head, next_seq + SEND_BATCH - 1)
+                for seq in range(next_seq, last + 1):
+                    # send() waits for the socket to drain, so a slow client holds its own
+                    # sender back instead of growing a buffer here.
+                    await connection.send(encode_frame(stream.stream_id, seq))
+                next_seq = last + 1
+        except ConnectionClosed:
+            return
+
+
+async def _drain(connection: ServerConnection) -> None:
+    """Read and discard whatever the client sends, so its close frame is processed promptly."""
+    with contextlib.suppress(ConnectionClosed):
+        async for _ in connection:
+            pass
+
+
+def _json_response(connection: ServerConnection, status: http.HTTPStatus, body: Any) -> Response:
+    response = connection.respond(status, json.dumps(body) + "\n")
+    del response.headers["Content-Type"]  # Headers.__setitem__ appends rather than replaces
+    response.headers["Content-Type"] = "application/json"
+    return response
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: any free port), got {value}")
+    return value
+
+
+def _capacity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m streamfleet.upstream.fake`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m streamfleet.upstream.fake",
+        description="Serve live sequenced WebSocket streams on ws://127.0.0.1:<port>/streams/<id>.",
+    )
+    parser.add_argument(
+        "--port", type=_port, default=0, help="TCP port on 127.0.0.1; 0 picks a free one"
+    )
+    parser.add_argument(
+        "--rate", type=_rate, default=DEFAULT_RATE, help="messages per second on every stream"
+    )
+    parser.add_argument(
+        "--replay-capacity",
+        type=_capacity,
+        default=DEFAULT_REPLAY_CAPACITY,
+        help="latest seqs kept per stream for ?last_seq= resumes",
+    )
+    return parser
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    upstream = FakeUpstream(rate=args.rate, replay_capacity=args.replay_capacity, port=args.port)
+    try:
+        await upstream.start()
+    except OSError as exc:
+        print(f"fake upstream: cannot listen on {HOST}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        print(json.dumps({"event": "listening", "url": upstream.url}), flush=True)
+        await stopping.wait()
+    finally:
+        await upstream.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the fake upstream until SIGINT or SIGTERM; returns the exit status."""
+    return asyncio.run(_serve(build_parser().parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Worker configuration from environment variables, validated once at start.
+
+The seed's names are kept (``TABLE_NAME``, ``MESSAGES_TABLE_NAME``, ``QUEUE_URL``, ``WORKER_ID``,
+``LEASE_SECONDS``, ``HEARTBEAT_EVERY``, ``RECONCILE_EVERY``, ``MAX_CONNECTIONS``); seconds may be
+fractional. A bad value stops the worker before it touches anything, with the variable's name.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .. import model
+from ..lease import LeaseTiming
+from ..validation import check_id, check_positive_int, check_positive_seconds
+from .upstream_policy import UpstreamPolicy
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: {raw!r} is not a number") from None
+    return check_positive_seconds(name, value)
+
+
+def _whole(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: {raw!r} is not a whole number") from None
+    return check_positive_int(name, value)
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ValueError(f"{name}: required but not set")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker process needs to know, immutable once read."""
+
+    table_name: str
+    messages_table_name: str
+    queue_url: str
+    upstreams: UpstreamPolicy
+    worker_id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
+    timing: LeaseTiming = field(default_factory=LeaseTiming)
+    reconcile_every: float = 5.0
+    stop_check_every: float = 5.0
+    max_connections: int = 700
+    service_name: str = "streamfleet-worker"
+    session_group: str = model.DEFAULT_SESSION_GROUP
+    region: str = ""
+    health_port: int = 0  # 0: no health endpoint
+    metrics_every: float = 60.0
+    sqs_wait_seconds: int = 10
+    checkpoint_every: float = 1.0
+    flush_every: float = 0.05
+    max_message_bytes: int = 64 * 1024
+    max_buffered_messages: int = 1000
+    reconnect_base_seconds: float = 0.2
+    reconnect_cap_seconds: float = 10.0
+    rebalance_every: float = 30.0
+    rebalance_hold_seconds: float = 60.0
+    rebalance_max_per_interval: int = 50
+    rebalance_tolerance: float = 0.2
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
+        """Read and validate the environment. ``ValueError`` names the first bad variable."""
+        env = os.environ if env is None else env
+        lease = _number(env, "LEASE_SECONDS", 20.0)
+        heartbeat = _number(env, "HEARTBEAT_EVERY", 5.0)
+        timing = LeaseTiming(
+            lease_seconds=lease,
+            heartbeat_seconds=heartbeat,
+            max_clock_skew_seconds=_number(env, "MAX_CLOCK_SKEW_SECONDS", min(1.0, lease / 8)),
+            safety_margin_seconds=_number(env, "SAFETY_MARGIN_SECONDS", min(0.5, lease / 8)),
+        )
+        worker_id = env.get("WORKER_ID") or f"worker-{uuid.uuid4().hex[:12]}"
+        health_port = int(env.get("HEALTH_PORT", "0") or 0)
+        if not 0 <= health_port <= 65535:
+            raise ValueError(f"HEALTH_PORT: {health_port} is not a TCP port")
+        sqs_wait = _whole(env, "SQS_WAIT_SECONDS", 10)
+        if sqs_wait > 20:
+            raise ValueError("SQS_WAIT_SECONDS: SQS allows at most 20")
+        tolerance = _number(env, "REBALANCE_TOLERANCE", 0.2)
+        return cls(
+            table_name=_required(env, "TABLE_NAME"),
+            messages_table_name=_required(env, "MESSAGES_TABLE_NAME"),
+            queue_url=_required(env, "QUEUE_URL"),
+            upstreams=UpstreamPolicy.parse(
+                "ALLOWED_UPSTREAMS", _required(env, "ALLOWED_UPSTREAMS")
+            ),
+            worker_id=check_id("WORKER_ID", worker_id),
+            timing=timing,
+            reconcile_every=_number(env, "RECONCILE_EVERY", 5.0),
+            stop_check_every=_number(env, "STOP_CHECK_EVERY", heartbeat),
+            max_connections=_whole(env, "MAX_CONNECTIONS", 700),
+            service_name=env.get("SERVICE_NAME") or "streamfleet-worker",
+            session_group=check_id(
+                "SESSION_GROUP", env.get("SESSION_GROUP") or model.DEFAULT_SESSION_GROUP
+            ),
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "",
+            health_port=health_port,
+            metrics_every=_number(env, "METRICS_EVERY", 60.0),
+            sqs_wait_seconds=sqs_wait,
+            checkpoint_every=_number(env, "CHECKPOINT_EVERY", 1.0),
+            flush_every=_number(env, "FLUSH_EVERY", 0.05),
+            max_message_bytes=_whole(env, "MAX_MESSAGE_BYTES", 64 * 1024),
+            max_buffered_messages=_whole(env, "MAX_BUFFERED_MESSAGES", 1000),
+            reconnect_base_seconds=_number(env, "RECONNECT_BASE_SECONDS", 0.2),
+            reconnect_cap_seconds=_number(env, "RECONNECT_CAP_SECONDS", 10.0),
+            rebalance_every=_number(env, "REBALANCE_EVERY", 30.0),
+            rebalance_hold_seconds=_number(env, "REBALANCE_HOLD_SECONDS", 60.0),
+            rebalance_max_per_interval=_whole(env, "REBALANCE_MAX_PER_INTERVAL", 50),
+            rebalance_tolerance=tolerance,
+        )

@@ -1,0 +1,238 @@
+"""One owned upstream connection: dial, receive, persist, and end on the first reason to.
+
+A connection is a single task. Whatever ends it first (STOP, lease lost, deadline, shutdown,
+handoff) cancels that task and records the reason; :meth:`Connection._finish` then does what the
+reason calls for. Nothing waits for "all of" anything (the seed's ``gather`` bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import WebSocketException
+
+from ..desired_state import DesiredStateWriter
+from ..lease import ConnectionLeases, Lease, LeaseLost, SessionLost, StoreUnavailable
+from ..lease.dynamo import full_jitter
+from .notifier import Notifier
+from .observability import Counters, EventLog
+from .protocol import ProtocolError, UpstreamMessage, UpstreamProtocol
+from .sink import MessageSink
+from .upstream_policy import UpstreamPolicy, UpstreamRefused
+
+CLOSE_TIMEOUT_SECONDS = 0.2
+OPEN_TIMEOUT_SECONDS = 5.0
+PING_INTERVAL_SECONDS = 20.0
+MAX_QUEUED_FRAMES = 16
+
+
+class EndReason(StrEnum):
+    """Why a connection ended; decides whether to flush, release and notify."""
+
+    STOPPED = "stopped"  # STOP requested: flush, release, do not offer
+    SHUTDOWN = "shutdown"  # SIGTERM: flush, release, offer to a peer at once
+    HANDOFF = "handoff"  # rebalancing: same as shutdown
+    DEADLINE = "deadline"  # holder's deadline passed: close now, write no message
+    LOST = "lease_lost"  # someone else owns it: close now, write nothing
+    REFUSED = "refused"  # URL not allowed: mark the row, release
+    STORAGE_FAILED = "storage_failed"  # messages could not be stored: release for a retry
+
+
+_FLUSHES = {EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.HANDOFF}
+_OFFERS = {
+    EndReason.SHUTDOWN,
+    EndReason.HANDOFF,
+    EndReason.DEADLINE,
+    EndReason.STORAGE_FAILED,
+}
+
+
+@dataclass(frozen=True)
+class ConnectionContext:
+    """What every connection of a worker shares."""
+
+    leases: ConnectionLeases
+    sink: MessageSink
+    notifier: Notifier
+    desired_state: DesiredStateWriter
+    policy: UpstreamPolicy
+    protocol: UpstreamProtocol
+    log: EventLog
+    counters: Counters
+    max_message_bytes: int
+    max_buffered_messages: int
+    reconnect_base_seconds: float
+    reconnect_cap_seconds: float
+
+
+class Connection:
+    """A lease and the task that streams it."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        context: ConnectionContext,
+        *,
+        acquired_at: float,
+        on_finished: Callable[[Connection], None],
+    ):
+        self.lease = lease
+        self.pk = lease.pk
+        self.acquired_at = acquired_at
+        self.last_received_seq = lease.last_seq
+        self.stored_seq = lease.last_seq
+        self.checkpointed_seq = lease.last_seq
+        self.end_reason: EndReason | None = None
+        self.connected = False
+        self._context = context
+        self._on_finished = on_finished
+        self._unstored = 0
+        self._refusal = ""
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=self.pk)
+
+    # -- control ------------------------------------------------------------------------------
+
+    def end(self, reason: EndReason) -> None:
+        """End the connection for ``reason``; the first reason wins, later ones are ignored."""
+        if self.end_reason is None and not self.task.done():
+            self.end_reason = reason
+            self.task.cancel()
+
+    # -- sink callbacks -----------------------------------------------------------------------
+
+    def stored(self, count: int, up_to_seq: int) -> None:
+        self._unstored -= count
+        self.stored_seq = max(self.stored_seq, up_to_seq)
+        if self._unstored < self._context.max_buffered_messages:
+            self._drained.set()
+
+    def storage_failed(self, error: Exception) -> None:
+        reason = EndReason.DEADLINE if isinstance(error, SessionLost) else EndReason.STORAGE_FAILED
+        self.end(reason)
+
+    # -- the task -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._stream()
+        except asyncio.CancelledError:
+            if self.end_reason is None:
+                self.end_reason = EndReason.SHUTDOWN
+        except UpstreamRefused as refused:
+            self.end_reason = EndReason.REFUSED
+            self._refusal = str(refused)
+        except LeaseLost:
+            self.end_reason = EndReason.LOST
+        finally:
+            self.connected = False
+        try:
+            await self._finish()
+        finally:
+            self._on_finished(self)
+
+    async def _stream(self) -> None:
+        """Dial, receive and queue messages; redial with backoff while the lease is held."""
+        context = self._context
+        self.last_received_seq = max(
+            self.last_received_seq, await context.sink.last_stored_seq(self.pk)
+        )
+        self.stored_seq = self.last_received_seq
+        attempt = 0
+        while True:
+            host, port = await context.policy.resolve(self.lease.ws_url)
+            url = context.protocol.resume_url(self.lease.ws_url, self.last_received_seq)
+            try:
+                async with connect(
+                    url,
+                    host=host,
+                    port=port,
+                    open_timeout=OPEN_TIMEOUT_SECONDS,
+                    close_timeout=CLOSE_TIMEOUT_SECONDS,
+                    ping_interval=PING_INTERVAL_SECONDS,
+                    max_size=context.max_message_bytes,
+                    max_queue=MAX_QUEUED_FRAMES,
+                    proxy=None,  # dial exactly the checked address, never via an ambient proxy
+                ) as upstream:
+                    self.connected = True
+                    attempt = 0
+                    async for frame in upstream:
+                        self._receive(frame)
+                        if self._unstored >= context.max_buffered_messages:
+                            self._drained.clear()
+                            await self._drained.wait()  # backpressure: stop reading
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                context.log("upstream_dropped", pk=self.pk, error=type(exc).__name__)
+            self.connected = False
+            await asyncio.sleep(
+                full_jitter(attempt, context.reconnect_base_seconds, context.reconnect_cap_seconds)
+            )
+            attempt += 1
+
+    def _receive(self, frame: str | bytes) -> None:
+        try:
+            message: UpstreamMessage = self._context.protocol.parse(frame)
+        except ProtocolError as exc:
+            self._context.log("upstream_bad_frame", pk=self.pk, error=str(exc))
+            return
+        if message.seq <= self.last_received_seq:
+            return  # a replay of something already queued
+        if self.last_received_seq and message.seq != self.last_received_seq + 1:
+            self._context.log(
+                "upstream_gap", pk=self.pk, after=self.last_received_seq, next=message.seq
+            )
+        self.last_received_seq = message.seq
+        self._unstored += 1
+        self._context.sink.add(self, message)
+
+    async def checkpoint(self) -> None:
+        """Record the stored position, if it moved. Ends the connection if the lease is lost."""
+        seq = self.stored_seq
+        if seq <= self.checkpointed_seq or self.end_reason is not None:
+            return
+        try:
+            await self._context.leases.checkpoint(self.lease, seq)
+        except LeaseLost:
+            self.end(EndReason.LOST)
+            return
+        self.checkpointed_seq = max(self.checkpointed_seq, seq)
+
+    async def _finish(self) -> None:
+        reason = self.end_reason
+        context = self._context
+        try:
+            if reason in _FLUSHES:
+                await context.sink.flush()
+                if self.stored_seq > self.checkpointed_seq:
+                    await context.leases.checkpoint(self.lease, self.stored_seq)
+                    self.checkpointed_seq = self.stored_seq
+            if reason is EndReason.REFUSED:
+                await context.desired_state.refuse(self.pk, self._refusal)
+            if reason is EndReason.LOST:
+                context.counters.leases_lost += 1
+                context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
+                return
+            offered = await context.leases.release(self.lease)
+        except LeaseLost:
+            context.counters.leases_lost += 1
+            context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
+            return
+        except (SessionLost, StoreUnavailable) as exc:
+            # Nothing more can be written; the lease expires with the session.
+            context.log("lease_abandoned", pk=self.pk, reason=str(reason), error=str(exc))
+            return
+        if offered and reason in _OFFERS:
+            with contextlib.suppress(Exception):
+                await context.notifier.notify(self.pk)
+            context.counters.handoffs += 1
+            context.log("lease_handed_over", pk=self.pk, reason=str(reason))
+        else:
+            context.log(
+                "lease_released", pk=self.pk, reason=str(reason), last_seq=self.checkpointed_seq
+            )

@@ -1,0 +1,427 @@
+"""The worker process: one session, many connections, and the loops that keep them right.
+
+Loops (each a task, each with one job):
+
+* heartbeat: renew the session every ``HEARTBEAT_EVERY``;
+* watchdog: at the holder's deadline, end every connection (the holder's promise);
+* intake: SQS long polls of 10, claims the batch concurrently, deletes every message;
+* reconcile: every ``RECONCILE_EVERY`` (jittered), claims orphans up to capacity;
+* stop check: one query per interval for "which of mine were stopped?";
+* checkpointer: records stored positions (fenced), at most once per interval per connection;
+* rebalance: sheds surplus to the fleet when far above average;
+* metrics: an EMF document per interval.
+
+SIGTERM ends intake, ends every connection in parallel (flush, release, notify a peer), closes
+the session and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+from collections.abc import Awaitable, Callable
+
+from .. import model
+from ..aws import AsyncClient, ClientSettings
+from ..clock import SYSTEM_CLOCK, Clock
+from ..desired_state import DesiredStateWriter
+from ..lease import Claimable, LeaseStore, SessionInfo, SessionLost, StoreUnavailable
+from .config import WorkerConfig
+from .connection import Connection, ConnectionContext, EndReason
+from .notifier import Notifier
+from .observability import Counters, EventLog, emf_document
+from .protocol import JsonSeqProtocol, UpstreamProtocol
+from .sink import MessageSink
+
+SQS_VISIBILITY_SECONDS = 30
+SHUTDOWN_BUDGET_SECONDS = 10.0
+CHECKPOINT_PARALLELISM = 32
+ERROR_PAUSE_SECONDS = 0.5
+
+
+def jittered(seconds: float) -> float:
+    """``seconds`` give or take 20 %, so a fleet's loops drift apart instead of firing together."""
+    return seconds * random.uniform(0.8, 1.2)
+
+
+class Worker:
+    """Owns connections through a session lease; see the module docstring for its loops."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        protocol: UpstreamProtocol | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        log: EventLog | None = None,
+    ):
+        self.config = config
+        self.log = log or EventLog(config.worker_id)
+        timing = config.timing
+        self.dynamodb = AsyncClient("dynamodb", settings=ClientSettings(threads=32))
+        # Renewals get a pool of their own: never queued behind message writes.
+        self.renewals = AsyncClient(
+            "dynamodb",
+            settings=ClientSettings(
+                threads=2,
+                connect_timeout_seconds=min(1.0, timing.heartbeat_seconds),
+                read_timeout_seconds=min(3.0, timing.heartbeat_seconds),
+            ),
+        )
+        self.sqs = AsyncClient(
+            "sqs",
+            settings=ClientSettings(threads=4, read_timeout_seconds=config.sqs_wait_seconds + 5),
+        )
+        self.store = LeaseStore.create(
+            table_name=config.table_name,
+            worker_id=config.worker_id,
+            timing=timing,
+            dynamodb=self.dynamodb,
+            renewals=self.renewals,
+            clock=clock,
+            group=config.session_group,
+            region=config.region,
+            capacity=config.max_connections,
+        )
+        self.sink = MessageSink(
+            dynamodb=self.dynamodb,
+            table_name=config.messages_table_name,
+            worker_id=config.worker_id,
+            session=self.store.session,
+            flush_every=config.flush_every,
+        )
+        self.counters = Counters()
+        self.context = ConnectionContext(
+            leases=self.store.connections,
+            sink=self.sink,
+            notifier=Notifier(sqs=self.sqs, queue_url=config.queue_url),
+            desired_state=DesiredStateWriter(dynamodb=self.dynamodb, table_name=config.table_name),
+            policy=config.upstreams,
+            protocol=protocol or JsonSeqProtocol(),
+            log=self.log,
+            counters=self.counters,
+            max_message_bytes=config.max_message_bytes,
+            max_buffered_messages=config.max_buffered_messages,
+            reconnect_base_seconds=config.reconnect_base_seconds,
+            reconnect_cap_seconds=config.reconnect_cap_seconds,
+        )
+        self.connections: dict[str, Connection] = {}
+        self.fleet: list[SessionInfo] = []
+        self._claiming = 0
+        self._recently_shed: dict[str, float] = {}
+        self._capacity_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._loops: dict[str, asyncio.Task[None]] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        """What SIGTERM and SIGINT do."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Open the session, run the loops until asked to stop, then hand everything over."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_shutdown)
+        await self.store.session.open()
+        self.log("session_opened", session_version=self.store.session.version)
+        from .health import serve_health  # the health endpoint is optional
+
+        loops: dict[str, Callable[[], Awaitable[None]]] = {
+            "heartbeat": self._heartbeat_loop,
+            "watchdog": self._watchdog_loop,
+            "intake": self._intake_loop,
+            "reconcile": self._reconcile_loop,
+            "stop_check": self._stop_check_loop,
+            "checkpointer": self._checkpoint_loop,
+            "sink": self.sink.run,
+            "rebalance": self._rebalance_loop,
+            "metrics": self._metrics_loop,
+        }
+        if self.config.health_port:
+            loops["health"] = lambda: serve_health(self, self.config.health_port)
+        self._loops = {name: asyncio.create_task(run(), name=name) for name, run in loops.items()}
+        stopping = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([stopping, *self._loops.values()], return_when=asyncio.FIRST_COMPLETED)
+        for name, task in self._loops.items():
+            if task.done() and not task.cancelled() and task.exception():
+                self.log("loop_failed", loop=name, error=repr(task.exception()))
+        stopping.cancel()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop intake, end every connection in parallel (each flushes, releases and notifies a
+        peer), close the session. Bounded by ``SHUTDOWN_BUDGET_SECONDS``."""
+        started = self.store.session.clock.monotonic()
+        self._stopping.set()
+        for name in ("intake", "reconcile", "rebalance", "stop_check"):
+            if name in self._loops:
+                self._loops[name].cancel()
+        ending = list(self.connections.values())
+        for connection in ending:
+            connection.end(EndReason.SHUTDOWN)
+        if ending:
+            await asyncio.wait([c.task for c in ending], timeout=SHUTDOWN_BUDGET_SECONDS)
+        for task in self._loops.values():
+            task.cancel()
+        await asyncio.gather(*self._loops.values(), return_exceptions=True)
+        await self.store.session.close()
+        self.log(
+            "worker_stopped",
+            handed_over=len(ending),
+            seconds=round(self.store.session.clock.monotonic() - started, 3),
+            dynamodb_requests=dict(self.dynamodb.requests + self.renewals.requests),
+            sqs_requests=dict(self.sqs.requests),
+        )
+        for client in (self.dynamodb, self.renewals, self.sqs):
+            client.close()
+
+    # -- claiming -------------------------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        return self.config.max_connections - len(self.connections) - self._claiming
+
+    def _skip(self, pk: str) -> bool:
+        shed_at = self._recently_shed.get(pk)
+        now = self.store.session.clock.monotonic()
+        if shed_at is not None and now - shed_at < self.config.rebalance_hold_seconds:
+            return True
+        self._recently_shed.pop(pk, None)
+        return pk in self.connections
+
+    async def _claim(self, candidate: Claimable, via: str) -> None:
+        if self._stopping.is_set() or self._skip(candidate.pk) or self.free_slots() <= 0:
+            return
+        self._claiming += 1
+        try:
+            leases = self.store.connections
+            if candidate.owner is None:
+                lease = await leases.acquire(candidate.pk)
+            else:
+                lease = await leases.claim(candidate)
+        except (SessionLost, StoreUnavailable) as exc:
+            self.log("claim_failed", pk=candidate.pk, error=str(exc))
+            return
+        finally:
+            self._claiming -= 1
+        if lease is None:
+            return
+        if candidate.owner is not None:
+            self.log("lease_taken_over", pk=lease.pk, previous_owner=candidate.owner)
+        self.connections[lease.pk] = Connection(
+            lease,
+            self.context,
+            acquired_at=self.store.session.clock.monotonic(),
+            on_finished=self._forget,
+        )
+        self.log(
+            "lease_gained",
+            pk=lease.pk,
+            via=via,
+            lease_version=lease.lease_version,
+            last_seq=lease.last_seq,
+        )
+        if self._stopping.is_set():
+            self.connections[lease.pk].end(EndReason.SHUTDOWN)
+
+    def _forget(self, connection: Connection) -> None:
+        if self.connections.get(connection.pk) is connection:
+            del self.connections[connection.pk]
+            self._capacity_freed.set()
+
+    def end_all(self, reason: EndReason) -> None:
+        for connection in list(self.connections.values()):
+            connection.end(reason)
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        session = self.store.session
+        while True:
+            await asyncio.sleep(self.config.timing.heartbeat_seconds)
+            old_version = session.version
+            try:
+                if not await session.renew(load=len(self.connections)):
+                    self.end_all(EndReason.DEADLINE)
+                    self.log(
+                        "session_reopened",
+                        previous=old_version,
+                        session_version=session.version,
+                    )
+            except SessionLost as exc:
+                self.end_all(EndReason.LOST)
+                self.log("session_lost", error=str(exc))
+                with contextlib.suppress(StoreUnavailable):
+                    await session.open(load=0)
+            except StoreUnavailable as exc:
+                self.log("renewal_failed", error=str(exc))
+
+    async def _watchdog_loop(self) -> None:
+        """The holder's promise: no connection outlives the deadline of its session."""
+        session = self.store.session
+        while True:
+            left = session.seconds_left()
+            if left > 0:
+                await asyncio.sleep(left)  # renewals only ever move the deadline later
+                continue
+            if self.connections:
+                self.log("deadline_passed", connections=len(self.connections))
+                self.end_all(EndReason.DEADLINE)
+            await asyncio.sleep(self.config.timing.heartbeat_seconds / 4)
+
+    async def _intake_loop(self) -> None:
+        config = self.config
+        while True:
+            free = self.free_slots()
+            if free <= 0:
+                self._capacity_freed.clear()
+                await self._capacity_freed.wait()
+                continue
+            if self.store.session.deadline_passed():
+                await asyncio.sleep(config.timing.heartbeat_seconds / 2)
+                continue
+            try:
+                response = await self.sqs.call(
+                    "receive_message",
+                    QueueUrl=config.queue_url,
+                    MaxNumberOfMessages=min(10, free),
+                    WaitTimeSeconds=config.sqs_wait_seconds,
+                    VisibilityTimeout=SQS_VISIBILITY_SECONDS,
+                )
+            except Exception as exc:
+                self.log("intake_failed", error=str(exc))
+                await asyncio.sleep(jittered(ERROR_PAUSE_SECONDS))
+                continue
+            messages = response.get("Messages", [])
+            if messages:
+                await self._take_in(messages)
+
+    async def _take_in(self, messages: list[dict]) -> None:
+        candidates: dict[str, Claimable] = {}
+        for message in messages:
+            try:
+                pk = model.parse_notification(message["Body"])
+            except ValueError as exc:
+                self.log("intake_bad_message", error=str(exc))
+                continue
+            candidates.setdefault(pk, Claimable(pk))
+        await asyncio.gather(*(self._claim(c, "intake") for c in candidates.values()))
+        # Deleted whatever the outcome: the row in DynamoDB, not the message, is the truth, and
+        # reconcile finds anything a lost notification would have announced.
+        try:
+            await self.sqs.call(
+                "delete_message_batch",
+                QueueUrl=self.config.queue_url,
+                Entries=[
+                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+                    for n, m in enumerate(messages)
+                ],
+            )
+        except Exception as exc:
+            self.log("intake_delete_failed", error=str(exc))
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(jittered(self.config.reconcile_every))
+            try:
+                self.fleet = await self.store.directory.list()
+                free = self.free_slots()
+                if free <= 0 or self.store.session.deadline_passed():
+                    continue
+                found = await self.store.orphans.find(free, self.fleet)
+                await asyncio.gather(*(self._claim(c, "reconcile") for c in found))
+            except (StoreUnavailable, SessionLost) as exc:
+                self.log("reconcile_failed", error=str(exc))
+
+    async def _stop_check_loop(self) -> None:
+        stopped = model.DesiredState.STOPPED.value
+        while True:
+            await asyncio.sleep(self.config.stop_check_every)
+            try:
+                flagged = [
+                    pk
+                    for pk in await self.store.connections.stop_requested()
+                    if pk in self.connections
+                ]
+                if not flagged:
+                    continue
+                # The index may lag; confirm with one consistent batched read.
+                items = await self.store.connections.read_many(flagged)
+            except (StoreUnavailable, SessionLost) as exc:
+                self.log("stop_check_failed", error=str(exc))
+                continue
+            for pk in flagged:
+                item, connection = items.get(pk), self.connections.get(pk)
+                if (
+                    connection is not None
+                    and item is not None
+                    and item.get(model.DESIRED_STATE) == stopped
+                    and item.get(model.LEASE_VERSION) == connection.lease.lease_version
+                ):
+                    connection.end(EndReason.STOPPED)
+
+    async def _checkpoint_loop(self) -> None:
+        limit = asyncio.Semaphore(CHECKPOINT_PARALLELISM)
+
+        async def checkpoint(connection: Connection) -> None:
+            async with limit:
+                with contextlib.suppress(SessionLost, StoreUnavailable):
+                    await connection.checkpoint()
+
+        while True:
+            await asyncio.sleep(self.config.checkpoint_every)
+            due = [c for c in self.connections.values() if c.stored_seq > c.checkpointed_seq]
+            await asyncio.gather(*(checkpoint(c) for c in due))
+
+    async def _rebalance_loop(self) -> None:
+        config = self.config
+        while True:
+            await asyncio.sleep(jittered(config.rebalance_every))
+            surplus = self.surplus()
+            if surplus <= 0:
+                continue
+            now = self.store.session.clock.monotonic()
+            movable = sorted(
+                (
+                    c
+                    for c in self.connections.values()
+                    if now - c.acquired_at >= config.rebalance_hold_seconds and c.end_reason is None
+                ),
+                key=lambda c: c.acquired_at,
+                reverse=True,
+            )[: min(surplus, config.rebalance_max_per_interval)]
+            if movable:
+                self.log("rebalancing", shedding=len(movable), holding=len(self.connections))
+            for connection in movable:
+                self._recently_shed[connection.pk] = now
+                connection.end(EndReason.HANDOFF)
+
+    def surplus(self) -> int:
+        """How many connections above the fleet's average (plus tolerance) this worker holds."""
+        directory = self.store.directory
+        mine = len(self.connections)
+        peers = [
+            s
+            for s in self.fleet
+            if s.owner != self.config.worker_id and not directory.is_expired(s)
+        ]
+        if not peers:
+            return 0
+        average = (mine + sum(s.load for s in peers)) / (len(peers) + 1)
+        if mine <= average * (1 + self.config.rebalance_tolerance) or mine - average < 2:
+            return 0
+        return int(mine - average)
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.metrics_every)
+            self.emit_metrics()
+
+    def emit_metrics(self) -> None:
+        document = emf_document(self.config.service_name, len(self.connections), self.counters)
+        print(json.dumps(document, separators=(",", ":")), flush=True)
+        self.counters.leases_lost = self.counters.handoffs = 0

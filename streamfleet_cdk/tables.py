@@ -1,0 +1,196 @@
+"""The fleet's two DynamoDB global tables, declared from the runtime's data model.
+
+The lease table and the messages table are built from :data:`streamfleet.model.LEASE_TABLE` and
+:data:`streamfleet.model.MESSAGES_TABLE`: key schema, key types, every global secondary index and
+the TTL attribute are read from those specs, never retyped. A name changed in the model changes
+the deployed table with it; a typo cannot make the worker query an index that does not exist.
+
+A global table is declared exactly once, in the primary Region's stack, with a replica in each
+other Region (:class:`FleetTables`). Stacks in the other Regions only *reference* their local
+replica by name (:class:`FleetTableReplicas`); declaring the table again there would make
+CloudFormation try to create a second table of the same name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from constructs import Construct
+
+from streamfleet import model
+
+# The model spells DynamoDB scalar types as their wire letters; CDK wants its own enum.
+_ATTRIBUTE_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
+
+_PROJECTION_TYPES = {
+    model.Projection.KEYS_ONLY: dynamodb.ProjectionType.KEYS_ONLY,
+    model.Projection.INCLUDE: dynamodb.ProjectionType.INCLUDE,
+    model.Projection.ALL: dynamodb.ProjectionType.ALL,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetTablesProps:
+    """How :class:`FleetTables` declares the tables.
+
+    Attributes:
+        replica_regions: Regions that get a replica besides the stack's own Region. Empty means
+            a single-Region table (still a global table, so replicas can be added later without
+            replacing it).
+        deletion_protection: DynamoDB's own guard against ``DeleteTable``, on every replica. A
+            lost lease table means every connection loses its owner at once, so it defaults on.
+        message_ttl: enable TTL on the messages table's ``model.MESSAGES_TABLE.ttl_attribute``,
+            so stored messages expire instead of growing the table forever.
+        lease_table_name: physical name of the lease table; ``None`` means the model's default.
+            Names are fixed rather than generated because other Regions' stacks and the worker
+            (``TABLE_NAME``) must know them without a cross-Region reference.
+        messages_table_name: physical name of the messages table; ``None`` means the model's
+            default.
+        removal_policy_retain: keep the tables (and their replicas) when they leave the stack or
+            the stack is deleted. Turn off only for throw-away test deployments.
+    """
+
+    replica_regions: tuple[str, ...] = ()
+    deletion_protection: bool = True
+    message_ttl: bool = True
+    lease_table_name: str | None = None
+    messages_table_name: str | None = None
+    removal_policy_retain: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replica_regions, str):
+            # A bare string would be iterated letter by letter into one-character "Regions".
+            raise ValueError("replica_regions: expected a tuple of Region names, got a string")
+        if len(set(self.replica_regions)) != len(self.replica_regions):
+            raise ValueError(f"replica_regions: duplicate Region in {self.replica_regions!r}")
+
+
+class FleetTables(Construct):
+    """The lease table and the messages table, as DynamoDB global tables (``TableV2``).
+
+    Both tables bill on demand (lease traffic follows the number of workers and START/STOP
+    bursts, not a steady rate), keep point-in-time recovery on (the lease table *is* the fleet's
+    state), and are replicated to ``props.replica_regions`` so a secondary Region's fleet can take
+    over with the leases and the resume positions (``last_seq``) already there.
+
+    Replication is eventually consistent (the default): a conditional write is atomic only within
+    one Region, which is why only one Region's fleet may claim leases at a time (see the design).
+
+    The stack that holds this construct needs an explicit ``env``: replicas are per Region and
+    CDK must know which Region is the primary.
+
+    Attributes:
+        lease_table: connection items and session items, with every index of
+            ``model.LEASE_TABLE.indexes``.
+        messages_table: upstream messages under ``(pk, seq)``.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: FleetTablesProps) -> None:
+        super().__init__(scope, construct_id)
+        self._props = props
+        self.lease_table: dynamodb.TableV2 = self._build_table(
+            "LeaseTable",
+            spec=model.LEASE_TABLE,
+            table_name=props.lease_table_name or model.LEASE_TABLE.default_name,
+            time_to_live_attribute=None,
+        )
+        self.messages_table: dynamodb.TableV2 = self._build_table(
+            "MessagesTable",
+            spec=model.MESSAGES_TABLE,
+            table_name=props.messages_table_name or model.MESSAGES_TABLE.default_name,
+            time_to_live_attribute=(
+                model.MESSAGES_TABLE.ttl_attribute if props.message_ttl else None
+            ),
+        )
+
+    def _build_table(
+        self,
+        construct_id: str,
+        *,
+        spec: model.TableSpec,
+        table_name: str,
+        time_to_live_attribute: str | None,
+    ) -> dynamodb.TableV2:
+        """One global table from its spec; everything but keys and indexes is shared policy."""
+        return dynamodb.TableV2(
+            self,
+            construct_id,
+            table_name=table_name,
+            partition_key=self._build_attribute(spec.partition_key, "S"),
+            sort_key=(
+                self._build_attribute(spec.sort_key, spec.sort_key_type) if spec.sort_key else None
+            ),
+            global_secondary_indexes=[self._build_index(index) for index in spec.indexes] or None,
+            billing=dynamodb.Billing.on_demand(),
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            deletion_protection=self._props.deletion_protection,
+            time_to_live_attribute=time_to_live_attribute,
+            replicas=self._build_replicas(),
+            removal_policy=self._build_removal_policy(),
+        )
+
+    @staticmethod
+    def _build_attribute(name: str, type_letter: str) -> dynamodb.Attribute:
+        """A key attribute; ``type_letter`` is DynamoDB's scalar type letter, as in the model."""
+        try:
+            attribute_type = _ATTRIBUTE_TYPES[type_letter]
+        except KeyError:
+            raise ValueError(f"{name}: unknown DynamoDB key type {type_letter!r}") from None
+        return dynamodb.Attribute(name=name, type=attribute_type)
+
+    @classmethod
+    def _build_index(cls, index: model.IndexSpec) -> dynamodb.GlobalSecondaryIndexPropsV2:
+        """A GSI from an :class:`~streamfleet.model.IndexSpec` (index keys are strings)."""
+        return dynamodb.GlobalSecondaryIndexPropsV2(
+            index_name=index.name,
+            partition_key=cls._build_attribute(index.partition_key, "S"),
+            sort_key=cls._build_attribute(index.sort_key, "S") if index.sort_key else None,
+            projection_type=_PROJECTION_TYPES[index.projection],
+            non_key_attributes=list(index.non_key_attributes) or None,
+        )
+
+    def _build_replicas(self) -> list[dynamodb.ReplicaTableProps]:
+        """One replica per extra Region; each inherits the table's PITR and deletion guard."""
+        return [dynamodb.ReplicaTableProps(region=region) for region in self._props.replica_regions]
+
+    def _build_removal_policy(self) -> RemovalPolicy:
+        """RETAIN unless the deployment is explicitly disposable."""
+        return RemovalPolicy.RETAIN if self._props.removal_policy_retain else RemovalPolicy.DESTROY
+
+
+class FleetTableReplicas(Construct):
+    """The fleet tables' replicas in this stack's Region, referenced by name.
+
+    A stack in a replica Region uses this instead of :class:`FleetTables`: the global table is
+    declared once, by the primary Region's stack, and each replica is a table of the same name in
+    its own Region. Referencing by name needs no cross-Region reference (CloudFormation has none)
+    and yields ARNs in this stack's Region, which is what its grants and environment need.
+
+    Attributes:
+        lease_table: the local replica of the lease table.
+        messages_table: the local replica of the messages table.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        lease_table_name: str | None = None,
+        messages_table_name: str | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.lease_table: dynamodb.ITableV2 = dynamodb.TableV2.from_table_name(
+            self, "LeaseTable", lease_table_name or model.LEASE_TABLE.default_name
+        )
+        self.messages_table: dynamodb.ITableV2 = dynamodb.TableV2.from_table_name(
+            self, "MessagesTable", messages_table_name or model.MESSAGES_TABLE.default_name
+        )

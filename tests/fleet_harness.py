@@ -1,0 +1,234 @@
+"""Real worker processes against moto's server and the fake upstream, for integration tests.
+
+Everything is real: the workers are ``python -m streamfleet.worker`` processes, signals are real
+signals, DynamoDB and SQS are moto's server on loopback, the upstream is a WebSocket server.
+Tests observe the system only from outside: the tables, the upstream's counters and the
+workers' JSON logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.desired_state import DesiredStateWriter
+from streamfleet.lease.dynamo import from_item
+from streamfleet.tables import create_tables
+from streamfleet.upstream.fake import FakeUpstream
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+# Short durations so failures and recoveries play out in seconds.
+LEASE_SECONDS = 2.0
+HEARTBEAT_SECONDS = 0.5
+FAST_ENV = {
+    "LEASE_SECONDS": str(LEASE_SECONDS),
+    "HEARTBEAT_EVERY": str(HEARTBEAT_SECONDS),
+    "MAX_CLOCK_SKEW_SECONDS": "0.2",
+    "SAFETY_MARGIN_SECONDS": "0.2",
+    "RECONCILE_EVERY": "0.5",
+    "STOP_CHECK_EVERY": "0.5",
+    "CHECKPOINT_EVERY": "0.2",
+    "SQS_WAIT_SECONDS": "1",
+    "METRICS_EVERY": "1",
+    "RECONNECT_BASE_SECONDS": "0.05",
+    "RECONNECT_CAP_SECONDS": "0.5",
+}
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T] | T], *, timeout: float, what: str, every: float = 0.1
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
+        await asyncio.sleep(every)
+
+
+@dataclass
+class WorkerProcess:
+    """One ``python -m streamfleet.worker`` process and its log."""
+
+    worker_id: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if "event" in record and (name is None or record["event"] == name):
+                    events.append(record)
+        return events
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait()
+
+
+@dataclass
+class Fleet:
+    """Tables, a queue, an upstream and worker processes for one test."""
+
+    endpoint: str
+    upstream: FakeUpstream
+    tmp: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, WorkerProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.lease_table = f"leases-{suffix}"
+        self.messages_table = f"messages-{suffix}"
+        self.dynamodb = boto3.client("dynamodb")
+        create_tables(
+            self.dynamodb, lease_table=self.lease_table, messages_table=self.messages_table
+        )
+        self.sqs = boto3.client("sqs")
+        self.queue_url = self.sqs.create_queue(QueueName=f"intake-{suffix}")["QueueUrl"]
+        self.async_dynamodb = AsyncClient("dynamodb")
+        self.writer = DesiredStateWriter(dynamodb=self.async_dynamodb, table_name=self.lease_table)
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def start_worker(self, worker_id: str | None = None, **env: str) -> WorkerProcess:
+        worker_id = worker_id or f"w{len(self.workers) + 1}"
+        log_path = self.tmp / f"{worker_id}-{len(self.workers)}.log"
+        environment = {
+            **os.environ,
+            **FAST_ENV,
+            "PYTHONPATH": str(REPO / "runtime"),
+            "TABLE_NAME": self.lease_table,
+            "MESSAGES_TABLE_NAME": self.messages_table,
+            "QUEUE_URL": self.queue_url,
+            "WORKER_ID": worker_id,
+            "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{self.upstream.port}",
+            "MAX_CONNECTIONS": "100",
+            **self.extra_env,
+            **env,
+        }
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "streamfleet.worker"],
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        worker = WorkerProcess(worker_id, process, log_path)
+        self.workers[worker_id] = worker
+        return worker
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+        self.async_dynamodb.close()
+
+    # -- the outside world ----------------------------------------------------------------------
+
+    async def start_streams(self, *stream_ids: str) -> list[str]:
+        """START each stream as the event router does: the row, then the notification."""
+        pks = []
+        for stream_id in stream_ids:
+            result = await self.writer.start(stream_id, self.upstream.url_for(stream_id))
+            if result.notify:
+                self.sqs.send_message(
+                    QueueUrl=self.queue_url, MessageBody=model.notification_body(result.item["pk"])
+                )
+            pks.append(model.connection_pk(stream_id))
+        return pks
+
+    async def stop_stream(self, stream_id: str) -> None:
+        await self.writer.stop(stream_id)
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Every connection row, by stream id."""
+        pages = self.dynamodb.get_paginator("scan").paginate(TableName=self.lease_table)
+        items = [from_item(raw) for page in pages for raw in page["Items"]]
+        return {
+            model.connection_id_of(item[model.PK]): item
+            for item in items
+            if item[model.PK].startswith(model.CONNECTION_PREFIX)
+        }
+
+    def owners(self) -> dict[str, str | None]:
+        return {sid: row.get(model.LEASE_OWNER) for sid, row in self.rows().items()}
+
+    def stored_seqs(self, stream_id: str) -> list[int]:
+        pages = self.dynamodb.get_paginator("query").paginate(
+            TableName=self.messages_table,
+            KeyConditionExpression="#pk = :pk",
+            ExpressionAttributeNames={"#pk": model.PK},
+            ExpressionAttributeValues={":pk": {"S": model.connection_pk(stream_id)}},
+            ConsistentRead=True,
+        )
+        return [int(item[model.SEQ]["N"]) for page in pages for item in page["Items"]]
+
+    def stored_by(self, worker_id: str) -> int:
+        pages = self.dynamodb.get_paginator("scan").paginate(
+            TableName=self.messages_table,
+            FilterExpression="#w = :w",
+            ExpressionAttributeNames={"#w": model.MESSAGE_WORKER},
+            ExpressionAttributeValues={":w": {"S": worker_id}},
+        )
+        return sum(page["Count"] for page in pages)
+
+    def all_live(self, stream_ids: list[str], among: set[str] | None = None) -> bool:
+        """Every stream owned (by one of ``among``, if given) and its upstream connected."""
+        owners = self.owners()
+        connected = self.upstream.stats()["connected"]
+        return all(
+            owners.get(sid) is not None
+            and (among is None or owners[sid] in among)
+            and connected.get(sid) == 1
+            for sid in stream_ids
+        )
+
+    def assert_single_client_ever(self) -> None:
+        stats = self.upstream.stats()
+        assert stats["overlaps"] == {sid: 0 for sid in stats["overlaps"]}, stats["overlap_events"]
+        assert set(stats["max_concurrent"].values()) <= {1}, stats["max_concurrent"]
+
+    def assert_no_gap_no_duplicate(self, stream_ids: list[str]) -> dict[str, int]:
+        """Each stream's stored seqs form one contiguous run; returns how many per stream."""
+        counts = {}
+        for sid in stream_ids:
+            seqs = self.stored_seqs(sid)
+            assert seqs, f"{sid}: nothing stored"
+            assert len(seqs) == len(set(seqs)), f"{sid}: duplicate seq"
+            assert seqs == list(range(seqs[0], seqs[-1] + 1)), (
+                f"{sid}: gap in {seqs[0]}..{seqs[-1]}: "
+                f"missing {sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs))[:10]}"
+            )
+            counts[sid] = len(seqs)
+        return counts

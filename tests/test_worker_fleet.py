@@ -1,0 +1,209 @@
+"""The worker fleet end to end: real worker processes, real signals, moto's server, the fake
+upstream. Lease 2 s, heartbeat 0.5 s. Each test ends by checking what a user cares about most:
+the upstream never saw two clients on one stream, and no seq is missing or stored twice.
+
+Bounds here are correctness bounds (generous multiples of the lease); the speed figures are
+measured by ``make bench``.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from streamfleet import model
+from streamfleet.upstream.fake import FakeUpstream
+from tests.fleet_harness import LEASE_SECONDS, Fleet, WorkerProcess, eventually
+
+pytestmark = pytest.mark.slow
+
+RECOVERY_BOUND = 4 * LEASE_SECONDS  # correctness bound for a test run on a busy CI machine
+
+
+@pytest.fixture
+async def fleet(moto, tmp_path) -> AsyncIterator[Fleet]:
+    async with FakeUpstream(rate=20, keepalive_seconds=0.3) as upstream:
+        fleet = Fleet(endpoint=moto.endpoint, upstream=upstream, tmp=tmp_path)
+        try:
+            yield fleet
+        finally:
+            fleet.close()
+
+
+def streams(n: int, prefix: str = "s") -> list[str]:
+    return [f"{prefix}{i:03d}" for i in range(n)]
+
+
+def busiest(fleet: Fleet, workers: list[WorkerProcess]) -> tuple[WorkerProcess, list[str]]:
+    """The worker owning most streams (whoever polled SQS first got the burst), and its streams."""
+    owners = fleet.owners()
+    worker = max(workers, key=lambda w: sum(o == w.worker_id for o in owners.values()))
+    return worker, [sid for sid, owner in owners.items() if owner == worker.worker_id]
+
+
+async def test_a_burst_of_starts_is_claimed_in_batches_and_all_connected(fleet: Fleet):
+    workers = [fleet.start_worker() for _ in range(2)]
+    ids = streams(40)
+
+    await fleet.start_streams(*ids)
+
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all 40 streams live")
+    gained = [e for w in workers for e in w.events("lease_gained")]
+    assert sorted(model.connection_id_of(e["pk"]) for e in gained) == ids
+    assert {e["via"] for e in gained} <= {"intake", "reconcile"}
+    fleet.assert_single_client_ever()
+
+
+async def test_kill_9_moves_every_stream_of_the_dead_worker_to_the_others(fleet: Fleet):
+    workers = [fleet.start_worker() for _ in range(3)]
+    ids = streams(15)
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    victim, owned_by_victim = busiest(fleet, workers)
+    others = [w for w in workers if w is not victim]
+
+    victim.signal(signal.SIGKILL)
+
+    survivors = {w.worker_id for w in others}
+    await eventually(
+        lambda: fleet.all_live(ids, among=survivors),
+        timeout=RECOVERY_BOUND,
+        what="the victim's streams live elsewhere",
+    )
+    taken = [e for w in others for e in w.events("lease_taken_over")]
+    assert {model.connection_id_of(e["pk"]) for e in taken} == set(owned_by_victim)
+    await eventually(
+        lambda: all(fleet.stored_seqs(sid)[-1:] > [10] for sid in ids), timeout=10, what="progress"
+    )
+    fleet.assert_single_client_ever()
+    fleet.assert_no_gap_no_duplicate(ids)
+
+
+async def test_sigterm_hands_every_connection_over_and_exits(fleet: Fleet):
+    workers = [fleet.start_worker(), fleet.start_worker()]
+    ids = streams(12)
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    leaving, mine = busiest(fleet, workers)
+    [staying] = [w for w in workers if w is not leaving]
+
+    leaving.signal(signal.SIGTERM)
+
+    assert leaving.process.wait(timeout=10) == 0
+    [stopped] = leaving.events("worker_stopped")
+    assert stopped["handed_over"] == len(mine)
+    assert len(leaving.events("lease_handed_over")) == len(mine)
+    await eventually(
+        lambda: fleet.all_live(ids, among={staying.worker_id}),
+        timeout=LEASE_SECONDS,  # a notification, not an expiry, brings them over
+        what="handed-over streams live on the other worker",
+    )
+    await eventually(
+        lambda: all(fleet.stored_seqs(sid)[-1:] > [10] for sid in ids), timeout=10, what="progress"
+    )
+    fleet.assert_single_client_ever()
+    fleet.assert_no_gap_no_duplicate(ids)
+
+
+async def test_a_worker_paused_past_its_lease_writes_and_holds_nothing_after(fleet: Fleet):
+    workers = [fleet.start_worker(), fleet.start_worker()]
+    ids = streams(10)
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    paused, _ = busiest(fleet, workers)
+    [other] = [w for w in workers if w is not paused]
+
+    paused.signal(signal.SIGSTOP)
+    await eventually(
+        lambda: fleet.all_live(ids, among={other.worker_id}),
+        timeout=RECOVERY_BOUND,
+        what="streams taken over from the paused worker",
+    )
+    written_before = fleet.stored_by(paused.worker_id)
+    paused.signal(signal.SIGCONT)
+
+    await eventually(
+        lambda: paused.events("deadline_passed") or paused.events("session_reopened"),
+        timeout=10,
+        what="the paused worker noticing its deadline passed",
+    )
+    await eventually(
+        lambda: all(fleet.stored_seqs(sid)[-1:] > [20] for sid in ids), timeout=10, what="progress"
+    )
+    assert fleet.stored_by(paused.worker_id) <= written_before
+    assert all(owner == other.worker_id for owner in fleet.owners().values())
+    fleet.assert_single_client_ever()
+    fleet.assert_no_gap_no_duplicate(ids)
+
+
+async def test_stop_closes_the_stream_found_by_the_stopped_query(fleet: Fleet):
+    worker = fleet.start_worker()
+    ids = streams(5)
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+
+    await fleet.stop_stream(ids[0])
+
+    await eventually(
+        lambda: fleet.upstream.stats()["connected"][ids[0]] == 0,
+        timeout=4 * 0.5,
+        what="the stopped stream closed",
+    )
+    row = fleet.rows()[ids[0]]
+    assert row[model.DESIRED_STATE] == "STOPPED" and model.LEASE_OWNER not in row
+    assert fleet.all_live(ids[1:])
+    worker.signal(signal.SIGTERM)
+    assert worker.process.wait(timeout=10) == 0
+    [stopped] = worker.events("worker_stopped")
+    # Found by the one stopped-connections query per interval, never by reading each row.
+    assert stopped["dynamodb_requests"].get("get_item", 0) == 0
+    assert stopped["dynamodb_requests"]["query"] >= 1
+    first_release = worker.events("lease_released")[0]
+    assert (first_release["pk"], first_release["reason"]) == (
+        model.connection_pk(ids[0]),
+        "stopped",
+    )
+
+
+async def test_an_upstream_drop_reconnects_without_losing_the_lease(fleet: Fleet):
+    worker = fleet.start_worker()
+    ids = streams(3)
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    versions = {sid: row[model.LEASE_VERSION] for sid, row in fleet.rows().items()}
+
+    await fleet.upstream.drop_clients()
+
+    await eventually(
+        lambda: (
+            all(fleet.upstream.stats()["connections"][sid] >= 2 for sid in ids)
+            and fleet.all_live(ids)
+        ),
+        timeout=5,
+        what="reconnected",
+    )
+    await eventually(
+        lambda: all(fleet.stored_seqs(sid)[-1:] > [15] for sid in ids), timeout=10, what="progress"
+    )
+    assert {sid: row[model.LEASE_VERSION] for sid, row in fleet.rows().items()} == versions
+    assert worker.events("upstream_dropped")
+    fleet.assert_no_gap_no_duplicate(ids)
+
+
+async def test_a_start_for_a_url_off_the_allow_list_is_refused_and_marked(fleet: Fleet):
+    fleet.start_worker()
+    result = await fleet.writer.start("evil", "ws://169.254.169.254/latest/meta-data")
+    fleet.sqs.send_message(
+        QueueUrl=fleet.queue_url, MessageBody=model.notification_body(result.item["pk"])
+    )
+
+    row = await eventually(
+        lambda: fleet.rows()["evil"].get(model.REFUSED_REASON) and fleet.rows()["evil"],
+        timeout=10,
+        what="the refused row marked",
+    )
+    assert row[model.DESIRED_STATE] == "STOPPED"
+    assert "not allow-listed" in row[model.REFUSED_REASON]
+    assert model.LEASE_OWNER not in row
