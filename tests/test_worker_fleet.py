@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from streamfleet import model
+from streamfleet.local.fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
 from streamfleet.upstream.fake import FakeUpstream
-from tests.fleet_harness import LEASE_SECONDS, Fleet, WorkerProcess, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -151,8 +151,12 @@ async def test_stop_closes_the_stream_found_by_the_stopped_query(fleet: Fleet):
         timeout=4 * 0.5,
         what="the stopped stream closed",
     )
-    row = fleet.rows()[ids[0]]
-    assert row[model.DESIRED_STATE] == "STOPPED" and model.LEASE_OWNER not in row
+    row = await eventually(
+        lambda: model.LEASE_OWNER not in fleet.rows()[ids[0]] and fleet.rows()[ids[0]],
+        timeout=2,
+        what="the stopped stream released",
+    )
+    assert row[model.DESIRED_STATE] == "STOPPED"
     assert fleet.all_live(ids[1:])
     worker.signal(signal.SIGTERM)
     assert worker.process.wait(timeout=10) == 0

@@ -1,4 +1,4 @@
-"""Real worker processes against moto's server and the fake upstream, for integration tests.
+"""Real worker processes against moto's server and the fake upstream (tests, benchmarks).
 
 Everything is real: the workers are ``python -m streamfleet.worker`` processes, signals are real
 signals, DynamoDB and SQS are moto's server on loopback, the upstream is a WebSocket server.
@@ -30,7 +30,7 @@ from streamfleet.lease.dynamo import from_item
 from streamfleet.tables import create_tables
 from streamfleet.upstream.fake import FakeUpstream
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
 
 # Short durations so failures and recoveries play out in seconds.
