@@ -57,7 +57,7 @@ class WorkerConfig:
     upstreams: UpstreamPolicy
     worker_id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
     timing: LeaseTiming = field(default_factory=LeaseTiming)
-    reconcile_every: float = 5.0
+    reconcile_every: float = 10.0
     stop_check_every: float = 5.0
     max_connections: int = 700
     service_name: str = "streamfleet-worker"
@@ -106,7 +106,7 @@ class WorkerConfig:
             ),
             worker_id=check_id("WORKER_ID", worker_id),
             timing=timing,
-            reconcile_every=_number(env, "RECONCILE_EVERY", 5.0),
+            reconcile_every=_number(env, "RECONCILE_EVERY", 10.0),
             stop_check_every=_number(env, "STOP_CHECK_EVERY", heartbeat),
             max_connections=_whole(env, "MAX_CONNECTIONS", 700),
             service_name=env.get("SERVICE_NAME") or "streamfleet-worker",
