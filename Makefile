@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest synth worker upstream clean
+.PHONY: help setup test lint format pytest synth worker upstream bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ test: lint pytest ## Everything CI runs: lint, then the whole test suite against
 synth: setup ## Synthesize both stacks into cdk.out (no AWS credentials, no Docker)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
+
+bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/fleet_results.md
+	$(PYTHON) -m bench.fleet_bench
 
 worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
 	$(PYTHON) -m streamfleet.worker

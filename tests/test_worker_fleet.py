@@ -8,7 +8,9 @@ measured by ``make bench``.
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -211,3 +213,36 @@ async def test_a_start_for_a_url_off_the_allow_list_is_refused_and_marked(fleet:
     assert row[model.DESIRED_STATE] == "STOPPED"
     assert "not allow-listed" in row[model.REFUSED_REASON]
     assert model.LEASE_OWNER not in row
+
+
+async def test_an_overloaded_worker_sheds_its_surplus_without_churn(fleet: Fleet):
+    rebalance = {
+        "REBALANCE_EVERY": "1",
+        "REBALANCE_HOLD_SECONDS": "2",
+        "REBALANCE_MAX_PER_INTERVAL": "4",
+    }
+    crowded = fleet.start_worker("crowded", **rebalance)
+    ids = streams(20)
+    await fleet.start_streams(*ids)
+    await eventually(
+        lambda: fleet.all_live(ids, among={"crowded"}), timeout=15, what="all on one worker"
+    )
+
+    fleet.start_worker("newcomer", **rebalance)
+
+    def balanced() -> bool:
+        held = list(fleet.owners().values())
+        handoffs = crowded.events("lease_handed_over")
+        quiet = not handoffs or time.time() - handoffs[-1]["ts"] > 2
+        return quiet and fleet.all_live(ids) and 8 <= held.count("newcomer") <= 12
+
+    await eventually(balanced, timeout=20, what="the load shared between the two workers")
+    shed = crowded.events("lease_handed_over")
+    assert shed and {e["reason"] for e in shed} == {"handoff"}
+    # No churn: once balanced, nothing moves any more.
+    settled = fleet.owners()
+    moves = len(crowded.events("lease_handed_over"))
+    await asyncio.sleep(3)  # an observation window, not synchronisation
+    assert fleet.owners() == settled
+    assert len(crowded.events("lease_handed_over")) == moves
+    fleet.assert_single_client_ever()

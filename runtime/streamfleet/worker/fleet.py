@@ -436,7 +436,12 @@ class Worker:
         ]
         if not peers:
             return 0
-        average = (mine + sum(s.load for s in peers)) / (len(peers) + 1)
+        # Connections shed lately may not show in the peers' reported load yet; counting them
+        # keeps a stale view from shedding twice.
+        now = self.store.session.clock.monotonic()
+        settling = 2 * self.config.timing.heartbeat_seconds + self.config.reconcile_every
+        in_flight = sum(1 for at in self._recently_shed.values() if now - at < settling)
+        average = (mine + in_flight + sum(s.load for s in peers)) / (len(peers) + 1)
         if mine <= average * (1 + self.config.rebalance_tolerance) or mine - average < 2:
             return 0
         return int(mine - average)

@@ -1,0 +1,558 @@
+"""The event router Lambda: START or STOP a connection, or read its state.
+
+API Gateway REST API, Lambda proxy integration (payload format 1.0):
+
+* ``POST /events`` with ``{"event_type": "START", "connection_id": ..., "ws_url": ...}`` or
+  ``{"event_type": "STOP", "connection_id": ...}``;
+* ``GET /connections/{connection_id}``.
+
+Every request is validated completely (:func:`decode_body`, :func:`parse_event`, both pure)
+before any AWS call, so a bad request writes nothing. The writes themselves are
+:class:`~streamfleet.desired_state.DesiredStateWriter`'s conditional updates, which never disturb
+a running lease; a START that makes a connection claimable is followed by one SQS notification.
+
+Configuration comes from the environment (``TABLE_NAME``, ``QUEUE_URL``, ``ALLOWED_UPSTREAMS``,
+optional ``MAX_BODY_BYTES``), validated on first use and cached; a bad value turns every request
+into a 500 naming the variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import sys
+import threading
+import time
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from . import model
+from .aws import AsyncClient, ClientSettings
+from .desired_state import DesiredStateWriter, Outcome
+from .lease.dynamo import error_code, is_transient
+from .lease.errors import StoreUnavailable
+from .validation import check_id, check_ws_url
+from .worker.upstream_policy import UpstreamPolicy
+
+DEFAULT_MAX_BODY_BYTES = 4096
+
+START = "START"
+STOP = "STOP"
+EVENT_TYPE = "event_type"
+CONNECTION_ID = "connection_id"
+WS_URL = model.WS_URL
+FIELDS = {START: (EVENT_TYPE, CONNECTION_ID, WS_URL), STOP: (EVENT_TYPE, CONNECTION_ID)}
+
+EVENTS_RESOURCE = "/events"
+CONNECTION_RESOURCE = "/connections/{connection_id}"
+CONNECTIONS_PREFIX = "/connections/"
+
+STATUS = {
+    Outcome.CREATED: 201,
+    Outcome.RESTARTED: 200,
+    Outcome.UNCHANGED: 200,
+    Outcome.STOPPED: 200,
+    Outcome.NOT_FOUND: 404,
+    Outcome.CONFLICT: 409,
+}
+
+# The notification only shortens the wait: an unowned STARTED row is also found by the workers'
+# orphan scan, so a few quick tries are enough and a failure does not fail the request.
+NOTIFY_ATTEMPTS = 3
+NOTIFY_BACKOFF_SECONDS = 0.05
+# Lambda runs one invocation at a time per container; two threads are plenty.
+CLIENT_SETTINGS = ClientSettings(threads=2)
+LOGGED_FIELD_CHARS = 64
+
+# DynamoDB accepts a table name or (since 2024) a table ARN as TableName.
+TABLE_NAME_PATTERN = re.compile(
+    r"[A-Za-z0-9_.\-]{3,255}|arn:aws[a-z\-]*:dynamodb:[a-z0-9\-]+:\d{12}:table/[A-Za-z0-9_.\-]{3,255}"
+)
+
+
+# --- Request parsing (pure) -----------------------------------------------------------------
+
+
+class BadRequest(ValueError):
+    """A request the router refuses with a 400; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class StartEvent:
+    """A validated START: the URL is well formed and allow-listed."""
+
+    connection_id: str
+    ws_url: str
+
+
+@dataclass(frozen=True)
+class StopEvent:
+    """A validated STOP."""
+
+    connection_id: str
+
+
+def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
+    """The request body as text: present, decoded from base64 if flagged, within ``max_bytes``
+    bytes (after decoding) and valid UTF-8. :class:`BadRequest` (field ``body``) otherwise."""
+    if body is None:
+        raise BadRequest("body", "required")
+    if not isinstance(body, str):
+        raise BadRequest("body", f"expected a string, got {type(body).__name__}")
+    too_large = BadRequest("body", f"larger than {max_bytes} bytes")
+    if is_base64:
+        # Bound the work before decoding: n bytes take 4 * ceil(n / 3) base64 characters.
+        if len(body) > 4 * (max_bytes // 3 + 1):
+            raise too_large
+        try:
+            raw = base64.b64decode(body, validate=True)
+        except ValueError:  # binascii.Error, or a non-ASCII str
+            raise BadRequest("body", "not valid base64") from None
+    else:
+        if len(body) > max_bytes:  # each character is at least one byte
+            raise too_large
+        try:
+            raw = body.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates
+            raise BadRequest("body", "not valid UTF-8") from None
+    if len(raw) > max_bytes:
+        raise too_large
+    if not raw:
+        raise BadRequest("body", "required (empty)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("body", "not valid UTF-8") from None
+
+
+class _DuplicateKeys(dict):
+    """An object that named one key twice; JSON parsers disagree on which value wins."""
+
+    duplicate: str = ""
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            duplicated = _DuplicateKeys(pairs)
+            duplicated.duplicate = key
+            return duplicated
+        result[key] = value
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python-only extensions
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _field_error(field: str, exc: ValueError) -> BadRequest:
+    """Turn a ``ValueError("<field>: <message>")`` from the shared checks into a BadRequest."""
+    prefix = f"{field}: "
+    text = str(exc)
+    return BadRequest(field, text[len(prefix) :] if text.startswith(prefix) else text)
+
+
+def _string(payload: dict[str, Any], field: str) -> str:
+    if field not in payload:
+        raise BadRequest(field, "required")
+    value = payload[field]
+    if not isinstance(value, str):
+        raise BadRequest(field, f"expected a string, got {_json_type(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a JSON escape of a lone surrogate: not storable in DynamoDB
+        raise BadRequest(field, "not valid Unicode") from None
+    return value
+
+
+def check_connection_id(value: object) -> str:
+    """A connection id as the router accepts it (``validation.check_id``), else BadRequest."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(CONNECTION_ID, "not valid Unicode") from None
+    try:
+        return check_id(CONNECTION_ID, value)
+    except ValueError as exc:
+        raise _field_error(CONNECTION_ID, exc) from None
+
+
+def check_allowed_url(value: str, policy: UpstreamPolicy) -> str:
+    """A ``ws://``/``wss://`` URL without control characters, on the allow-list."""
+    try:
+        check_ws_url(WS_URL, value)
+    except ValueError as exc:
+        raise _field_error(WS_URL, exc) from None
+    # A NUL or another control character is no whitespace, so check_ws_url lets it through; no
+    # worker could dial it, and it would reach logs and dashboards verbatim.
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise BadRequest(WS_URL, "must not contain control characters")
+    try:
+        policy.check(value)
+    except ValueError as exc:
+        raise _field_error(WS_URL, exc) from None
+    return value
+
+
+def parse_event(body_text: str, policy: UpstreamPolicy) -> StartEvent | StopEvent:
+    """Validate a ``POST /events`` body completely; :class:`BadRequest` names the first bad field.
+
+    Strict on purpose: the event type is case-sensitive, unknown and duplicated fields are
+    refused (a typo such as ``wsurl`` must not silently mean "no URL"), and the URL must be on
+    the same allow-list the workers enforce, so a refused URL never becomes a STARTED row.
+    """
+    try:
+        payload = json.loads(
+            body_text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant
+        )
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+        raise BadRequest("body", "not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("body", f"expected a JSON object, got {_json_type(payload)}")
+    if isinstance(payload, _DuplicateKeys):
+        raise BadRequest(payload.duplicate, "appears more than once")
+    event_type = _string(payload, EVENT_TYPE)
+    if event_type not in FIELDS:
+        raise BadRequest(EVENT_TYPE, f"must be {START} or {STOP}")
+    for key in payload:
+        if key not in FIELDS[event_type]:
+            raise BadRequest(key, f"unknown field for {event_type}")
+    connection_id = check_connection_id(_string(payload, CONNECTION_ID))
+    if event_type == STOP:
+        return StopEvent(connection_id)
+    return StartEvent(connection_id, check_allowed_url(_string(payload, WS_URL), policy))
+
+
+# --- Configuration --------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A missing or invalid environment variable: every request fails with a 500 naming it."""
+
+    def __init__(self, variable: str, message: str):
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ConfigError(name, "required but not set")
+    return value
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router's settings, immutable once read."""
+
+    table_name: str
+    queue_url: str
+    upstreams: UpstreamPolicy
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RouterConfig:
+        """Read and validate the environment; :class:`ConfigError` names the first bad one."""
+        env = os.environ if env is None else env
+        table_name = _required(env, "TABLE_NAME")
+        if not TABLE_NAME_PATTERN.fullmatch(table_name):
+            raise ConfigError("TABLE_NAME", "not a DynamoDB table name or table ARN")
+        queue_url = _required(env, "QUEUE_URL")
+        parts = urlsplit(queue_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError("QUEUE_URL", "not an http(s) SQS queue URL")
+        try:
+            upstreams = UpstreamPolicy.parse(
+                "ALLOWED_UPSTREAMS", _required(env, "ALLOWED_UPSTREAMS")
+            )
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError("ALLOWED_UPSTREAMS", str(exc).partition(": ")[2]) from None
+        raw_max = env.get("MAX_BODY_BYTES", "").strip()
+        max_body_bytes = DEFAULT_MAX_BODY_BYTES
+        if raw_max:
+            if not raw_max.isdigit() or int(raw_max) <= 0:
+                raise ConfigError("MAX_BODY_BYTES", f"{raw_max!r} is not a whole number above 0")
+            max_body_bytes = int(raw_max)
+        return cls(table_name, queue_url, upstreams, max_body_bytes)
+
+
+# --- Responses ------------------------------------------------------------------------------
+
+
+def response(status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> dict:
+    """A proxy-integration response with a JSON body."""
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": "application/json", **(headers or {})},
+        "body": json.dumps(payload, separators=(",", ":")),
+        "isBase64Encoded": False,
+    }
+
+
+def error_response(status: int, message: str, **extra: Any) -> dict:
+    """``{"error": message, ...}`` with ``status``."""
+    return response(status, {"error": message, **extra})
+
+
+def connection_state(item: dict[str, Any]) -> dict[str, Any]:
+    """The public view of a connection row (no index bookkeeping attributes)."""
+    state = {
+        model.DESIRED_STATE: item.get(model.DESIRED_STATE),
+        model.WS_URL: item.get(model.WS_URL),
+        model.LEASE_OWNER: item.get(model.LEASE_OWNER),
+        model.LAST_SEQ: item.get(model.LAST_SEQ, 0),
+        model.LEASE_VERSION: item.get(model.LEASE_VERSION, 0),
+        model.UPDATED_AT_MS: item.get(model.UPDATED_AT_MS),
+    }
+    if model.REFUSED_REASON in item:
+        state[model.REFUSED_REASON] = item[model.REFUSED_REASON]
+    return state
+
+
+# --- Routing (pure) -------------------------------------------------------------------------
+
+
+class NoRoute(Exception):
+    """The request matched no route (404) or not with this method (405)."""
+
+    def __init__(self, status: int, message: str, allow: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.allow = allow
+
+
+def route(event: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``("events", None)`` or ``("connection", raw_id)`` for an API Gateway proxy event.
+
+    Uses the ``resource`` template when API Gateway supplies one and falls back on the path, so
+    the same handler serves a greedy ``{proxy+}`` resource and the local HTTP adapter.
+    """
+    method = event.get("httpMethod")
+    resource = event.get("resource") or ""
+    path = (event.get("path") or "").rstrip("/") or "/"
+    if resource == EVENTS_RESOURCE or path == EVENTS_RESOURCE:
+        if method != "POST":
+            raise NoRoute(405, f"method: {method} not allowed on {EVENTS_RESOURCE}", "POST")
+        return "events", None
+    raw_id = (event.get("pathParameters") or {}).get(CONNECTION_ID)
+    if raw_id is None and path.startswith(CONNECTIONS_PREFIX):
+        raw_id = path[len(CONNECTIONS_PREFIX) :]
+        if "/" in raw_id:
+            raise NoRoute(404, "path: not found")
+    if resource == CONNECTION_RESOURCE or raw_id is not None:
+        if method != "GET":
+            raise NoRoute(405, f"method: {method} not allowed on {CONNECTION_RESOURCE}", "GET")
+        # Clients may percent-encode ':' and the path fallback is never decoded; '%' is no id
+        # character, so decoding once can only turn an invalid id into the one that was meant.
+        return "connection", unquote(raw_id or "")
+    raise NoRoute(404, "path: not found")
+
+
+# --- AWS side -------------------------------------------------------------------------------
+
+
+class EventRouter:
+    """Applies validated events to the lease table and the queue."""
+
+    def __init__(self, config: RouterConfig, *, dynamodb: AsyncClient, sqs: AsyncClient):
+        self.config = config
+        self.writer = DesiredStateWriter(dynamodb=dynamodb, table_name=config.table_name)
+        self._sqs = sqs
+
+    async def apply(self, event: StartEvent | StopEvent) -> tuple[int, dict[str, Any], Outcome]:
+        """Run a START or STOP; the status, the response payload and the outcome."""
+        if isinstance(event, StartEvent):
+            result = await self.writer.start(event.connection_id, event.ws_url)
+        else:
+            result = await self.writer.stop(event.connection_id)
+        payload: dict[str, Any] = {
+            CONNECTION_ID: event.connection_id,
+            "outcome": result.outcome.value,
+            "state": connection_state(result.item) if result.item else None,
+        }
+        if isinstance(event, StartEvent):
+            payload["notified"] = result.notify and await self._notify(result.item[model.PK])
+        if result.outcome is Outcome.CONFLICT:
+            payload["error"] = f"{WS_URL}: the connection is running with another ws_url; STOP it"
+            payload["field"] = WS_URL
+        elif result.outcome is Outcome.NOT_FOUND:
+            payload["error"] = f"{CONNECTION_ID}: no such connection"
+            payload["field"] = CONNECTION_ID
+        return STATUS[result.outcome], payload, result.outcome
+
+    async def read(self, connection_id: str) -> dict[str, Any] | None:
+        """The connection's public state, or ``None`` if it never existed."""
+        item = await self.writer.read(model.connection_pk(connection_id))
+        return connection_state(item) if item else None
+
+    async def _notify(self, pk: str) -> bool:
+        """Send the claim notification; ``False`` if SQS kept failing (the row still gets found
+        by the workers' orphan scan, only later)."""
+        for attempt in range(NOTIFY_ATTEMPTS):
+            try:
+                await self._sqs.call(
+                    "send_message",
+                    QueueUrl=self.config.queue_url,
+                    MessageBody=model.notification_body(pk),
+                )
+                return True
+            except Exception as exc:
+                if not is_transient(exc) or attempt == NOTIFY_ATTEMPTS - 1:
+                    _log({"event": "notify_failed", "pk": pk, "error": type(exc).__name__})
+                    return False
+                await asyncio.sleep(NOTIFY_BACKOFF_SECONDS * 2**attempt)
+        return False
+
+
+# --- Per-container state --------------------------------------------------------------------
+
+
+class _Container:
+    """What survives between warm invocations: one event loop, the clients, the config."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # the local adapter calls from several threads
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.clients: tuple[AsyncClient, AsyncClient] | None = None
+        self.router: tuple[tuple[str, ...], EventRouter] | None = None
+
+    def get_router(self) -> EventRouter:
+        # Keyed on the raw values: Lambda's environment never changes, a test's does.
+        key = tuple(
+            os.environ.get(name, "")
+            for name in ("TABLE_NAME", "QUEUE_URL", "ALLOWED_UPSTREAMS", "MAX_BODY_BYTES")
+        )
+        if self.router is None or self.router[0] != key:
+            config = RouterConfig.from_env()
+            if self.clients is None:
+                self.clients = (
+                    AsyncClient("dynamodb", CLIENT_SETTINGS),
+                    AsyncClient("sqs", CLIENT_SETTINGS),
+                )
+            dynamodb, sqs = self.clients
+            self.router = (key, EventRouter(config, dynamodb=dynamodb, sqs=sqs))
+        return self.router[1]
+
+    def run(self, coroutine: Any) -> Any:
+        if self.loop is None or self.loop.is_closed():
+            self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(coroutine)
+
+    def reset(self) -> None:
+        if self.clients:
+            for client in self.clients:
+                client.close()
+        if self.loop is not None:
+            self.loop.close()
+        self.loop, self.clients, self.router = None, None, None
+
+
+_CONTAINER = _Container()
+
+
+def reset() -> None:
+    """Forget the cached config, clients and event loop (tests; a new environment)."""
+    with _CONTAINER.lock:
+        _CONTAINER.reset()
+
+
+def _log(record: dict[str, Any]) -> None:
+    # stdout, not logging: Lambda's root logger drops INFO unless configured, and one JSON object
+    # per line is what CloudWatch Logs Insights parses without a pattern.
+    sys.stdout.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+# --- Entry point ----------------------------------------------------------------------------
+
+
+def _dispatch(event: Mapping[str, Any], log: dict[str, Any]) -> dict[str, Any]:
+    try:
+        kind, raw_id = route(event)
+    except NoRoute as missing:
+        headers = {"Allow": missing.allow} if missing.allow else None
+        field = str(missing).partition(":")[0]
+        return response(missing.status, {"error": str(missing), "field": field}, headers)
+    log["route"] = kind
+    try:
+        router = _CONTAINER.get_router()
+        if kind == "connection":
+            connection_id = check_connection_id(raw_id)
+            log[CONNECTION_ID] = connection_id
+            state = _CONTAINER.run(router.read(connection_id))
+            if state is None:
+                return error_response(
+                    404, f"{CONNECTION_ID}: no such connection", field=CONNECTION_ID
+                )
+            return response(200, {CONNECTION_ID: connection_id, "state": state})
+        text = decode_body(
+            event.get("body"), event.get("isBase64Encoded"), router.config.max_body_bytes
+        )
+        parsed = parse_event(text, router.config.upstreams)
+        log[EVENT_TYPE] = START if isinstance(parsed, StartEvent) else STOP
+        log[CONNECTION_ID] = parsed.connection_id
+        status, payload, outcome = _CONTAINER.run(router.apply(parsed))
+        log["outcome"] = outcome.value
+        return response(status, payload)
+    except BadRequest as bad:
+        # The field may be an attacker's key: bounded in the log, returned as sent to the caller.
+        log["error_field"] = bad.field[:LOGGED_FIELD_CHARS]
+        return error_response(400, str(bad), field=bad.field)
+    except ConfigError as bad_config:
+        log["error"] = "config"
+        log["variable"] = bad_config.variable
+        return error_response(500, f"configuration: {bad_config}", variable=bad_config.variable)
+    except StoreUnavailable:
+        log["error"] = "store_unavailable"
+        return error_response(503, "the store is unavailable; retry later")
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """The Lambda entry point (``streamfleet.event_router.handler``).
+
+    Must not be called from inside a running event loop: it drives its own loop, reused across
+    warm invocations so the clients' connection pools survive.
+    """
+    started = time.monotonic()
+    log: dict[str, Any] = {
+        "event": "request",
+        "request_id": getattr(context, "aws_request_id", None),
+        "method": event.get("httpMethod") if isinstance(event, dict) else None,
+    }
+    try:
+        with _CONTAINER.lock:
+            result = _dispatch(event, log)
+    except Exception as exc:
+        # No message, no traceback in the response: they could carry internals.
+        log["error"] = type(exc).__name__
+        log["error_code"] = error_code(exc)
+        result = error_response(500, "internal error")
+    log["status"] = result["statusCode"]
+    log["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    _log(log)
+    return result

@@ -1,0 +1,402 @@
+"""START/STOP events in: a REST API, the event router Lambda and the fleet's notification queue.
+
+``POST /events`` and ``GET /connections/{connection_id}`` (paths, fields and the handler are read
+from :mod:`streamfleet.event_router`, the code that serves them) reach one Lambda, the only
+writer of ``desired_state``. When a START makes a connection claimable, the router sends one
+notification (:func:`streamfleet.model.notification_body`) to the queue the workers poll, so a
+peer claims it within a second instead of at its next orphan scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aws_cdk import Duration
+from aws_cdk import aws_apigateway as apigateway
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_wafv2 as wafv2
+from constructs import Construct
+
+from streamfleet import event_router, validation
+from streamfleet_cdk.assets import router_code
+from streamfleet_cdk.nag import acknowledge
+from streamfleet_cdk.upstreams import allowed_upstreams_env, check_allowed_upstreams
+
+# The newest Python runtime CDK knows; cdk-nag's AwsSolutions-L1 requires the newest.
+ROUTER_RUNTIME = lambda_.Runtime.PYTHON_3_14
+ROUTER_HANDLER = f"{event_router.handler.__module__}.{event_router.handler.__name__}"
+
+# API Gateway gives up on an integration after 29 s; the router must answer before that.
+MAX_ROUTER_TIMEOUT_SECONDS = 29
+# Fleet notifications are claimed within a second or two; 30 s leaves room for a slow receive.
+QUEUE_VISIBILITY_TIMEOUT = Duration.seconds(30)
+DEAD_LETTER_RETENTION = Duration.days(14)
+
+JSON_CONTENT_TYPE = "application/json"
+# The router's own rule for connection ids (validation.check_id), as a JSON-schema pattern.
+# Ids are ASCII, so characters and bytes count alike.
+CONNECTION_ID_SCHEMA_PATTERN = (
+    f"^{validation.ID_PATTERN.pattern.removesuffix('+')}{{1,{validation.MAX_ID_BYTES}}}$"
+)
+
+ROUTER_ACTIONS = {
+    "lease_table": ("dynamodb:GetItem", "dynamodb:UpdateItem"),
+    "queue": ("sqs:SendMessage",),
+    "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventIngestionProps:
+    """How :class:`EventIngestion` is built.
+
+    Attributes:
+        lease_table: the lease table (or its local replica); the router reads and updates
+            connection rows in it, nothing else.
+        allowed_upstreams: ``scheme://host[:port]`` entries the router accepts in a START's
+            ``ws_url`` (``*.`` prefixes a domain wildcard); the workers enforce the same list.
+        iam_auth: require IAM (SigV4) authorization on every method. Turning it off leaves the
+            API open to anyone who knows its URL; cdk-nag then reports APIG4 (on purpose).
+        throttling_rate_limit: stage-wide steady-state requests per second.
+        throttling_burst_limit: stage-wide burst, in requests.
+        stage_name: the API's stage (the first path segment of its URL).
+        tracing: X-Ray tracing on the API stage and the router.
+        execution_logging_level: API Gateway execution logging (``ERROR`` or ``INFO``). Off by
+            default: it needs the account-wide API Gateway CloudWatch role, which belongs to the
+            account's baseline, not to this stack. Access logs are always on.
+        web_acl_arn: a WAFv2 web ACL (REGIONAL scope) to associate with the stage.
+        log_retention: how long the router's logs and the API's access logs are kept.
+        reserved_concurrency: cap on concurrent router invocations (``None``: unreserved).
+        router_memory_mib: the router's memory (and so its CPU share).
+        router_timeout: the router's timeout; at most 29 s (API Gateway's integration limit).
+        queue_retention: how long an unclaimed notification stays in the queue. Notifications
+            only shorten the wait (workers also scan for orphans), so a short retention is safe.
+        max_receive_count: receives before a notification moves to the dead-letter queue.
+    """
+
+    lease_table: dynamodb.ITableV2
+    allowed_upstreams: tuple[str, ...]
+    iam_auth: bool = True
+    throttling_rate_limit: float = 50.0
+    throttling_burst_limit: int = 100
+    stage_name: str = "v1"
+    tracing: bool = False
+    execution_logging_level: apigateway.MethodLoggingLevel | None = None
+    web_acl_arn: str | None = None
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    reserved_concurrency: int | None = None
+    router_memory_mib: int = 256
+    router_timeout: Duration = field(default_factory=lambda: Duration.seconds(15))
+    queue_retention: Duration = field(default_factory=lambda: Duration.days(1))
+    max_receive_count: int = 5
+
+    def __post_init__(self) -> None:
+        check_allowed_upstreams("allowed_upstreams", self.allowed_upstreams)
+        if self.throttling_rate_limit <= 0:
+            raise ValueError("throttling_rate_limit: must be greater than zero")
+        _check_whole("throttling_burst_limit", self.throttling_burst_limit, minimum=1)
+        if not self.stage_name or not self.stage_name.replace("_", "").isalnum():
+            raise ValueError(f"stage_name: letters, digits and _ only, got {self.stage_name!r}")
+        if self.reserved_concurrency is not None:
+            _check_whole("reserved_concurrency", self.reserved_concurrency, minimum=1)
+        _check_whole("router_memory_mib", self.router_memory_mib, minimum=128, maximum=10240)
+        timeout = self.router_timeout.to_seconds()
+        if not 1 <= timeout <= MAX_ROUTER_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"router_timeout: {timeout} s is outside 1-{MAX_ROUTER_TIMEOUT_SECONDS} s "
+                "(API Gateway stops waiting after 29 s)"
+            )
+        retention = self.queue_retention.to_seconds()
+        if not 60 <= retention <= 14 * 24 * 3600:
+            raise ValueError(f"queue_retention: {retention} s is outside SQS's 60 s to 14 days")
+        _check_whole("max_receive_count", self.max_receive_count, minimum=1, maximum=1000)
+
+
+def _check_whole(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected a whole number, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"at least {minimum}" if maximum is None else f"{minimum}-{maximum}"
+        raise ValueError(f"{name}: expected {bounds}, got {value}")
+
+
+class EventIngestion(Construct):
+    """The fleet's front door in one Region: API -> event router -> lease table + queue.
+
+    Every Region gets its own: a START in the standby Region lands in that Region's replica and
+    queue, so failing over needs no change to the callers but the API's URL.
+
+    Least privilege is written out, not granted by helpers: the router's role may
+    ``GetItem``/``UpdateItem`` on the lease table (not its indexes, not ``Scan``),
+    ``SendMessage`` to the queue and write its own log group. Nothing else.
+
+    Attributes:
+        queue: the fleet's notification queue (SSE-SQS, TLS only).
+        dead_letter_queue: where notifications land after ``max_receive_count`` receives.
+        dlq_alarm: in ALARM as soon as one message is in the dead-letter queue.
+        function: the event router Lambda.
+        function_role: the router's execution role.
+        function_log_group: the router's log group.
+        api: the REST API.
+        access_log_group: the API stage's access logs.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: EventIngestionProps) -> None:
+        super().__init__(scope, construct_id)
+        self._props = props
+        self.dead_letter_queue = self._build_dead_letter_queue()
+        self.queue = self._build_queue()
+        self.dlq_alarm = self._build_dlq_alarm()
+        self.function_log_group = self._build_log_group("RouterLogs")
+        self.function_role = self._build_function_role()
+        self.function = self._build_function()
+        self.access_log_group = self._build_log_group("AccessLogs")
+        self.api = self._build_api()
+        self._build_routes()
+        self._build_web_acl_association()
+        self._acknowledge_findings()
+
+    # --- Queue ---
+
+    def _build_dead_letter_queue(self) -> sqs.Queue:
+        """Keeps notifications no worker could handle, for 14 days, for inspection."""
+        return sqs.Queue(
+            self,
+            "DeadLetterQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=DEAD_LETTER_RETENTION,
+        )
+
+    def _build_queue(self) -> sqs.Queue:
+        """The notification queue; SSE-SQS, so neither the router nor the workers need KMS."""
+        return sqs.Queue(
+            self,
+            "Queue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            visibility_timeout=QUEUE_VISIBILITY_TIMEOUT,
+            retention_period=self._props.queue_retention,
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=self.dead_letter_queue, max_receive_count=self._props.max_receive_count
+            ),
+        )
+
+    def _build_dlq_alarm(self) -> cloudwatch.Alarm:
+        """A dead-lettered notification means workers keep failing on one: worth a look."""
+        return cloudwatch.Alarm(
+            self,
+            "DeadLetterAlarm",
+            alarm_description="StreamFleet: notifications reached the dead-letter queue",
+            metric=self.dead_letter_queue.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(1), statistic="Maximum"
+            ),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+    # --- Router ---
+
+    def _build_log_group(self, construct_id: str) -> logs.LogGroup:
+        return logs.LogGroup(self, construct_id, retention=self._props.log_retention)
+
+    def _build_function_role(self) -> iam.Role:
+        """The router's role with exactly :data:`ROUTER_ACTIONS` (no managed policy)."""
+        role = iam.Role(
+            self,
+            "RouterRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="StreamFleet event router: START/STOP rows and notify the fleet",
+        )
+        resources = {
+            "lease_table": self._props.lease_table.table_arn,
+            "queue": self.queue.queue_arn,
+            "log_group": self.function_log_group.log_group_arn,
+        }
+        for name, actions in ROUTER_ACTIONS.items():
+            role.add_to_policy(
+                iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
+            )
+        return role
+
+    def _build_function(self) -> lambda_.Function:
+        props = self._props
+        return lambda_.Function(
+            self,
+            "Router",
+            description="StreamFleet event router: POST /events, GET /connections/{id}",
+            runtime=ROUTER_RUNTIME,
+            architecture=lambda_.Architecture.ARM_64,
+            handler=ROUTER_HANDLER,
+            code=router_code(ROUTER_RUNTIME),
+            role=self.function_role,
+            log_group=self.function_log_group,
+            memory_size=props.router_memory_mib,
+            timeout=props.router_timeout,
+            reserved_concurrent_executions=props.reserved_concurrency,
+            tracing=lambda_.Tracing.ACTIVE if props.tracing else lambda_.Tracing.DISABLED,
+            environment={
+                "TABLE_NAME": props.lease_table.table_name,
+                "QUEUE_URL": self.queue.queue_url,
+                "ALLOWED_UPSTREAMS": allowed_upstreams_env(props.allowed_upstreams),
+            },
+        )
+
+    # --- API ---
+
+    def _build_api(self) -> apigateway.RestApi:
+        props = self._props
+        authorization = (
+            apigateway.AuthorizationType.IAM if props.iam_auth else apigateway.AuthorizationType.NONE
+        )
+        return apigateway.RestApi(
+            self,
+            "Api",
+            description="StreamFleet: START/STOP upstream connections",
+            endpoint_configuration=apigateway.EndpointConfiguration(
+                types=[apigateway.EndpointType.REGIONAL]
+            ),
+            cloud_watch_role=False,
+            default_method_options=apigateway.MethodOptions(authorization_type=authorization),
+            deploy_options=apigateway.StageOptions(
+                stage_name=props.stage_name,
+                throttling_rate_limit=props.throttling_rate_limit,
+                throttling_burst_limit=props.throttling_burst_limit,
+                tracing_enabled=props.tracing,
+                logging_level=props.execution_logging_level,
+                access_log_destination=apigateway.LogGroupLogDestination(self.access_log_group),
+                access_log_format=apigateway.AccessLogFormat.json_with_standard_fields(
+                    caller=True,
+                    http_method=True,
+                    ip=True,
+                    protocol=True,
+                    request_time=True,
+                    resource_path=True,
+                    response_length=True,
+                    status=True,
+                    user=True,
+                ),
+            ),
+        )
+
+    def _build_event_model(self) -> apigateway.Model:
+        """The START/STOP body as JSON schema (draft 4), mirroring the router's own checks.
+
+        API Gateway rejects a malformed body with a 400 before it costs an invocation; the
+        router still validates everything (allow-list, URL syntax), the schema is only a filter.
+        """
+        string = apigateway.JsonSchemaType.STRING
+        return self.api.add_model(
+            "EventModel",
+            content_type=JSON_CONTENT_TYPE,
+            description="A START or STOP event",
+            schema=apigateway.JsonSchema(
+                schema=apigateway.JsonSchemaVersion.DRAFT4,
+                title="StreamFleetEvent",
+                type=apigateway.JsonSchemaType.OBJECT,
+                required=[event_router.EVENT_TYPE, event_router.CONNECTION_ID],
+                additional_properties=False,
+                properties={
+                    event_router.EVENT_TYPE: apigateway.JsonSchema(
+                        type=string, enum=[event_router.START, event_router.STOP]
+                    ),
+                    event_router.CONNECTION_ID: apigateway.JsonSchema(
+                        type=string, pattern=CONNECTION_ID_SCHEMA_PATTERN
+                    ),
+                    event_router.WS_URL: apigateway.JsonSchema(
+                        type=string, min_length=1, max_length=validation.MAX_URL_BYTES
+                    ),
+                },
+                # START needs ws_url; STOP must not carry one.
+                one_of=[
+                    apigateway.JsonSchema(
+                        properties={
+                            event_router.EVENT_TYPE: apigateway.JsonSchema(
+                                enum=[event_router.START]
+                            )
+                        },
+                        required=[event_router.WS_URL],
+                    ),
+                    apigateway.JsonSchema(
+                        properties={
+                            event_router.EVENT_TYPE: apigateway.JsonSchema(enum=[event_router.STOP])
+                        },
+                        not_=apigateway.JsonSchema(required=[event_router.WS_URL]),
+                    ),
+                ],
+            ),
+        )
+
+    def _build_routes(self) -> None:
+        """``POST /events`` (body validated) and ``GET /connections/{connection_id}``."""
+        validator = self.api.add_request_validator(
+            "RequestValidator", validate_request_body=True, validate_request_parameters=True
+        )
+        # One permission per method, for the deployed stage only (no test-invoke permission).
+        integration = apigateway.LambdaIntegration(self.function, allow_test_invoke=False)
+        events = self.api.root.resource_for_path(event_router.EVENTS_RESOURCE)
+        events.add_method(
+            "POST",
+            integration,
+            request_validator=validator,
+            request_models={JSON_CONTENT_TYPE: self._build_event_model()},
+        )
+        connection = self.api.root.resource_for_path(event_router.CONNECTION_RESOURCE)
+        connection.add_method(
+            "GET",
+            integration,
+            request_validator=validator,
+            request_parameters={f"method.request.path.{event_router.CONNECTION_ID}": True},
+        )
+
+    def _build_web_acl_association(self) -> None:
+        if self._props.web_acl_arn:
+            wafv2.CfnWebACLAssociation(
+                self,
+                "WebAclAssociation",
+                resource_arn=self.api.deployment_stage.stage_arn,
+                web_acl_arn=self._props.web_acl_arn,
+            )
+
+    # --- cdk-nag ---
+
+    def _acknowledge_findings(self) -> None:
+        """Each acknowledgment says why the finding does not apply to this API."""
+        props = self._props
+        if props.iam_auth:
+            acknowledge(
+                self.api,
+                "COG4",
+                "Callers are AWS principals (backend services that start and stop streams), "
+                "authorized with IAM SigV4 on every method; there are no Cognito end users.",
+            )
+        if not props.web_acl_arn:
+            acknowledge(
+                self.api,
+                "APIG3",
+                "Every method requires IAM SigV4 authorization, so unsigned requests are refused "
+                "before any integration runs, and stage throttling bounds signed traffic; pass "
+                "web_acl_arn to attach a WAF web ACL where policy requires one.",
+            )
+        if props.execution_logging_level is None:
+            acknowledge(
+                self.api,
+                "APIG6",
+                "Access logs of every request go to a dedicated log group; execution logging "
+                "needs the account-wide API Gateway CloudWatch role, which is account baseline, "
+                "not this stack's (enable it with execution_logging_level).",
+            )
+        if props.tracing:
+            acknowledge(
+                self.function_role,
+                "IAM5[Resource::*]",
+                "X-Ray's PutTraceSegments and PutTelemetryRecords support no resource-level "
+                "permissions; CDK adds exactly these two actions when tracing is on.",
+            )
