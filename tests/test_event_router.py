@@ -585,15 +585,17 @@ connection_ids = (
     | json_values
 )
 ws_urls = st.sampled_from(ALLOWED_URLS) | st.sampled_from(BAD_URLS) | st.text(max_size=24)
+# A few known ids so STARTs and STOPs meet again; fresh ones so CREATED keeps happening.
+valid_ids = st.sampled_from(IDS) | st.from_regex(r"[A-Za-z0-9._:\-]{1,8}", fullmatch=True)
 valid_objects = st.one_of(
     st.fixed_dictionaries(
         {
             "event_type": st.just("START"),
-            "connection_id": st.sampled_from(IDS),
+            "connection_id": valid_ids,
             "ws_url": st.sampled_from(ALLOWED_URLS),
         }
     ),
-    st.fixed_dictionaries({"event_type": st.just("STOP"), "connection_id": st.sampled_from(IDS)}),
+    st.fixed_dictionaries({"event_type": st.just("STOP"), "connection_id": valid_ids}),
 )
 mixed_objects = st.builds(
     lambda known, extra: {**extra, **known},
@@ -613,14 +615,19 @@ mixed_objects = st.builds(
 def near_valid_objects(draw: st.DrawFn) -> dict[str, Any]:
     """A valid event with one thing wrong (or not): where a lax check would slip through."""
     payload = dict(draw(valid_objects))
-    change = draw(st.sampled_from(["event_type", "connection_id", "ws_url", "extra", "drop"]))
+    changes = ["event_type", "connection_id", "ws_url", "ws_url", "extra", "drop"]
+    change = draw(st.sampled_from(changes))
     if change == "drop":
         payload.pop(draw(st.sampled_from(sorted(payload))))
     elif change == "extra":
         payload[draw(st.text(max_size=8))] = draw(json_values)
     else:
         payload[change] = draw(
-            {"event_type": event_types, "connection_id": connection_ids, "ws_url": ws_urls}[change]
+            {
+                "event_type": event_types,
+                "connection_id": connection_ids,
+                "ws_url": st.sampled_from(BAD_URLS) | ws_urls,
+            }[change]
         )
     return payload
 
@@ -700,6 +707,9 @@ def test_arbitrary_bodies_leave_only_well_formed_rows_and_notifications(
             else:
                 want = (200, "unchanged")
         assert (status, payload["outcome"]) == want
+        if status < 300:  # checked here too, not only through parse_event and the model
+            check_id("connection_id", payload["connection_id"])
+            POLICY.check(payload["state"]["ws_url"])
 
     throw()
 

@@ -9,14 +9,17 @@ measured by ``make bench``.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import AsyncIterator
+from urllib.request import urlopen
 
 import pytest
 
 from streamfleet import model
 from streamfleet.local.fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
+from streamfleet.local.servers import free_port
 from streamfleet.upstream.fake import FakeUpstream
 
 pytestmark = pytest.mark.slow
@@ -34,6 +37,11 @@ async def fleet(moto, tmp_path) -> AsyncIterator[Fleet]:
             fleet.close()
 
 
+def read_url(url: str) -> bytes:
+    with urlopen(url, timeout=2) as response:
+        return response.read()
+
+
 def streams(n: int, prefix: str = "s") -> list[str]:
     return [f"{prefix}{i:03d}" for i in range(n)]
 
@@ -46,7 +54,8 @@ def busiest(fleet: Fleet, workers: list[WorkerProcess]) -> tuple[WorkerProcess, 
 
 
 async def test_a_burst_of_starts_is_claimed_in_batches_and_all_connected(fleet: Fleet):
-    workers = [fleet.start_worker() for _ in range(2)]
+    ports = [free_port(), free_port()]
+    workers = [fleet.start_worker(HEALTH_PORT=str(port)) for port in ports]
     ids = streams(40)
 
     await fleet.start_streams(*ids)
@@ -56,6 +65,18 @@ async def test_a_burst_of_starts_is_claimed_in_batches_and_all_connected(fleet: 
     assert sorted(model.connection_id_of(e["pk"]) for e in gained) == ids
     assert {e["via"] for e in gained} <= {"intake", "reconcile"}
     fleet.assert_single_client_ever()
+    # What the container health check and the scaling policy see.
+    health = [
+        json.loads(await asyncio.to_thread(read_url, f"http://127.0.0.1:{port}/health"))
+        for port in ports
+    ]
+    assert sum(h["connections"] for h in health) == 40 and all(h["session_live"] for h in health)
+
+    def metrics_add_up() -> bool:
+        latest = [w.metrics()[-1:] for w in workers]
+        return all(latest) and sum(m[0][model.METRIC_ACTIVE_CONNECTIONS] for m in latest) == 40
+
+    await eventually(metrics_add_up, timeout=5, what="ActiveConnections adding up to 40")
 
 
 async def test_kill_9_moves_every_stream_of_the_dead_worker_to_the_others(fleet: Fleet):

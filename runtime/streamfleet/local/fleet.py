@@ -84,6 +84,11 @@ class WorkerProcess:
                     events.append(record)
         return events
 
+    def metrics(self) -> list[dict[str, Any]]:
+        """The Embedded Metric Format documents it printed."""
+        lines = self.log_path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith('{"_aws"')]
+
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
