@@ -1,18 +1,21 @@
-"""One stack per Region: the primary declares the global tables, the secondary references them.
+"""One stack per Region: tables (declared in the primary, referenced in the secondary), the
+event ingestion (API, router, queue) and the worker fleet.
 
-Both stacks expose the same attributes (``lease_table``, ``messages_table``), so what later
-slices add to a Region (the worker service, the API) is wired the same way in either role.
+Both stacks expose the same attributes, so a Region's stack is wired the same way in either
+role. Stacks only wire constructs; every decision with a reason lives in a construct.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from aws_cdk import Acknowledgment, App, CfnOutput, Environment, Stack, Validations
+from aws_cdk import Annotations, App, CfnOutput, Duration, Environment, Stack
 from constructs import Construct
 
 from streamfleet_cdk.config import AppConfig
+from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.tables import FleetTableReplicas, FleetTables, FleetTablesProps
+from streamfleet_cdk.worker_fleet import WorkerFleet, WorkerFleetProps
 
 PRIMARY_STACK_NAME = "StreamFleet-Primary"
 SECONDARY_STACK_NAME = "StreamFleet-Secondary"
@@ -29,12 +32,15 @@ class FleetStack(Stack):
     """The fleet's resources in one Region.
 
     The ``env`` is always explicit (``config.account`` and the role's Region): global table
-    replicas and, later, cross-Region wiring need a concrete Region at synth time.
+    replicas and the VPC's Availability Zones need a concrete Region at synth time.
 
     Attributes:
         role: :class:`Role` of this stack.
         lease_table: the lease table (declared here in the primary, the local replica otherwise).
         messages_table: the messages table, likewise.
+        ingestion: this Region's :class:`EventIngestion` (API, router, queue).
+        fleet: this Region's :class:`WorkerFleet`.
+        active: whether this Region's fleet claims leases (``False``: a standby scaled to zero).
     """
 
     def __init__(
@@ -45,16 +51,61 @@ class FleetStack(Stack):
         except ValueError:
             choices = ", ".join(repr(r.value) for r in Role)
             raise ValueError(f"role: expected one of {choices}, got {role!r}") from None
-        region = config.primary_region if self.role is Role.PRIMARY else config.secondary_region
+        primary = self.role is Role.PRIMARY
+        region = config.primary_region if primary else config.secondary_region
         super().__init__(
             scope,
             construct_id,
             env=Environment(account=config.account, region=region),
             description=f"StreamFleet ({self.role.value} Region): leased WebSocket worker fleet",
         )
+        self.active = primary or config.secondary_active
+        tables = self._build_tables(config)
+        self.lease_table = tables.lease_table
+        self.messages_table = tables.messages_table
+        retention = config.log_retention
+        self.ingestion = EventIngestion(
+            self,
+            "Ingestion",
+            props=EventIngestionProps(
+                lease_table=self.lease_table,
+                allowed_upstreams=config.allowed_upstreams,
+                throttling_rate_limit=config.api_rate_limit,
+                throttling_burst_limit=config.api_burst_limit,
+                log_retention=retention,
+            ),
+        )
+        self.fleet = WorkerFleet(
+            self,
+            "Workers",
+            props=WorkerFleetProps(
+                lease_table=self.lease_table,
+                messages_table=self.messages_table,
+                queue=self.ingestion.queue,
+                allowed_upstreams=config.allowed_upstreams,
+                cpu=config.worker_cpu,
+                memory_limit_mib=config.worker_memory_mib,
+                desired_count=None if self.active else 0,
+                min_capacity=config.min_tasks if self.active else 0,
+                max_capacity=config.max_tasks,
+                target_connections_per_task=config.target_connections_per_task,
+                scale_out_cooldown=Duration.seconds(config.scale_out_cooldown_seconds),
+                scale_in_cooldown=Duration.seconds(config.scale_in_cooldown_seconds),
+                max_connections=config.max_connections,
+                lease_seconds=config.lease_seconds,
+                heartbeat_seconds=config.heartbeat_seconds,
+                reconcile_seconds=config.reconcile_seconds,
+                stop_timeout=Duration.seconds(config.stop_timeout_seconds),
+                log_retention=retention,
+            ),
+        )
+        self._warn_about_two_active_regions(config)
+        self._build_outputs()
 
+    def _build_tables(self, config: AppConfig) -> FleetTables | FleetTableReplicas:
+        """Declare the global tables in the primary; reference the replicas elsewhere."""
         if self.role is Role.PRIMARY:
-            tables: FleetTables | FleetTableReplicas = FleetTables(
+            return FleetTables(
                 self,
                 "Tables",
                 props=FleetTablesProps(
@@ -62,36 +113,38 @@ class FleetStack(Stack):
                     deletion_protection=config.deletion_protection,
                     lease_table_name=config.lease_table_name,
                     messages_table_name=config.messages_table_name,
+                    strong_consistency=config.multi_region_strong_consistency,
+                    witness_region=config.witness_region,
                 ),
             )
-        else:
-            tables = FleetTableReplicas(
-                self,
-                "Tables",
-                lease_table_name=config.lease_table_name,
-                messages_table_name=config.messages_table_name,
-            )
-            self._acknowledge_empty_template()
-        self.lease_table = tables.lease_table
-        self.messages_table = tables.messages_table
+        return FleetTableReplicas(
+            self,
+            "Tables",
+            lease_table_name=config.lease_table_name,
+            messages_table_name=config.messages_table_name,
+        )
 
+    def _warn_about_two_active_regions(self, config: AppConfig) -> None:
+        """Both fleets claiming leases is safe only on a strongly consistent lease table."""
+        if (
+            self.role is Role.SECONDARY
+            and self.active
+            and not config.multi_region_strong_consistency
+        ):
+            Annotations.of(self).add_warning_v2(
+                "streamfleet:secondary-active-eventual",
+                "streamfleet:secondary_active is on with eventually consistent tables: both "
+                "Regions' fleets may claim the same lease. Do this only for a failover, with "
+                "the primary fleet stopped.",
+            )
+
+    def _build_outputs(self) -> None:
         CfnOutput(self, "LeaseTableName", value=self.lease_table.table_name)
         CfnOutput(self, "MessagesTableName", value=self.messages_table.table_name)
-
-    def _acknowledge_empty_template(self) -> None:
-        """Let synth pass while the secondary stack holds only references (no resources yet).
-
-        With ``@aws-cdk/core:validateAgainstDefaultRules`` on, an empty ``Resources`` section is
-        a synth error unless the CLI adds its ``CDKMetadata`` resource (it does not with
-        ``--no-version-reporting``). ``cdk deploy`` skips a stack without resources, so the
-        acknowledgment is harmless, and moot once this stack holds the Region's worker service.
-        """
-        Validations.of(self).acknowledge(
-            Acknowledgment(
-                id="CloudFormation-Validate::F0001",
-                reason="the secondary Region only references the global tables' replicas so far",
-            )
-        )
+        CfnOutput(self, "ApiUrl", value=self.ingestion.api.url)
+        CfnOutput(self, "QueueUrl", value=self.ingestion.queue.queue_url)
+        CfnOutput(self, "ClusterName", value=self.fleet.cluster.cluster_name)
+        CfnOutput(self, "ServiceName", value=self.fleet.service.service_name)
 
 
 def add_fleet_stacks(app: App, config: AppConfig) -> tuple[FleetStack, FleetStack]:

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import jsii
-import streamfleet
 from aws_cdk import aws_lambda as lambda_
+
+import streamfleet
 
 PACKAGE_NAME = "streamfleet"
 IMAGE_DIR_NAME = "_image"  # inside an installed package: the worker image's build files

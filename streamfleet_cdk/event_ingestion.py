@@ -254,7 +254,9 @@ class EventIngestion(Construct):
     def _build_api(self) -> apigateway.RestApi:
         props = self._props
         authorization = (
-            apigateway.AuthorizationType.IAM if props.iam_auth else apigateway.AuthorizationType.NONE
+            apigateway.AuthorizationType.IAM
+            if props.iam_auth
+            else apigateway.AuthorizationType.NONE
         )
         return apigateway.RestApi(
             self,

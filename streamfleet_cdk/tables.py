@@ -54,6 +54,13 @@ class FleetTablesProps:
             default.
         removal_policy_retain: keep the tables (and their replicas) when they leave the stack or
             the stack is deleted. Turn off only for throw-away test deployments.
+        strong_consistency: declare the *lease* table with multi-Region strong consistency
+            (MRSC), so a conditional write is atomic across Regions and both Regions' fleets may
+            claim leases. MRSC needs three Regions of one Region set: the stack's, one replica
+            and ``witness_region`` (or two replicas and no witness). The messages table stays
+            eventually consistent: its writes are idempotent (``(pk, seq)``) and MRSC would only
+            add latency to them. CDK checks the Region set at synth.
+        witness_region: the MRSC witness Region (holds no replica, only votes).
     """
 
     replica_regions: tuple[str, ...] = ()
@@ -62,6 +69,8 @@ class FleetTablesProps:
     lease_table_name: str | None = None
     messages_table_name: str | None = None
     removal_policy_retain: bool = True
+    strong_consistency: bool = False
+    witness_region: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.replica_regions, str):
@@ -69,6 +78,26 @@ class FleetTablesProps:
             raise ValueError("replica_regions: expected a tuple of Region names, got a string")
         if len(set(self.replica_regions)) != len(self.replica_regions):
             raise ValueError(f"replica_regions: duplicate Region in {self.replica_regions!r}")
+        if self.witness_region and not self.strong_consistency:
+            raise ValueError("witness_region: only meaningful with strong_consistency")
+        if self.strong_consistency:
+            self._check_strong_consistency()
+
+    def _check_strong_consistency(self) -> None:
+        replicas = len(self.replica_regions)
+        if self.witness_region:
+            if replicas != 1:
+                raise ValueError(
+                    f"replica_regions: strong consistency with a witness needs exactly one "
+                    f"replica Region, got {replicas}"
+                )
+            if self.witness_region in self.replica_regions:
+                raise ValueError("witness_region: must differ from the replica Regions")
+        elif replicas != 2:
+            raise ValueError(
+                "witness_region: strong consistency needs a witness Region with one replica "
+                f"(or two replicas and no witness); got {replicas} replica(s) and no witness"
+            )
 
 
 class FleetTables(Construct):
@@ -79,8 +108,10 @@ class FleetTables(Construct):
     state), and are replicated to ``props.replica_regions`` so a secondary Region's fleet can take
     over with the leases and the resume positions (``last_seq``) already there.
 
-    Replication is eventually consistent (the default): a conditional write is atomic only within
+    Replication is eventually consistent by default: a conditional write is atomic only within
     one Region, which is why only one Region's fleet may claim leases at a time (see the design).
+    ``strong_consistency`` makes the lease table MRSC, where the same writes are safe across
+    Regions.
 
     The stack that holds this construct needs an explicit ``env``: replicas are per Region and
     CDK must know which Region is the primary.
@@ -99,6 +130,7 @@ class FleetTables(Construct):
             spec=model.LEASE_TABLE,
             table_name=props.lease_table_name or model.LEASE_TABLE.default_name,
             time_to_live_attribute=None,
+            strong=props.strong_consistency,
         )
         self.messages_table: dynamodb.TableV2 = self._build_table(
             "MessagesTable",
@@ -116,6 +148,7 @@ class FleetTables(Construct):
         spec: model.TableSpec,
         table_name: str,
         time_to_live_attribute: str | None,
+        strong: bool = False,
     ) -> dynamodb.TableV2:
         """One global table from its spec; everything but keys and indexes is shared policy."""
         return dynamodb.TableV2(
@@ -135,6 +168,8 @@ class FleetTables(Construct):
             time_to_live_attribute=time_to_live_attribute,
             replicas=self._build_replicas(),
             removal_policy=self._build_removal_policy(),
+            multi_region_consistency=dynamodb.MultiRegionConsistency.STRONG if strong else None,
+            witness_region=self._props.witness_region if strong else None,
         )
 
     @staticmethod

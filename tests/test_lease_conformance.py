@@ -326,3 +326,24 @@ async def test_no_index_key_is_ever_an_empty_string(make_store, writer, dynamodb
     for item in items:
         for key in index_keys & item.keys():
             assert item[key] != {"S": ""}, (key, item)
+
+
+async def test_a_stopped_row_of_a_dead_owner_is_cleared_and_its_session_forgotten(
+    make_store, writer
+):
+    [pk] = await started(writer, "c1")
+    clock = ShiftableClock()
+    dead, finder = make_store("dead", clock), make_store("finder", clock)
+    await dead.session.open()
+    await dead.connections.acquire(pk)
+    await writer.stop("c1")  # flagged for "dead", which never gets to close it
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    await finder.session.open()
+
+    assert await finder.orphans.find(10) == []  # STOPPED: cleared, not offered
+
+    item = await finder.connections.read(pk)
+    assert item[model.DESIRED_STATE] == "STOPPED"
+    assert model.LEASE_OWNER not in item and model.STOP_REQUESTED_FOR not in item
+    await finder.orphans.find(10)
+    assert [s.owner for s in await finder.directory.list()] == ["finder"]

@@ -110,7 +110,8 @@ async def test_an_allowed_name_resolves_to_the_address_to_dial():
 
 def test_the_default_protocol_resumes_with_last_seq_in_the_query():
     protocol = JsonSeqProtocol()
-    assert protocol.resume_url("ws://h/s?a=1", 0) == "ws://h/s?a=1"
+    assert protocol.resume_url("ws://h/s?a=1", None) == "ws://h/s?a=1"
+    assert protocol.resume_url("ws://h/s", 0) == "ws://h/s?last_seq=0"
     assert protocol.resume_url("ws://h/s?a=1&last_seq=3", 42) == "ws://h/s?a=1&last_seq=42"
     message = protocol.parse('{"seq": 7, "data": {"x": 1}}')
     assert (message.seq, message.data) == (7, {"x": 1})

@@ -111,7 +111,7 @@ def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
     if not isinstance(body, str):
         raise BadRequest("body", f"expected a string, got {type(body).__name__}")
     too_large = BadRequest("body", f"larger than {max_bytes} bytes")
-    if is_base64:
+    if is_base64 is True:  # API Gateway sends a JSON boolean
         # Bound the work before decoding: n bytes take 4 * ceil(n / 3) base64 characters.
         if len(body) > 4 * (max_bytes // 3 + 1):
             raise too_large
@@ -162,9 +162,11 @@ def _json_type(value: object) -> str:
         return "boolean"
     if isinstance(value, (int, float)):
         return "number"
-    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+    if isinstance(value, dict):  # _DuplicateKeys included
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return "string" if isinstance(value, str) else "null"
 
 
 def _field_error(field: str, exc: ValueError) -> BadRequest:

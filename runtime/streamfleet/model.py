@@ -135,13 +135,14 @@ class IndexSpec:
 AWAITING_OWNER_INDEX = IndexSpec(name="awaiting-owner", partition_key=AWAITING_OWNER, sort_key=PK)
 
 # "Which connections does worker W hold?" Used only for workers whose session has ended, so orphan
-# discovery costs O(orphans). Projects the fencing fields a taker conditions on.
+# discovery costs O(orphans). Projects the fencing fields a taker conditions on, and the desired
+# state (STOPPED rows of a dead owner are cleared, not taken).
 OWNER_INDEX = IndexSpec(
     name="by-owner",
     partition_key=LEASE_OWNER,
     sort_key=PK,
     projection=Projection.INCLUDE,
-    non_key_attributes=(LEASE_SESSION, LEASE_VERSION),
+    non_key_attributes=(LEASE_SESSION, LEASE_VERSION, DESIRED_STATE),
 )
 
 # "Which of my connections were stopped?" One query per worker per interval.

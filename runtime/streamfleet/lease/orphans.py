@@ -15,7 +15,7 @@ from __future__ import annotations
 from .. import model
 from ..aws import AsyncClient
 from .connections import Claimable
-from .dynamo import names, query_all, to_attr
+from .dynamo import is_condition_failure, names, query_all, retry_until, to_attr
 from .sessions import SessionDirectory, SessionInfo
 
 
@@ -68,7 +68,51 @@ class OrphanFinder:
                 ":version": to_attr(session.version),
             },
         )
-        return [Claimable(item[model.PK], session.owner, session.version) for item in items][:limit]
+        started = [
+            Claimable(item[model.PK], session.owner, session.version)
+            for item in items
+            if item.get(model.DESIRED_STATE) == model.DesiredState.STARTED.value
+        ]
+        stopped = [
+            item[model.PK] for item in items if item[model.PK] not in {c.pk for c in started}
+        ]
+        # A STOP that reached a worker which then died leaves a STOPPED row naming a dead owner;
+        # clear it so the session can be forgotten and operators see the truth.
+        for pk in stopped:
+            await self._disown(pk, session)
+        return started[:limit]
+
+    async def _disown(self, pk: str, session: SessionInfo) -> None:
+        try:
+            await retry_until(
+                lambda: self._dynamodb.call(
+                    "update_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(pk)},
+                    UpdateExpression="REMOVE #lease_owner, #lease_session, #stop_requested_for",
+                    ConditionExpression=(
+                        "#lease_owner = :owner AND #lease_session = :version "
+                        "AND #desired_state = :stopped"
+                    ),
+                    ExpressionAttributeNames=names(
+                        model.LEASE_OWNER,
+                        model.LEASE_SESSION,
+                        model.STOP_REQUESTED_FOR,
+                        model.DESIRED_STATE,
+                    ),
+                    ExpressionAttributeValues={
+                        ":owner": to_attr(session.owner),
+                        ":version": to_attr(session.version),
+                        ":stopped": to_attr(model.DesiredState.STOPPED.value),
+                    },
+                ),
+                deadline=self._deadline(),
+                clock=self.directory.clock,
+                what=f"disown {pk}",
+            )
+        except Exception as exc:
+            if not is_condition_failure(exc):
+                raise  # restarted or taken meanwhile: nothing to clear
 
     async def _unowned(self, limit: int) -> list[Claimable]:
         items = await query_all(

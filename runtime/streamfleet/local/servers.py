@@ -112,6 +112,8 @@ def moto_server(log_path: Path | None = None) -> LocalServer:
     return LocalServer("moto", [sys.executable, "-m", "moto.server"], log_path=log_path)
 
 
-def dynalite_server(log_path: Path | None = None) -> LocalServer:
-    """dynalite: an independent DynamoDB implementation (in memory)."""
-    return LocalServer("dynalite", dynalite_command(), log_path=log_path)
+def dynalite_server(log_path: Path | None = None, data_dir: Path | None = None) -> LocalServer:
+    """dynalite: an independent DynamoDB implementation; in memory, or in LevelDB files under
+    ``data_dir`` so that a stop and a start (an outage) keep the data."""
+    command = dynalite_command() + (["--path", str(data_dir)] if data_dir else [])
+    return LocalServer("dynalite", command, log_path=log_path)

@@ -140,14 +140,18 @@ class Connection:
     async def _stream(self) -> None:
         """Dial, receive and queue messages; redial with backoff while the lease is held."""
         context = self._context
-        self.last_received_seq = max(
-            self.last_received_seq, await context.sink.last_stored_seq(self.pk)
-        )
-        self.stored_seq = self.last_received_seq
+        # Where to resume: the checkpoint; before any checkpoint, the start of whatever a
+        # predecessor stored; with nothing stored at all, live (None).
+        resume_from: int | None = self.lease.last_seq or None
+        if resume_from is None:
+            first = await context.sink.first_stored_seq(self.pk)
+            resume_from = None if first is None else first - 1
         attempt = 0
         while True:
             host, port = await context.policy.resolve(self.lease.ws_url)
-            url = context.protocol.resume_url(self.lease.ws_url, self.last_received_seq)
+            if self.last_received_seq > (resume_from or 0):
+                resume_from = self.last_received_seq  # a redial within this lease
+            url = context.protocol.resume_url(self.lease.ws_url, resume_from)
             try:
                 async with connect(
                     url,

@@ -28,8 +28,8 @@ class UpstreamMessage:
 class UpstreamProtocol(Protocol):
     """What the worker needs to know about an upstream's wire format."""
 
-    def resume_url(self, ws_url: str, last_seq: int) -> str:
-        """The URL to dial to receive everything after ``last_seq`` (0: from the start)."""
+    def resume_url(self, ws_url: str, last_seq: int | None) -> str:
+        """The URL to dial to receive everything after ``last_seq``; ``None``: from now on."""
 
     def parse(self, frame: str | bytes) -> UpstreamMessage:
         """One frame as a message; :class:`ProtocolError` if malformed."""
@@ -38,8 +38,8 @@ class UpstreamProtocol(Protocol):
 class JsonSeqProtocol:
     """``{"seq": n, "data": ...}`` frames; resume with ``?last_seq=n``."""
 
-    def resume_url(self, ws_url: str, last_seq: int) -> str:
-        if last_seq <= 0:
+    def resume_url(self, ws_url: str, last_seq: int | None) -> str:
+        if last_seq is None:
             return ws_url
         parts = urlsplit(ws_url)
         query = [

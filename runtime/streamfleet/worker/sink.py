@@ -116,12 +116,12 @@ class MessageSink:
             for owner, count, seq in latest.values():
                 owner.stored(count, seq)
 
-    async def last_stored_seq(self, pk: str) -> int:
-        """The highest seq stored for ``pk`` (0 if none): one query, newest first, limit 1.
+    async def first_stored_seq(self, pk: str) -> int | None:
+        """The lowest seq stored for ``pk``, or ``None``: one query, oldest first, limit 1.
 
-        A new owner resumes from here rather than from the checkpoint alone, so messages its
-        predecessor stored after its last checkpoint are not asked for again and, above all,
-        nothing produced while nobody owned the stream is skipped.
+        Only the checkpoint says up to where the messages are stored *without a gap* (a batch
+        write can land partly before a crash), so a new owner resumes from the checkpoint. Before
+        the first checkpoint that is the start of what its predecessor stored.
         """
         response = await retry_until(
             lambda: self._dynamodb.call(
@@ -130,17 +130,16 @@ class MessageSink:
                 KeyConditionExpression="#pk = :pk",
                 ExpressionAttributeNames={"#pk": model.PK, "#seq": model.SEQ},
                 ExpressionAttributeValues={":pk": to_attr(pk)},
-                ScanIndexForward=False,
                 Limit=1,
                 ConsistentRead=True,
                 ProjectionExpression="#pk, #seq",
             ),
             deadline=self._session.deadline,
             clock=self._session.clock,
-            what=f"last stored seq of {pk}",
+            what=f"first stored seq of {pk}",
         )
         items = response.get("Items", [])
-        return int(items[0][model.SEQ]["N"]) if items else 0
+        return int(items[0][model.SEQ]["N"]) if items else None
 
     def _item(self, pending: _Pending) -> dict[str, Any]:
         data = pending.message.data
