@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest synth worker upstream bench clean
+.PHONY: help setup test lint format pytest synth worker upstream bench chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ synth: setup ## Synthesize both stacks into cdk.out (no AWS credentials, no Dock
 
 bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/fleet_results.md
 	$(PYTHON) -m bench.fleet_bench
+
+chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
+	$(PYTHON) -m streamfleet.local.chaos --duration 180 --workers 5 --streams 60
 
 worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
 	$(PYTHON) -m streamfleet.worker

@@ -14,12 +14,15 @@ import random
 
 import pytest
 
-from streamfleet.local.chaos import ChaosPlan, run_chaos
+from streamfleet.local.chaos import LOCAL_AWS_ENV, ChaosPlan, run_chaos
 
 pytestmark = pytest.mark.slow
 
 
-async def test_nothing_is_lost_or_doubled_under_chaos(tmp_path, capsys):
+async def test_nothing_is_lost_or_doubled_under_chaos(tmp_path, capsys, monkeypatch):
+    # run_chaos points the AWS variables at its own servers; give them back afterwards.
+    for name in (*LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1, 10**6))
     plan = ChaosPlan(workers=4, streams=24, duration_seconds=20, seed=seed)
 

@@ -90,6 +90,7 @@ SESSION_REGION = "region"
 SESSION_CAPACITY = "capacity"
 SESSION_LOAD = "load"
 STARTED_AT_MS = "started_at_ms"
+DRAIN_REQUESTED = "drain_requested"  # set by an operator; the holder sees it in its next renewal
 
 
 class SessionState(StrEnum):
@@ -212,3 +213,122 @@ METRIC_DIMENSION_SERVICE = "ServiceName"
 METRIC_ACTIVE_CONNECTIONS = "ActiveConnections"
 METRIC_LEASES_LOST = "LeasesLost"
 METRIC_HANDOFFS = "Handoffs"
+
+
+# --- Client-facing WebSocket API (runtime/streamfleet/wsapi, runtime/streamfleet/client) ---
+#
+# Two tables per region, on purpose:
+#
+# * the **state table** (a global table, replicated to the other region) holds what must survive
+#   a failover, keyed by the *verified user id* (the token's ``sub``), never by a connection id,
+#   which changes on every reconnect: ``USER#<sub>`` (the user's last bid and counters),
+#   ``AUCTION#<id>`` (the live highest bid) and ``BID#<auction>#<amount>`` (one immutable record
+#   per accepted bid; accepted amounts strictly increase, so the amount is a unique id);
+# * the **connections table** (regional, *not* replicated: a connection id means nothing to the
+#   other region's API Gateway) holds ``WSCONN#<connection id>`` -> user, with a TTL, and the
+#   canary's hysteresis item ``CANARY#<api id>``.
+#
+# Every state-table write sets UPDATED_AT_MS strictly above the item's previous value (the
+# handlers retry with ``previous + 1`` when their clock is behind), so within one region the
+# timestamp orders an item's versions exactly as DynamoDB applied them; the local replicator
+# resolves cross-region conflicts last-writer-wins on (UPDATED_AT_MS, WRITER_REGION), as global
+# tables do on their own timestamps.
+
+DEFAULT_WSAPI_STATE_TABLE_NAME = "streamfleet-wsapi-state"
+DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME = "streamfleet-wsapi-connections"
+
+# Environment variables read by the WebSocket API's Lambdas.
+ENV_STATE_TABLE_NAME = "STATE_TABLE_NAME"
+ENV_CONNECTIONS_TABLE_NAME = "CONNECTIONS_TABLE_NAME"
+ENV_APIGW_MANAGEMENT_ENDPOINT = "APIGW_MANAGEMENT_ENDPOINT"  # optional override (local stand-in)
+
+USER_PREFIX = "USER#"
+AUCTION_PREFIX = "AUCTION#"
+BID_PREFIX = "BID#"
+WS_CONNECTION_PREFIX = "WSCONN#"
+CANARY_PREFIX = "CANARY#"
+BID_AMOUNT_DIGITS = 20  # zero-padded, so the keys of one auction sort by amount
+
+
+def user_pk(user_id: str) -> str:
+    """The state-table key of a user's state: ``USER#<sub>``."""
+    return f"{USER_PREFIX}{user_id}"
+
+
+def auction_pk(auction_id: str) -> str:
+    """The state-table key of an auction's live highest bid: ``AUCTION#<id>``."""
+    return f"{AUCTION_PREFIX}{auction_id}"
+
+
+def bid_pk(auction_id: str, amount: int) -> str:
+    """The state-table key of one accepted bid: ``BID#<auction>#<zero-padded amount>``."""
+    return f"{BID_PREFIX}{auction_id}#{amount:0{BID_AMOUNT_DIGITS}d}"
+
+
+def ws_connection_pk(connection_id: str) -> str:
+    """The connections-table key of an API Gateway connection: ``WSCONN#<connection id>``."""
+    return f"{WS_CONNECTION_PREFIX}{connection_id}"
+
+
+def canary_pk(api_id: str) -> str:
+    """The connections-table key of the canary's hysteresis state for one API."""
+    return f"{CANARY_PREFIX}{api_id}"
+
+
+# Connection item (connections table).
+WS_USER_ID = "user_id"
+WS_CONNECTED_AT_MS = "connected_at_ms"
+WS_REGION = "region"
+WS_EXPIRES_AT = "expires_at"  # epoch seconds: the connections table's TTL attribute
+
+# State items (state table). UPDATED_AT_MS (above) is their last-writer-wins timestamp.
+WRITER_REGION = "writer_region"
+AUCTION_ID = "auction"
+HIGHEST_AMOUNT = "highest"
+HIGHEST_BIDDER = "highest_bidder"
+BID_COUNT = "bids"
+BID_AMOUNT = "amount"
+BID_BIDDER = "bidder"
+BID_AT_MS = "at_ms"
+LAST_BID_AUCTION = "last_bid_auction"
+LAST_BID_AMOUNT = "last_bid_amount"
+LAST_BID_ACCEPTED = "last_bid_accepted"
+LAST_BID_AT_MS = "last_bid_at_ms"
+BIDS_ACCEPTED = "bids_accepted"
+BIDS_REFUSED = "bids_refused"
+
+# Canary hysteresis item (connections table).
+CANARY_REPORTED_HEALTHY = "reported_healthy"
+CANARY_HEALTHY_STREAK = "healthy_streak"
+CANARY_STATE_VERSION = "state_version"
+
+WSAPI_STATE_TABLE = TableSpec(default_name=DEFAULT_WSAPI_STATE_TABLE_NAME, partition_key=PK)
+WSAPI_CONNECTIONS_TABLE = TableSpec(
+    default_name=DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME, partition_key=PK, ttl_attribute=WS_EXPIRES_AT
+)
+
+# Wire protocol, shared by the handlers, the authorizer, the local gateway and the client.
+WS_ROUTE_SELECTION_FIELD = "action"  # route selection expression $request.body.action
+WS_ROUTE_HEARTBEAT = "heartbeat"
+WS_ROUTE_GET_STATE = "getState"
+WS_ROUTE_BID = "bid"
+WS_ROUTES = (WS_ROUTE_HEARTBEAT, WS_ROUTE_GET_STATE, WS_ROUTE_BID)
+WS_APP_SUBPROTOCOL = "streamfleet.v1"  # the subprotocol $connect selects (never the token)
+WS_BEARER_SUBPROTOCOL_PREFIX = "bearer."  # Sec-WebSocket-Protocol entry carrying the JWT
+WS_TOKEN_QUERY_PARAMETER = "token"  # ...or ?token=<jwt> in the query string
+WS_REPLY_PONG = "pong"
+WS_REPLY_STATE = "state"
+WS_REPLY_BID = "bid"
+WS_REPLY_ERROR = "error"
+# API Gateway's WebSocket limits (design.md).
+WS_MAX_FRAME_BYTES = 32 * 1024
+WS_MAX_MESSAGE_BYTES = 128 * 1024
+WS_MAX_CONNECTION_SECONDS = 2 * 60 * 60
+WS_IDLE_TIMEOUT_SECONDS = 10 * 60
+
+# Canary metric: 1 healthy, 0 unhealthy, after the fail-back hysteresis. A CloudWatch alarm on it
+# (2 of 2 datapoints, missing data breaching) drives the Route 53 health check.
+HEALTH_METRIC_NAMESPACE = "App"
+HEALTH_METRIC_NAME = "WebSocketHealth"
+HEALTH_METRIC_DIMENSION_API_ID = "ApiId"
+PROBE_METRIC_NAME = "WebSocketProbeSuccess"  # the raw probe result, before hysteresis

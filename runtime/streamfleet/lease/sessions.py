@@ -86,6 +86,7 @@ class SessionKeeper:
         self.capacity = capacity
         self.version: int | None = None
         self.deadline = float("-inf")
+        self.drain_requested = False
 
     # -- the holder's view -------------------------------------------------------------------
 
@@ -184,10 +185,15 @@ class SessionKeeper:
                     ":load": to_attr(load),
                     ":live": to_attr(model.SessionState.LIVE.value),
                 },
+                # The item comes back with the renewal, so an operator's drain request reaches
+                # the holder without a read of its own.
+                ReturnValues="ALL_NEW",
             )
 
         try:
-            await retry_until(update, deadline=self.deadline, clock=self.clock, what=f"renew {pk}")
+            response = await retry_until(
+                update, deadline=self.deadline, clock=self.clock, what=f"renew {pk}"
+            )
         except Exception as exc:
             if is_condition_failure(exc):
                 self.version = None
@@ -195,6 +201,7 @@ class SessionKeeper:
                 raise SessionLost(f"{pk}: session was ended or fenced by another worker") from None
             raise
         self.deadline = self.timing.holder_deadline(sent_at)
+        self.drain_requested = model.DRAIN_REQUESTED in response.get("Attributes", {})
         return True
 
     async def close(self) -> None:
@@ -337,6 +344,40 @@ class SessionDirectory:
                 raise
         current = await self.read(session.owner, session.version)
         return current is None or current.state is model.SessionState.ENDED
+
+    async def request_drain(self, owner: str) -> list[SessionInfo]:
+        """Ask worker ``owner`` to hand all its connections to the fleet and take no more.
+
+        It sees the request in its next renewal (within a heartbeat). Returns the sessions asked.
+        """
+        asked = []
+        for session in await self.list():
+            if session.owner != owner or session.state is not model.SessionState.LIVE:
+                continue
+            try:
+                await retry_until(
+                    lambda session=session: self._dynamodb.call(
+                        "update_item",
+                        TableName=self._table,
+                        Key={model.PK: to_attr(session.pk)},
+                        UpdateExpression="SET #drain_requested = :yes",
+                        ConditionExpression="#session_state = :live",
+                        ExpressionAttributeNames=names(model.DRAIN_REQUESTED, model.SESSION_STATE),
+                        ExpressionAttributeValues={
+                            ":yes": to_attr(True),
+                            ":live": to_attr(model.SessionState.LIVE.value),
+                        },
+                    ),
+                    deadline=self._deadline(),
+                    clock=self.clock,
+                    what=f"drain {session.pk}",
+                )
+            except Exception as exc:
+                if not is_condition_failure(exc):
+                    raise
+                continue  # ended meanwhile
+            asked.append(session)
+        return asked
 
     async def forget(self, session: SessionInfo) -> None:
         """Delete an ended session that no longer owns any connection."""

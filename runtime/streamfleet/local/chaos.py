@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..upstream.fake import FakeUpstream
+from ..upstream.process import UpstreamProcess
 from .fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
 from .servers import LocalServer, dynalite_server, moto_server
 
@@ -240,7 +240,9 @@ async def run_chaos(plan: ChaosPlan, workdir: Path) -> ChaosReport:
     os.environ["AWS_ENDPOINT_URL_SQS"] = sqs.endpoint
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamodb.endpoint
     try:
-        async with FakeUpstream(rate=10, keepalive_seconds=0.3) as upstream:
+        with UpstreamProcess(
+            rate=10, keepalive_seconds=0.3, log_path=workdir / "upstream.log"
+        ) as upstream:
             fleet = Fleet(endpoint=dynamodb.endpoint, upstream=upstream, tmp=workdir)
             try:
                 return await Chaos(fleet, dynamodb, plan).run()

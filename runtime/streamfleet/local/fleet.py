@@ -29,6 +29,7 @@ from streamfleet.desired_state import DesiredStateWriter
 from streamfleet.lease.dynamo import from_item
 from streamfleet.tables import create_tables
 from streamfleet.upstream.fake import FakeUpstream
+from streamfleet.upstream.process import UpstreamProcess
 
 REPO = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
@@ -107,7 +108,7 @@ class Fleet:
     """Tables, a queue, an upstream and worker processes for one test."""
 
     endpoint: str
-    upstream: FakeUpstream
+    upstream: FakeUpstream | UpstreamProcess
     tmp: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: dict[str, WorkerProcess] = field(default_factory=dict)

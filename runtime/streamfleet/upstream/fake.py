@@ -460,11 +460,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_REPLAY_CAPACITY,
         help="latest seqs kept per stream for ?last_seq= resumes",
     )
+    parser.add_argument(
+        "--keepalive",
+        type=_rate,
+        default=None,
+        help="seconds between pings, and to wait for a pong (drops frozen clients); default 20",
+    )
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    upstream = FakeUpstream(rate=args.rate, replay_capacity=args.replay_capacity, port=args.port)
+    upstream = FakeUpstream(
+        rate=args.rate,
+        replay_capacity=args.replay_capacity,
+        port=args.port,
+        keepalive_seconds=args.keepalive,
+    )
     try:
         await upstream.start()
     except OSError as exc:

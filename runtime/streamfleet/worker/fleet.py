@@ -116,6 +116,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._loops: dict[str, asyncio.Task[None]] = {}
         self.renewal_lateness_max = 0.0
+        self.draining = False  # an operator asked this worker to hold nothing
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -184,6 +185,8 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------------
 
     def free_slots(self) -> int:
+        if self.draining:
+            return 0
         return self.config.max_connections - len(self.connections) - self._claiming
 
     def _skip(self, pk: str) -> bool:
@@ -250,7 +253,12 @@ class Worker:
             self.renewal_lateness_max = max(self.renewal_lateness_max, clock.monotonic() - due)
             old_version = session.version
             try:
-                if not await session.renew(load=len(self.connections)):
+                renewed = await session.renew(load=len(self.connections))
+                if session.drain_requested and not self.draining:
+                    self.draining = True
+                    self.log("draining", connections=len(self.connections))
+                    self.end_all(EndReason.HANDOFF)
+                if not renewed:
                     self.end_all(EndReason.DEADLINE)
                     self.log(
                         "session_reopened",

@@ -1,0 +1,31 @@
+"""Client library for the WebSocket API: a reconnecting client with application heartbeats.
+
+Depends on ``websockets`` only (and on :mod:`streamfleet.model` for the wire protocol's names), so
+applications can use it without boto3.
+"""
+
+from .reconnecting import (
+    AuthorizationFailed,
+    ClientClosed,
+    ClientConfig,
+    ClientStatus,
+    ConnectionLost,
+    Endpoint,
+    NotConnected,
+    ReconnectingClient,
+    TokenTransport,
+    backoff_delay,
+)
+
+__all__ = [
+    "AuthorizationFailed",
+    "ClientClosed",
+    "ClientConfig",
+    "ClientStatus",
+    "ConnectionLost",
+    "Endpoint",
+    "NotConnected",
+    "ReconnectingClient",
+    "TokenTransport",
+    "backoff_delay",
+]

@@ -1,0 +1,539 @@
+"""A WebSocket client that keeps itself connected to the API, across region failovers.
+
+What it does, and why:
+
+* **Application heartbeat.** Every ``heartbeat_interval`` (30 s) it sends
+  ``{"action": "heartbeat"}`` and expects ``{"type": "pong"}`` within ``heartbeat_timeout``
+  (35 s). Protocol-level pings prove nothing here: API Gateway answers them itself even when the
+  backend Lambda is throttled, and so does a half-broken region. After
+  ``missed_pongs_before_reconnect`` (2) *consecutive* unanswered heartbeats the client closes the
+  connection and reconnects, even though the socket still looks open.
+* **Exponential backoff with full jitter**: the n-th consecutive retry waits
+  ``random(0, min(cap, base * 2**n))`` (base 2 s, cap 20 s), so the thousands of clients dropped
+  by a failover do not all hit the surviving region in the same second.
+* **An endpoint provider called before every attempt**: it returns the URL (the failover DNS
+  name, re-resolved) and a fresh token, so an expired token or a moved region is picked up by
+  the next attempt.
+* **State restore**: ``getState`` is sent after every (re)connect; the reply goes to
+  ``on_state``. A connection counts as healthy (and resets the backoff) once that reply came.
+* **Callbacks** for state replies, region changes (every reply names its region), connection
+  status changes, and every message.
+* **No endless retries on authorization failures**: a handshake refused with HTTP 401 or 403
+  (``websockets.exceptions.InvalidStatus``) is retried at most ``max_auth_retries`` times in a
+  row (the provider may have had a stale token); then the client stops with
+  :class:`AuthorizationFailed`. Other failures (5xx, refused connections, timeouts) are retried
+  with backoff for as long as the client runs.
+* **Clean cancellation**: ``async with ReconnectingClient(...)`` or ``await client.close()``
+  stops every task and fails pending requests with :class:`ClientClosed`.
+
+Token transport: by default the token travels as the subprotocol ``bearer.<jwt>`` next to the
+application protocol ``streamfleet.v1`` (kept out of URLs and therefore out of access logs);
+:attr:`TokenTransport.QUERY` appends ``?token=<jwt>`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import json
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from .. import model
+
+logger = logging.getLogger(__name__)
+
+AUTH_FAILURE_STATUSES = (401, 403)
+
+
+# --- Configuration ------------------------------------------------------------------------------
+
+
+class TokenTransport(StrEnum):
+    """Where the token goes in the handshake."""
+
+    SUBPROTOCOL = "subprotocol"  # Sec-WebSocket-Protocol: streamfleet.v1, bearer.<jwt>
+    QUERY = "query"  # ?token=<jwt>
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to connect for one attempt, and with which token."""
+
+    url: str
+    token: str | None = None
+    transport: TokenTransport = TokenTransport.SUBPROTOCOL
+
+    def handshake(self) -> tuple[str, list[str]]:
+        """The URL to dial and the subprotocols to offer."""
+        protocols = [model.WS_APP_SUBPROTOCOL]
+        if self.token is None:
+            return self.url, protocols
+        if self.transport is TokenTransport.SUBPROTOCOL:
+            return self.url, [*protocols, model.WS_BEARER_SUBPROTOCOL_PREFIX + self.token]
+        parts = urlsplit(self.url)
+        query = [
+            (k, v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+            if k != model.WS_TOKEN_QUERY_PARAMETER
+        ]
+        query.append((model.WS_TOKEN_QUERY_PARAMETER, self.token))
+        return urlunsplit(parts._replace(query=urlencode(query))), protocols
+
+
+# ``provider(attempt)``: ``attempt`` counts the consecutive failures so far (0 on a first try).
+EndpointProvider = Callable[[int], Endpoint | Awaitable[Endpoint]]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Timings and limits. The defaults are the seed article's production values."""
+
+    heartbeat_interval: float = 30.0
+    heartbeat_timeout: float = 35.0
+    missed_pongs_before_reconnect: int = 2
+    backoff_base: float = 2.0
+    backoff_cap: float = 20.0
+    max_auth_retries: int = 2
+    open_timeout: float = 10.0
+    close_timeout: float = 2.0
+    request_timeout: float = 10.0
+    # websockets' protocol-level keepalive. Off by default: the application heartbeat is the
+    # liveness check (API Gateway answers protocol pings even when the backend is broken).
+    ping_interval: float | None = None
+    max_message_bytes: int = model.WS_MAX_MESSAGE_BYTES
+    # Extra fields of the getState request sent after every connect, e.g. (("auction", "a1"),).
+    get_state_fields: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in (
+            "heartbeat_interval",
+            "heartbeat_timeout",
+            "backoff_cap",
+            "open_timeout",
+            "close_timeout",
+            "request_timeout",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: must be a finite number of seconds above zero")
+        if not (math.isfinite(self.backoff_base) and self.backoff_base >= 0):
+            raise ValueError("backoff_base: must be a finite number of seconds, zero or more")
+        if self.missed_pongs_before_reconnect < 1:
+            raise ValueError("missed_pongs_before_reconnect: must be at least 1")
+        if self.max_auth_retries < 0:
+            raise ValueError("max_auth_retries: must be zero or more")
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Full jitter: ``random(0, min(cap, base * 2**attempt))`` seconds."""
+    ceiling = min(cap, base * 2 ** min(attempt, 62))  # no float overflow for a huge attempt
+    return (rng or random).uniform(0.0, ceiling)
+
+
+# --- Errors and status --------------------------------------------------------------------------
+
+
+class ClientError(Exception):
+    """Base class of the client's errors."""
+
+
+class NotConnected(ClientError):
+    """No open connection right now (the client is connecting or backing off)."""
+
+
+class ConnectionLost(ClientError):
+    """The connection ended while a request waited for its reply (it may have been applied)."""
+
+
+class ClientClosed(ClientError):
+    """The client was closed."""
+
+
+class AuthorizationFailed(ClientError):
+    """The handshake was refused with 401/403 more often than ``max_auth_retries`` allows."""
+
+    def __init__(self, status: int, attempts: int):
+        super().__init__(f"handshake refused with HTTP {status} ({attempts} times in a row)")
+        self.status = status
+        self.attempts = attempts
+
+
+class ClientStatus(StrEnum):
+    """Where the connection loop is."""
+
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    OPEN = "open"
+    BACKING_OFF = "backing_off"
+    CLOSED = "closed"
+    FAILED = "failed"  # gave up (authorization); see ReconnectingClient.error
+
+
+Callback = Callable[..., Any]
+
+
+# --- The client ---------------------------------------------------------------------------------
+
+
+class ReconnectingClient:
+    """Keeps one WebSocket connection to the API alive; see the module docstring."""
+
+    def __init__(
+        self,
+        provider: EndpointProvider,
+        config: ClientConfig | None = None,
+        *,
+        on_state: Callback | None = None,
+        on_region: Callback | None = None,
+        on_status: Callback | None = None,
+        on_message: Callback | None = None,
+        rng: random.Random | None = None,
+        name: str = "client",
+    ):
+        self.provider = provider
+        self.config = config or ClientConfig()
+        self.on_state = on_state  # (state_reply: dict)
+        self.on_region = on_region  # (new_region: str, old_region: str | None)
+        self.on_status = on_status  # (status: ClientStatus)
+        self.on_message = on_message  # (message: dict), every message
+        self.name = name
+        self._rng = rng or random.Random()
+        self.status = ClientStatus.IDLE
+        self.region: str | None = None
+        self.error: BaseException | None = None
+        self.state: dict[str, Any] | None = None  # the last getState reply
+        # Counters for tests, the drill and dashboards.
+        self.attempts = 0
+        self.connections = 0
+        self.forced_reconnects = 0
+        self.auth_failures = 0
+        self.last_delay: float | None = None
+        self.delays: list[float] = []
+        self._ws: ClientConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._ready = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._reconnect_now = asyncio.Event()
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._last_pong_at = -math.inf
+        self._session_healthy = False
+        self._state_request_id: str | None = None
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> ReconnectingClient:
+        """Start the connection loop in the background (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"{self.name}-connection-loop"
+            )
+        return self
+
+    async def close(self) -> None:
+        """Stop reconnecting, close the connection, fail pending requests. Never raises."""
+        self._closing = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._fail_pending(ClientClosed("client closed"))
+        if self.status is not ClientStatus.FAILED:
+            await self._set_status(ClientStatus.CLOSED)
+        self._stopped.set()
+
+    async def __aenter__(self) -> ReconnectingClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Until a connection is open and its ``getState`` reply has arrived.
+
+        Raises :class:`AuthorizationFailed` if the client gave up, :class:`ClientClosed` if it
+        was closed, ``TimeoutError`` after ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            while not self._ready.is_set():
+                self._raise_if_stopped()
+                ready = asyncio.ensure_future(self._ready.wait())
+                stopped = asyncio.ensure_future(self._stopped.wait())
+                try:
+                    await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    ready.cancel()
+                    stopped.cancel()
+            self._raise_if_stopped()
+
+    async def wait_stopped(self) -> None:
+        """Until the loop has ended; re-raises :class:`AuthorizationFailed` if that is why."""
+        await self._stopped.wait()
+        if self.error is not None:
+            raise self.error
+
+    def _raise_if_stopped(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self._stopped.is_set() or self._closing:
+            raise ClientClosed("client closed")
+
+    @property
+    def ready(self) -> bool:
+        """Open, and the state of this connection has been restored."""
+        return self._ready.is_set()
+
+    def reconnect(self) -> None:
+        """Drop the current connection and connect again (e.g. to follow a fail-back, or to
+        stand in for API Gateway's 2-hour limit)."""
+        self._reconnect_now.set()
+
+    # Sending ---------------------------------------------------------------------------------
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """Send one message; :class:`NotConnected` when there is no open connection."""
+        ws = self._ws
+        if ws is None:
+            raise NotConnected("not connected")
+        try:
+            await ws.send(json.dumps(dict(message), separators=(",", ":")))
+        except ConnectionClosed:
+            raise NotConnected("the connection just closed") from None
+
+    async def request(
+        self, message: Mapping[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send ``message`` with a fresh ``requestId`` and wait for the reply that echoes it.
+
+        :class:`NotConnected` if there is no connection, :class:`ConnectionLost` if it ends
+        before the reply (the request may or may not have been applied), ``TimeoutError`` if no
+        reply comes within ``timeout`` (default ``request_timeout``).
+        """
+        ws = self._ws
+        if ws is None:
+            raise NotConnected("not connected")
+        request_id = f"{self.name}-{next(self._ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            try:
+                await ws.send(
+                    json.dumps({**message, "requestId": request_id}, separators=(",", ":"))
+                )
+            except ConnectionClosed:
+                raise NotConnected("the connection just closed") from None
+            return await asyncio.wait_for(future, timeout or self.config.request_timeout)
+        finally:
+            self._pending.pop(request_id, None)
+
+    def _fail_pending(self, error: Exception) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+    # Connection loop -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0  # consecutive attempts that did not give a healthy connection
+        auth_refusals = 0
+        first = True
+        try:
+            while not self._closing:
+                if not first:
+                    delay = backoff_delay(
+                        max(failures - 1, 0),
+                        self.config.backoff_base,
+                        self.config.backoff_cap,
+                        self._rng,
+                    )
+                    self.last_delay = delay
+                    self.delays.append(delay)
+                    await self._set_status(ClientStatus.BACKING_OFF)
+                    await asyncio.sleep(delay)
+                first = False
+                await self._set_status(ClientStatus.CONNECTING)
+                self.attempts += 1
+                try:
+                    ws = await self._open(failures)
+                except InvalidStatus as exc:
+                    status = exc.response.status_code
+                    failures += 1
+                    if status in AUTH_FAILURE_STATUSES:
+                        self.auth_failures += 1
+                        auth_refusals += 1
+                        if auth_refusals > self.config.max_auth_retries:
+                            self.error = AuthorizationFailed(status, auth_refusals)
+                            logger.warning("%s: %s; giving up", self.name, self.error)
+                            await self._set_status(ClientStatus.FAILED)
+                            return
+                    logger.info("%s: handshake refused with HTTP %s", self.name, status)
+                    continue
+                except Exception as exc:  # refused, timed out, DNS, provider failure: retry
+                    failures += 1
+                    logger.info("%s: connect failed: %s: %s", self.name, type(exc).__name__, exc)
+                    continue
+                auth_refusals = 0
+                # One more failure unless the session proves healthy (its getState answered),
+                # so a server that accepts and drops at once still backs off exponentially.
+                failures = 0 if await self._session(ws) else failures + 1
+                # The first retry after a healthy connection waits random(0, base).
+                failures = max(failures, 1)
+        finally:
+            self._stopped.set()
+
+    async def _open(self, attempt: int) -> ClientConnection:
+        endpoint = self.provider(attempt)
+        if inspect.isawaitable(endpoint):
+            endpoint = await endpoint
+        url, subprotocols = endpoint.handshake()
+        return await connect(
+            url,
+            subprotocols=subprotocols,
+            open_timeout=self.config.open_timeout,
+            close_timeout=self.config.close_timeout,
+            ping_interval=self.config.ping_interval,
+            max_size=self.config.max_message_bytes,
+            compression=None,
+            proxy=None,
+        )
+
+    async def _session(self, ws: ClientConnection) -> bool:
+        """Serve one connection until it ends; whether it was healthy (state restored)."""
+        self._ws = ws
+        self._session_healthy = False
+        self._ready.clear()
+        self._reconnect_now.clear()
+        self.connections += 1
+        await self._set_status(ClientStatus.OPEN)
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            self._state_request_id = f"{self.name}-state-{next(self._ids)}"
+            await ws.send(
+                json.dumps(
+                    {
+                        "action": model.WS_ROUTE_GET_STATE,
+                        **dict(self.config.get_state_fields),
+                        "requestId": self._state_request_id,
+                    },
+                    separators=(",", ":"),
+                )
+            )
+            loop = asyncio.get_running_loop()
+            tasks = [
+                loop.create_task(self._receive(ws), name=f"{self.name}-receive"),
+                loop.create_task(self._heartbeat(ws), name=f"{self.name}-heartbeat"),
+                loop.create_task(self._reconnect_now.wait(), name=f"{self.name}-reconnect"),
+            ]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    logger.info("%s: connection ended: %s: %s", self.name, type(exc).__name__, exc)
+        except ConnectionClosed:
+            pass
+        finally:
+            # The first task to finish decides; the others must not outlive the connection.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._ws = None
+            self._ready.clear()
+            self._fail_pending(ConnectionLost("connection ended before the reply"))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(), self.config.close_timeout)
+        return self._session_healthy
+
+    async def _receive(self, ws: ClientConnection) -> None:
+        loop = asyncio.get_running_loop()
+        async for raw in ws:
+            try:
+                message = json.loads(raw)
+            except (ValueError, TypeError, RecursionError):
+                logger.info("%s: ignoring a non-JSON message", self.name)
+                continue
+            if not isinstance(message, dict):
+                continue
+            kind = message.get("type")
+            if kind == model.WS_REPLY_PONG:
+                self._last_pong_at = loop.time()
+            region = message.get("region")
+            if isinstance(region, str) and region != self.region:
+                old, self.region = self.region, region
+                await self._emit(self.on_region, region, old)
+            request_id = message.get("requestId")
+            future = self._pending.get(request_id) if isinstance(request_id, str) else None
+            if future is not None and not future.done():
+                future.set_result(message)
+            if kind == model.WS_REPLY_STATE:
+                self.state = message
+                if request_id == self._state_request_id:
+                    self._session_healthy = True
+                    self._ready.set()
+                await self._emit(self.on_state, message)
+            await self._emit(self.on_message, message)
+
+    async def _heartbeat(self, ws: ClientConnection) -> None:
+        """Send heartbeats; return (ending the session) after too many consecutive misses."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.heartbeat_interval
+        timeout = self.config.heartbeat_timeout
+        outstanding: deque[float] = deque()  # send times of unanswered heartbeats
+        missed = 0
+        next_send = loop.time() + interval
+        heartbeat = json.dumps({"action": model.WS_ROUTE_HEARTBEAT}, separators=(",", ":"))
+        while True:
+            now = loop.time()
+            if outstanding and self._last_pong_at >= outstanding[0]:
+                # A pong after a heartbeat answers it and every earlier one: no ids needed.
+                outstanding.clear()
+                missed = 0
+            while outstanding and outstanding[0] + timeout <= now:
+                outstanding.popleft()
+                missed += 1
+                if missed >= self.config.missed_pongs_before_reconnect:
+                    self.forced_reconnects += 1
+                    logger.info(
+                        "%s: %d heartbeats unanswered; reconnecting although the socket is open",
+                        self.name,
+                        missed,
+                    )
+                    return
+            if now >= next_send:
+                await ws.send(heartbeat)
+                outstanding.append(now)
+                next_send = now + interval
+            wake = min(next_send, outstanding[0] + timeout) if outstanding else next_send
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+
+    # Callbacks -------------------------------------------------------------------------------
+
+    async def _set_status(self, status: ClientStatus) -> None:
+        if status is not self.status:
+            self.status = status
+            await self._emit(self.on_status, status)
+
+    async def _emit(self, callback: Callback | None, *args: Any) -> None:
+        # A failing callback is the application's bug; it must not take the connection down.
+        if callback is None:
+            return
+        try:
+            result = callback(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("%s: callback %r failed", self.name, callback)

@@ -1,0 +1,451 @@
+"""The Lambda REQUEST authorizer of the WebSocket API's ``$connect`` route.
+
+WebSocket APIs accept only REQUEST authorizers, and browsers cannot set an ``Authorization``
+header on a WebSocket, so the signed JWT travels in one of two places (the client chooses):
+
+* the query string: ``wss://host/stage?token=<jwt>``;
+* the ``Sec-WebSocket-Protocol`` header, as one offered subprotocol ``bearer.<jwt>`` next to the
+  application protocol: ``Sec-WebSocket-Protocol: streamfleet.v1, bearer.<jwt>``. The ``$connect``
+  handler then selects ``streamfleet.v1`` (never the token), which browsers require. A JWT is
+  three base64url segments joined by dots, all valid subprotocol characters.
+
+Prefer the subprotocol: query strings end up in access logs and browser history.
+
+Outcomes follow API Gateway's conventions: no token at all raises ``Unauthorized`` (HTTP 401);
+a token that is present but malformed, expired, not yet valid, wrongly signed, for another
+audience or issuer, or ambiguous (two different tokens) gets a Deny policy (HTTP 403); a valid
+token gets an Allow policy with ``principalId = sub`` and ``context = {"sub": ...}``, which API
+Gateway hands to ``$connect`` and to every later route of the connection. Key material that
+cannot be loaded raises an ordinary exception (HTTP 500): the client should retry, not give up.
+
+Configuration (environment):
+
+* ``JWT_ISSUER``, ``JWT_AUDIENCE`` (required): the exact ``iss`` and one ``aud`` to accept;
+* exactly one of ``JWT_KEYS`` (a JWKS document, a single JWK or a PEM public key; an ``oct``
+  JWK, i.e. an HS256 shared secret, is accepted here for local use only) or ``JWT_JWKS_URL``
+  (https, or http on loopback; cached ``JWT_JWKS_CACHE_SECONDS``, default 300, refreshed early
+  at most every ``JWT_JWKS_MIN_REFRESH_SECONDS``, default 30, when a token names an unknown
+  ``kid``; a failed refresh keeps serving the old keys for ``JWT_JWKS_STALE_SECONDS``, default
+  600, and no longer);
+* ``JWT_LEEWAY_SECONDS`` (default 30, at most 300): clock skew allowed on ``exp`` and ``nbf``.
+
+The authorizer never calls the other region: each region verifies tokens on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from .. import model
+from . import jwt
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEEWAY_SECONDS = 30.0
+MAX_LEEWAY_SECONDS = 300.0
+DEFAULT_JWKS_CACHE_SECONDS = 300.0
+DEFAULT_JWKS_MIN_REFRESH_SECONDS = 30.0
+DEFAULT_JWKS_STALE_SECONDS = 600.0
+DEFAULT_JWKS_TIMEOUT_SECONDS = 2.0
+MAX_JWKS_BYTES = 1024 * 1024
+MAX_SUB_CHARS = 256
+
+TRANSPORT_QUERY = "query"
+TRANSPORT_SUBPROTOCOL = "subprotocol"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class Unauthorized(Exception):  # noqa: N818 - the name is API Gateway's convention
+    """Raised for a missing token. API Gateway maps exactly this message to HTTP 401."""
+
+    def __init__(self) -> None:
+        super().__init__("Unauthorized")
+
+
+class AuthorizerConfigError(ValueError):
+    """A missing or invalid environment variable; names the variable."""
+
+
+class KeysUnavailable(RuntimeError):
+    """The JWKS URL did not answer and no cached keys are young enough: HTTP 500, retry."""
+
+
+class Denied(Exception):  # noqa: N818 - an outcome, not a failure
+    """A token that is present but not acceptable; ``reason`` is a short code for logs."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# --- Configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuthorizerConfig:
+    """What the authorizer accepts, immutable once read."""
+
+    issuer: str
+    audience: str
+    keys: str | None = None
+    jwks_url: str | None = None
+    leeway_seconds: float = DEFAULT_LEEWAY_SECONDS
+    jwks_cache_seconds: float = DEFAULT_JWKS_CACHE_SECONDS
+    jwks_min_refresh_seconds: float = DEFAULT_JWKS_MIN_REFRESH_SECONDS
+    jwks_stale_seconds: float = DEFAULT_JWKS_STALE_SECONDS
+    jwks_timeout_seconds: float = DEFAULT_JWKS_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.issuer:
+            raise AuthorizerConfigError("JWT_ISSUER: required")
+        if not self.audience:
+            raise AuthorizerConfigError("JWT_AUDIENCE: required")
+        if (self.keys is None) == (self.jwks_url is None):
+            raise AuthorizerConfigError("JWT_KEYS, JWT_JWKS_URL: set exactly one of them")
+        if self.jwks_url is not None:
+            check_jwks_url(self.jwks_url)
+        if not 0 <= self.leeway_seconds <= MAX_LEEWAY_SECONDS:
+            raise AuthorizerConfigError(
+                f"JWT_LEEWAY_SECONDS: must be between 0 and {MAX_LEEWAY_SECONDS:g}"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AuthorizerConfig:
+        """Read and validate the environment (see the module docstring)."""
+        env = os.environ if env is None else env
+
+        def seconds(name: str, default: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise AuthorizerConfigError(f"{name}: {raw!r} is not a number") from None
+            if not value >= 0 or value == float("inf"):
+                raise AuthorizerConfigError(f"{name}: must be a finite number, zero or more")
+            return value
+
+        return cls(
+            issuer=env.get("JWT_ISSUER", "").strip(),
+            audience=env.get("JWT_AUDIENCE", "").strip(),
+            keys=env.get("JWT_KEYS", "").strip() or None,
+            jwks_url=env.get("JWT_JWKS_URL", "").strip() or None,
+            leeway_seconds=seconds("JWT_LEEWAY_SECONDS", DEFAULT_LEEWAY_SECONDS),
+            jwks_cache_seconds=seconds("JWT_JWKS_CACHE_SECONDS", DEFAULT_JWKS_CACHE_SECONDS),
+            jwks_min_refresh_seconds=seconds(
+                "JWT_JWKS_MIN_REFRESH_SECONDS", DEFAULT_JWKS_MIN_REFRESH_SECONDS
+            ),
+            jwks_stale_seconds=seconds("JWT_JWKS_STALE_SECONDS", DEFAULT_JWKS_STALE_SECONDS),
+            jwks_timeout_seconds=seconds("JWT_JWKS_TIMEOUT_SECONDS", DEFAULT_JWKS_TIMEOUT_SECONDS),
+        )
+
+
+def check_jwks_url(url: str) -> str:
+    """An https URL, or http on a loopback host (local servers only)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return url
+    if parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS:
+        return url
+    raise AuthorizerConfigError("JWT_JWKS_URL: must be an https URL (http only on loopback)")
+
+
+# --- Key sources --------------------------------------------------------------------------------
+
+
+class KeySource(Protocol):
+    """Where verification keys come from."""
+
+    def keys_for(self, token: jwt.UnverifiedToken) -> Sequence[jwt.VerificationKey]:
+        """The keys that may have signed ``token`` (same ``alg``, same ``kid`` if it has one)."""
+
+
+@dataclass(frozen=True)
+class StaticKeys:
+    """Keys given in configuration (``JWT_KEYS``)."""
+
+    keys: tuple[jwt.VerificationKey, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> StaticKeys:
+        try:
+            return cls(jwt.parse_key_material(text, allow_symmetric=True))
+        except jwt.KeyMaterialError as exc:
+            raise AuthorizerConfigError(f"JWT_KEYS: {exc}") from None
+
+    def keys_for(self, token: jwt.UnverifiedToken) -> Sequence[jwt.VerificationKey]:
+        return jwt.candidate_keys(token, self.keys)
+
+
+def fetch_jwks(url: str, timeout: float) -> dict[str, Any]:
+    """GET a JWKS document (at most 1 MiB of JSON)."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - checked URL
+        body = response.read(MAX_JWKS_BYTES + 1)
+    if len(body) > MAX_JWKS_BYTES:
+        raise ValueError("JWKS document larger than 1 MiB")
+    return json.loads(body)
+
+
+class JwksCache:
+    """Keys from a JWKS URL, cached for a bounded time; thread-safe (the local gateway calls the
+    authorizer from several threads, Lambda from one).
+
+    * Fresh for ``lifetime`` seconds after a successful fetch.
+    * A token naming a ``kid`` we do not know triggers an early refresh (the issuer rotated its
+      keys), at most once per ``min_refresh`` seconds so garbage tokens cannot hammer the URL.
+    * When a refresh fails, keys younger than ``lifetime + stale`` are still used; older keys are
+      never used: :class:`KeysUnavailable`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lifetime: float = DEFAULT_JWKS_CACHE_SECONDS,
+        min_refresh: float = DEFAULT_JWKS_MIN_REFRESH_SECONDS,
+        stale: float = DEFAULT_JWKS_STALE_SECONDS,
+        timeout: float = DEFAULT_JWKS_TIMEOUT_SECONDS,
+        fetch: Callable[[str, float], dict[str, Any]] = fetch_jwks,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.url = url
+        self.lifetime = lifetime
+        self.min_refresh = min_refresh
+        self.stale = stale
+        self.timeout = timeout
+        self._fetch = fetch
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._keys: tuple[jwt.VerificationKey, ...] = ()
+        self._fetched_at: float | None = None  # last successful fetch
+        self._attempted_at: float | None = None  # last attempt, successful or not
+        self.fetches = 0
+
+    def keys_for(self, token: jwt.UnverifiedToken) -> Sequence[jwt.VerificationKey]:
+        with self._lock:
+            now = self._clock()
+            if self._fetched_at is None or now >= self._fetched_at + self.lifetime:
+                self._refresh(now)
+            candidates = jwt.candidate_keys(token, self._keys)
+            if (
+                not candidates
+                and token.kid is not None
+                and (self._attempted_at is None or now >= self._attempted_at + self.min_refresh)
+            ):
+                self._refresh(now)
+                candidates = jwt.candidate_keys(token, self._keys)
+            return candidates
+
+    def _refresh(self, now: float) -> None:
+        self._attempted_at = now
+        self.fetches += 1
+        try:
+            keys = jwt.keys_from_jwks(self._fetch(self.url, self.timeout), allow_symmetric=False)
+        except Exception as exc:
+            young_enough = (
+                self._fetched_at is not None and now < self._fetched_at + self.lifetime + self.stale
+            )
+            logger.warning(
+                "jwks refresh failed (%s: %s); %s",
+                type(exc).__name__,
+                exc,
+                "using cached keys" if young_enough else "no usable keys",
+            )
+            if not young_enough:
+                raise KeysUnavailable(f"JWT_JWKS_URL: no usable keys ({exc})") from None
+            return
+        self._keys = keys
+        self._fetched_at = now
+
+
+# --- Token extraction ---------------------------------------------------------------------------
+
+
+def _header_values(event: Mapping[str, Any], name: str) -> list[str]:
+    """Every value of a header, case-insensitively, from ``multiValueHeaders`` or ``headers``."""
+    wanted = name.lower()
+    multi = event.get("multiValueHeaders") or {}
+    values = [v for key, vs in multi.items() if key.lower() == wanted for v in (vs or [])]
+    if values:
+        return values
+    single = event.get("headers") or {}
+    return [value for key, value in single.items() if key.lower() == wanted and value is not None]
+
+
+def offered_subprotocols(event: Mapping[str, Any]) -> list[str]:
+    """The subprotocols the client offered, in order (``Sec-WebSocket-Protocol``)."""
+    return [
+        entry.strip()
+        for value in _header_values(event, "Sec-WebSocket-Protocol")
+        for entry in str(value).split(",")
+        if entry.strip()
+    ]
+
+
+def extract_token(event: Mapping[str, Any]) -> tuple[str, str]:
+    """``(transport, token)`` from the query string or the subprotocol list.
+
+    :class:`Unauthorized` when there is none; :class:`Denied` when the request carries several
+    different tokens (which one would we be authorising?).
+    """
+    name = model.WS_TOKEN_QUERY_PARAMETER
+    multi_query = (event.get("multiValueQueryStringParameters") or {}).get(name) or []
+    query_value = (event.get("queryStringParameters") or {}).get(name)
+    query_tokens = {str(v) for v in multi_query} | ({str(query_value)} if query_value else set())
+    prefix = model.WS_BEARER_SUBPROTOCOL_PREFIX
+    protocol_tokens = {
+        entry[len(prefix) :] for entry in offered_subprotocols(event) if entry.startswith(prefix)
+    }
+    tokens = {token for token in query_tokens | protocol_tokens if token}
+    if not tokens:
+        raise Unauthorized()
+    if len(tokens) > 1:
+        raise Denied("ambiguous", "more than one different token in the request")
+    token = tokens.pop()
+    return (TRANSPORT_SUBPROTOCOL if token in protocol_tokens else TRANSPORT_QUERY), token
+
+
+# --- Policies -----------------------------------------------------------------------------------
+
+
+def policy(principal_id: str, effect: str, resource: str, context: dict | None = None) -> dict:
+    """An authorizer response: ``execute-api:Invoke`` with ``effect`` on ``resource``."""
+    document: dict[str, Any] = {
+        "principalId": principal_id,
+        "policyDocument": {
+            "Version": "2012-10-17",
+            "Statement": [{"Action": "execute-api:Invoke", "Effect": effect, "Resource": resource}],
+        },
+    }
+    if context:
+        document["context"] = context
+    return document
+
+
+def check_subject(claims: Mapping[str, Any]) -> str:
+    """The ``sub`` claim: required, a non-empty string of at most 256 printable characters (it
+    becomes part of a DynamoDB key and of log lines)."""
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not sub:
+        raise Denied(jwt.MissingClaim.reason, "sub: required non-empty string")
+    if len(sub) > MAX_SUB_CHARS or not sub.isprintable():
+        raise Denied(jwt.MalformedToken.reason, "sub: too long or not printable")
+    return sub
+
+
+# --- The authorizer -----------------------------------------------------------------------------
+
+
+class Authorizer:
+    """Verifies the token of a ``$connect`` request and answers with an IAM policy."""
+
+    def __init__(
+        self,
+        config: AuthorizerConfig,
+        keys: KeySource | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.config = config
+        if keys is None:
+            if config.keys is not None:
+                keys = StaticKeys.parse(config.keys)
+            else:
+                assert config.jwks_url is not None
+                keys = JwksCache(
+                    config.jwks_url,
+                    lifetime=config.jwks_cache_seconds,
+                    min_refresh=config.jwks_min_refresh_seconds,
+                    stale=config.jwks_stale_seconds,
+                    timeout=config.jwks_timeout_seconds,
+                )
+        self.keys = keys
+        self._clock = clock
+
+    def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        """The Lambda entry point's logic: a policy, or :class:`Unauthorized` raised."""
+        resource = str(event.get("methodArn") or "*")
+        try:
+            transport, sub = self.authenticate(event)
+        except Denied as denied:
+            _log_decision("deny", event, reason=denied.reason, detail=denied.detail)
+            return policy("anonymous", "Deny", resource)
+        except Unauthorized:
+            _log_decision("unauthorized", event, reason="missing_token")
+            raise
+        _log_decision("allow", event, sub=sub, transport=transport)
+        return policy(sub, "Allow", resource, {"sub": sub, "tokenTransport": transport})
+
+    def authenticate(self, event: Mapping[str, Any]) -> tuple[str, str]:
+        """``(transport, sub)`` of a valid token; :class:`Unauthorized` or :class:`Denied`."""
+        transport, token = extract_token(event)
+        try:
+            parsed = jwt.split_token(token)
+            claims = jwt.verify_parsed(
+                parsed,
+                self.keys.keys_for(parsed),
+                issuer=self.config.issuer,
+                audience=self.config.audience,
+                leeway=self.config.leeway_seconds,
+                now=self._clock(),
+            )
+        except jwt.JwtError as exc:
+            raise Denied(exc.reason, str(exc)) from None
+        return transport, check_subject(claims)
+
+
+def _log_decision(decision: str, event: Mapping[str, Any], **fields: Any) -> None:
+    context = event.get("requestContext") or {}
+    record = {
+        "event": "authorize",
+        "decision": decision,
+        "connectionId": context.get("connectionId"),
+        "apiId": context.get("apiId"),
+        **fields,
+    }
+    # Never the token itself: it is a bearer credential.
+    logger.info(json.dumps(record, default=str, separators=(",", ":")))
+
+
+# --- Lambda entry point -------------------------------------------------------------------------
+
+_ENV_NAMES = (
+    "JWT_ISSUER",
+    "JWT_AUDIENCE",
+    "JWT_KEYS",
+    "JWT_JWKS_URL",
+    "JWT_LEEWAY_SECONDS",
+    "JWT_JWKS_CACHE_SECONDS",
+    "JWT_JWKS_MIN_REFRESH_SECONDS",
+    "JWT_JWKS_STALE_SECONDS",
+    "JWT_JWKS_TIMEOUT_SECONDS",
+)
+_cached: tuple[tuple[str, ...], Authorizer] | None = None
+_cached_lock = threading.Lock()
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Lambda entry point (``streamfleet.wsapi.authorizer.handler``).
+
+    The authorizer (and its JWKS cache) lives as long as the container; it is rebuilt only if the
+    environment changes (tests).
+    """
+    global _cached
+    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
+    with _cached_lock:
+        if _cached is None or _cached[0] != key:
+            _cached = (key, Authorizer(AuthorizerConfig.from_env()))
+        authorizer = _cached[1]
+    return authorizer(event, context)

@@ -1,0 +1,788 @@
+"""Lambda handlers of the client-facing WebSocket API (API Gateway WebSocket, Lambda proxy).
+
+One function serves every route; the event names the route in ``requestContext.routeKey``:
+
+* ``$connect`` (after the authorizer): stores ``WSCONN#<connection id>`` -> verified user id in
+  the *regional* connections table, with a TTL (API Gateway's 2-hour connection limit plus a
+  margin: ``$disconnect`` is best effort, the TTL cleans up what it misses); selects the
+  ``streamfleet.v1`` subprotocol when the client offered it (never the ``bearer.`` entry);
+* ``$disconnect``: deletes the connection record;
+* ``heartbeat``: replies ``{"type": "pong", "region": ...}`` without touching DynamoDB (it is sent
+  every 30 s by every client, and what it must prove is that API Gateway and Lambda answer);
+* ``getState``: the user's state from the (global) state table, plus one auction's;
+* ``bid``: ``{"action": "bid", "auction": "a1", "amount": 123}`` on a live auction counter. The
+  bid is accepted only by a conditional write (``highest < amount``), so of two racing bids the
+  lower one is refused, never silently overwritten; each accepted bid also leaves an immutable
+  ``BID#<auction>#<amount>`` record;
+* ``$default``: anything else. Unknown actions and malformed messages get an error reply that
+  names the offending field; no message can crash the handler.
+
+State is keyed by the verified ``sub`` (``USER#<sub>``), never by connection id, so a client
+that reconnects, to this region or to the other one after a failover, finds its state again.
+
+Every reply names the region that served it and echoes the request's optional ``requestId``.
+Replies go through the API Gateway Management API (``post_to_connection``) at the *regional*
+endpoint of this API (a custom domain name would follow the failover DNS and might reach the
+other region), or at ``APIGW_MANAGEMENT_ENDPOINT`` when set (the local stand-in sets it). A
+``GoneException`` means the client left: its connection record is deleted.
+
+Environment: ``STATE_TABLE_NAME``, ``CONNECTIONS_TABLE_NAME``, ``AWS_REGION`` (set by Lambda),
+optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import model
+from ..clock import SYSTEM_CLOCK, Clock
+from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
+from ..validation import ID_CHARSET_DOC, ID_PATTERN
+
+logger = logging.getLogger(__name__)
+
+CONNECT = "$connect"
+DISCONNECT = "$disconnect"
+DEFAULT = "$default"
+
+DEFAULT_CONNECTION_TTL_SECONDS = model.WS_MAX_CONNECTION_SECONDS + 10 * 60
+MAX_REQUEST_ID_CHARS = 64
+MAX_AUCTION_ID_CHARS = 128
+MAX_BID_AMOUNT = 10**15  # below 2**53 (JavaScript clients) and BID_AMOUNT_DIGITS digits
+# Retries of a state write whose only failed condition was "newer than the stored version".
+MAX_VERSION_RETRIES = 8
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    model.WS_ROUTE_HEARTBEAT: ("action", "requestId"),
+    model.WS_ROUTE_GET_STATE: ("action", "requestId", "auction"),
+    model.WS_ROUTE_BID: ("action", "requestId", "auction", "amount"),
+}
+
+# Lambda runs one invocation at a time per container; a few connections are plenty. botocore
+# retries throttling a little (standard mode); a reply that cannot be delivered fast is useless.
+_BOTO_CONFIG = Config(
+    connect_timeout=1.0,
+    read_timeout=3.0,
+    retries={"max_attempts": 3, "mode": "standard"},
+    max_pool_connections=16,
+)
+
+
+# --- Configuration ------------------------------------------------------------------------------
+
+
+class HandlerConfigError(ValueError):
+    """A missing or invalid environment variable; names the variable."""
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """The handlers' settings, immutable once read."""
+
+    state_table: str
+    connections_table: str
+    region: str
+    management_endpoint: str | None = None
+    connection_ttl_seconds: int = DEFAULT_CONNECTION_TTL_SECONDS
+    max_message_bytes: int = model.WS_MAX_FRAME_BYTES
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> HandlerConfig:
+        """Read and validate the environment (see the module docstring)."""
+        env = os.environ if env is None else env
+
+        def required(name: str) -> str:
+            value = env.get(name, "").strip()
+            if not value:
+                raise HandlerConfigError(f"{name}: required but not set")
+            return value
+
+        raw_ttl = env.get("CONNECTION_TTL_SECONDS", "").strip()
+        ttl = DEFAULT_CONNECTION_TTL_SECONDS
+        if raw_ttl:
+            if not raw_ttl.isdigit() or int(raw_ttl) <= 0:
+                raise HandlerConfigError(f"CONNECTION_TTL_SECONDS: {raw_ttl!r} is not above 0")
+            ttl = int(raw_ttl)
+        return cls(
+            state_table=required(model.ENV_STATE_TABLE_NAME),
+            connections_table=required(model.ENV_CONNECTIONS_TABLE_NAME),
+            region=required("AWS_REGION"),
+            management_endpoint=env.get(model.ENV_APIGW_MANAGEMENT_ENDPOINT, "").strip() or None,
+            connection_ttl_seconds=ttl,
+        )
+
+
+# --- Messages (pure) ----------------------------------------------------------------------------
+
+
+class BadMessage(ValueError):
+    """A message refused with an error reply; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str, request_id: str | None = None):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GetState:
+    request_id: str | None = None
+    auction: str | None = None
+
+
+@dataclass(frozen=True)
+class PlaceBid:
+    auction: str
+    amount: int
+    request_id: str | None = None
+
+
+Message = Heartbeat | GetState | PlaceBid
+
+
+def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
+    """The message text: present, at most ``max_bytes`` UTF-8 bytes; :class:`BadMessage` (field
+    ``body``) otherwise."""
+    if body is None or body == "":
+        raise BadMessage("body", "required (empty message)")
+    if not isinstance(body, str):
+        raise BadMessage("body", f"expected text, got {type(body).__name__}")
+    too_large = BadMessage("body", f"larger than {max_bytes} bytes (API Gateway's frame limit)")
+    if is_base64:
+        if len(body) > 4 * (max_bytes // 3 + 1):
+            raise too_large
+        try:
+            raw = base64.b64decode(body, validate=True)
+        except ValueError:
+            raise BadMessage("body", "not valid base64") from None
+    else:
+        if len(body) > max_bytes:  # every character is at least one byte
+            raise too_large
+        try:
+            raw = body.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadMessage("body", "not valid UTF-8") from None
+    if len(raw) > max_bytes:
+        raise too_large
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadMessage("body", "not valid UTF-8 (binary frames are not accepted)") from None
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _Duplicate(key)
+        result[key] = value
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
+    value = payload[field]
+    if not isinstance(value, str):
+        raise BadMessage(field, f"expected a string, got {json_type(value)}")
+    if not value:
+        raise BadMessage(field, "must not be empty")
+    if len(value) > max_chars:
+        raise BadMessage(field, f"longer than {max_chars} characters")
+    if not ID_PATTERN.fullmatch(value):
+        raise BadMessage(field, f"only {ID_CHARSET_DOC} are allowed")
+    return value
+
+
+def _amount(payload: Mapping[str, Any]) -> int:
+    value = payload["amount"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadMessage("amount", f"expected a whole number, got {json_type(value)}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise BadMessage("amount", "expected a whole number, got a fraction")
+        value = int(value)
+    if not 1 <= value <= MAX_BID_AMOUNT:
+        raise BadMessage("amount", f"must be between 1 and {MAX_BID_AMOUNT}")
+    return value
+
+
+def parse_message(text: str) -> Message:
+    """Validate one client message completely; :class:`BadMessage` names the first bad field.
+
+    Strict: unknown and duplicated fields are refused, so a typo (``ammount``) is an error
+    instead of a silently missing value.
+    """
+    try:
+        payload = json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant)
+    except _Duplicate as dup:
+        raise BadMessage(str(dup.args[0]), "appears more than once") from None
+    except (ValueError, RecursionError):
+        raise BadMessage("body", "not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise BadMessage("body", f"expected a JSON object, got {json_type(payload)}")
+    request_id = None
+    if "requestId" in payload:
+        request_id = _identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
+    try:
+        if model.WS_ROUTE_SELECTION_FIELD not in payload:
+            raise BadMessage("action", "required")
+        action = payload["action"]
+        if not isinstance(action, str):
+            raise BadMessage("action", f"expected a string, got {json_type(action)}")
+        if action not in FIELDS:
+            shown = action[:40]
+            raise BadMessage("action", f"unknown action {shown!r} (expected {', '.join(FIELDS)})")
+        for key in payload:
+            if key not in FIELDS[action]:
+                raise BadMessage(key, f"unknown field for {action}")
+        if action == model.WS_ROUTE_HEARTBEAT:
+            return Heartbeat(request_id)
+        if action == model.WS_ROUTE_GET_STATE:
+            auction = None
+            if "auction" in payload:
+                auction = _identifier(payload, "auction", MAX_AUCTION_ID_CHARS)
+            return GetState(request_id, auction)
+        for field in ("auction", "amount"):
+            if field not in payload:
+                raise BadMessage(field, "required")
+        return PlaceBid(
+            _identifier(payload, "auction", MAX_AUCTION_ID_CHARS), _amount(payload), request_id
+        )
+    except BadMessage as bad:
+        bad.request_id = request_id
+        raise
+
+
+# --- Replies through the Management API ---------------------------------------------------------
+
+
+class ConnectionGone(Exception):  # noqa: N818 - mirrors GoneException
+    """The connection no longer exists (HTTP 410 from the Management API)."""
+
+
+class Replier(Protocol):
+    """Delivers one message to one connection."""
+
+    def post(self, request_context: Mapping[str, Any], connection_id: str, data: bytes) -> None:
+        """Send ``data``; :class:`ConnectionGone` when the client has left."""
+
+
+def management_endpoint(request_context: Mapping[str, Any], region: str) -> str:
+    """The Management API endpoint for a request: the API's own regional endpoint.
+
+    A request that arrived through a custom domain name (the failover name) must not be answered
+    through it: the name follows the failover DNS and may resolve to the *other* region, whose
+    API Gateway does not know this connection.
+    """
+    domain = str(request_context.get("domainName") or "")
+    stage = str(request_context.get("stage") or "")
+    api_id = str(request_context.get("apiId") or "")
+    if domain.endswith(".amazonaws.com") or not api_id:
+        return f"https://{domain}/{stage}"
+    return f"https://{api_id}.execute-api.{region}.amazonaws.com/{stage}"
+
+
+class ManagementApiReplier:
+    """``apigatewaymanagementapi.post_to_connection`` with boto3, one client per endpoint."""
+
+    def __init__(
+        self,
+        *,
+        region: str,
+        endpoint: str | None = None,
+        client_factory: Callable[[str], Any] | None = None,
+    ):
+        self.region = region
+        self.endpoint = endpoint
+        self._factory = client_factory or self._new_client
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _new_client(self, endpoint: str) -> Any:
+        return boto3.session.Session().client(
+            "apigatewaymanagementapi",
+            endpoint_url=endpoint,
+            region_name=self.region,
+            config=_BOTO_CONFIG,
+        )
+
+    def client_for(self, request_context: Mapping[str, Any]) -> Any:
+        """The boto3 client for this request's endpoint (created once, then reused)."""
+        endpoint = self.endpoint or management_endpoint(request_context, self.region)
+        with self._lock:
+            client = self._clients.get(endpoint)
+            if client is None:
+                client = self._clients[endpoint] = self._factory(endpoint)
+            return client
+
+    def post(self, request_context: Mapping[str, Any], connection_id: str, data: bytes) -> None:
+        try:
+            self.client_for(request_context).post_to_connection(
+                ConnectionId=connection_id, Data=data
+            )
+        except ClientError as exc:
+            if error_code(exc) == "GoneException":
+                raise ConnectionGone(connection_id) from None
+            raise
+
+
+# --- The handlers -------------------------------------------------------------------------------
+
+
+def make_dynamodb_client(region: str | None = None) -> Any:
+    """A boto3 DynamoDB client with short timeouts (endpoint from ``AWS_ENDPOINT_URL*``)."""
+    return boto3.session.Session().client("dynamodb", region_name=region, config=_BOTO_CONFIG)
+
+
+class StateWriteConflict(RuntimeError):
+    """A state item kept changing under a write for ``MAX_VERSION_RETRIES`` attempts."""
+
+
+class WsApiHandlers:
+    """Every route of the WebSocket API. Thread-safe: the local gateway calls it concurrently."""
+
+    def __init__(
+        self,
+        config: HandlerConfig,
+        *,
+        dynamodb: Any | None = None,
+        replier: Replier | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ):
+        self.config = config
+        self.dynamodb = dynamodb or make_dynamodb_client(config.region)
+        self.replier = replier or ManagementApiReplier(
+            region=config.region, endpoint=config.management_endpoint
+        )
+        self.clock = clock
+
+    # Entry point -----------------------------------------------------------------------------
+
+    def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        """Handle one API Gateway WebSocket event; never raises."""
+        request_context = event.get("requestContext") or {}
+        route = request_context.get("routeKey")
+        try:
+            if route == CONNECT:
+                return self.on_connect(event)
+            if route == DISCONNECT:
+                return self.on_disconnect(event)
+            return self.on_message(event)
+        except Exception:
+            logger.exception("wsapi %s failed (connection %s)", route, _connection_id(event))
+            return {"statusCode": 500}
+
+    # $connect / $disconnect ------------------------------------------------------------------
+
+    def on_connect(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Record the connection under its verified user; select the application subprotocol."""
+        request_context = event.get("requestContext") or {}
+        user_id = _authorized_sub(request_context)
+        if user_id is None:
+            # No authorizer in front of $connect: a deployment error, never let it through.
+            logger.error("wsapi $connect without an authorizer context; refusing")
+            return {"statusCode": 401}
+        now_ms = self.clock.wall_ms()
+        self.dynamodb.put_item(
+            TableName=self.config.connections_table,
+            Item={
+                model.PK: to_attr(model.ws_connection_pk(_connection_id(event))),
+                model.WS_USER_ID: to_attr(user_id),
+                model.WS_CONNECTED_AT_MS: to_attr(now_ms),
+                model.WS_REGION: to_attr(self.config.region),
+                model.WS_EXPIRES_AT: to_attr(now_ms // 1000 + self.config.connection_ttl_seconds),
+            },
+        )
+        response: dict[str, Any] = {"statusCode": 200}
+        if model.WS_APP_SUBPROTOCOL in _offered_subprotocols(event):
+            response["headers"] = {"Sec-WebSocket-Protocol": model.WS_APP_SUBPROTOCOL}
+        return response
+
+    def on_disconnect(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Delete the connection record (best effort, like ``$disconnect`` itself)."""
+        self._forget_connection(_connection_id(event))
+        return {"statusCode": 200}
+
+    def _forget_connection(self, connection_id: str) -> None:
+        self.dynamodb.delete_item(
+            TableName=self.config.connections_table,
+            Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+        )
+
+    # Messages --------------------------------------------------------------------------------
+
+    def on_message(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Parse, act, reply. Every failure becomes an error reply naming its cause."""
+        request_context = event.get("requestContext") or {}
+        connection_id = _connection_id(event)
+        request_id = None
+        try:
+            text = decode_body(
+                event.get("body"), event.get("isBase64Encoded"), self.config.max_message_bytes
+            )
+            message = parse_message(text)
+            request_id = message.request_id
+            if isinstance(message, Heartbeat):
+                reply = {"type": model.WS_REPLY_PONG}
+            else:
+                user_id = self._user_of(request_context, connection_id)
+                if isinstance(message, GetState):
+                    reply = self.get_state(user_id, message.auction)
+                else:
+                    reply = self.place_bid(user_id, message.auction, message.amount)
+        except BadMessage as bad:
+            request_id = bad.request_id
+            reply = _error(bad.message, bad.field, full=str(bad))
+        except _NotAuthorized as exc:
+            reply = _error(str(exc), "authorization")
+        except (BotoCoreError, ClientError, StateWriteConflict) as exc:
+            logger.warning("wsapi state store failed: %s", exc)
+            reply = _error("the state store did not answer; retry", None, retryable=True)
+        except Exception:
+            logger.exception("wsapi message failed (connection %s)", connection_id)
+            reply = _error("internal error", None, retryable=True)
+        self.reply(request_context, connection_id, reply, request_id)
+        return {"statusCode": 200}
+
+    def reply(
+        self,
+        request_context: Mapping[str, Any],
+        connection_id: str,
+        payload: dict[str, Any],
+        request_id: str | None = None,
+    ) -> bool:
+        """Post ``payload`` (plus the serving region and ``requestId``); ``False`` if the client
+        is gone, in which case its stale connection record is deleted."""
+        body = {**payload, "region": self.config.region}
+        if request_id is not None:
+            body["requestId"] = request_id
+        data = json.dumps(body, separators=(",", ":")).encode()
+        try:
+            self.replier.post(request_context, connection_id, data)
+            return True
+        except ConnectionGone:
+            try:
+                self._forget_connection(connection_id)
+            except (BotoCoreError, ClientError) as exc:
+                logger.warning("wsapi could not delete gone connection %s: %s", connection_id, exc)
+            return False
+        except Exception as exc:  # the reply is lost; the client's request times out
+            logger.warning("wsapi reply to %s failed: %s", connection_id, exc)
+            return False
+
+    def _user_of(self, request_context: Mapping[str, Any], connection_id: str) -> str:
+        """The verified user of a connection: from the authorizer context API Gateway passes
+        with every message, else from the connection record written at ``$connect``."""
+        user_id = _authorized_sub(request_context)
+        if user_id is not None:
+            return user_id
+        item = from_item(
+            self.dynamodb.get_item(
+                TableName=self.config.connections_table,
+                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                ConsistentRead=True,
+            ).get("Item")
+        )
+        if not item or not isinstance(item.get(model.WS_USER_ID), str):
+            raise _NotAuthorized("no verified user for this connection; reconnect")
+        return item[model.WS_USER_ID]
+
+    # Application -----------------------------------------------------------------------------
+
+    def get_state(self, user_id: str, auction: str | None) -> dict[str, Any]:
+        """The user's state and one auction's (the requested one, else the user's last)."""
+        user = self._get_state_item(model.user_pk(user_id))
+        state: dict[str, Any] = {
+            "lastBid": None,
+            "bidsAccepted": 0,
+            "bidsRefused": 0,
+            "updatedAtMs": None,
+        }
+        if user:
+            if model.LAST_BID_AUCTION in user:
+                state["lastBid"] = {
+                    "auction": user[model.LAST_BID_AUCTION],
+                    "amount": user.get(model.LAST_BID_AMOUNT),
+                    "atMs": user.get(model.LAST_BID_AT_MS),
+                }
+            state["bidsAccepted"] = user.get(model.BIDS_ACCEPTED, 0)
+            state["bidsRefused"] = user.get(model.BIDS_REFUSED, 0)
+            state["updatedAtMs"] = user.get(model.UPDATED_AT_MS)
+        reply: dict[str, Any] = {"type": model.WS_REPLY_STATE, "user": user_id, "state": state}
+        auction = auction or (state["lastBid"] or {}).get("auction")
+        if auction:
+            reply["auction"] = self._auction_view(auction, user_id)
+        return reply
+
+    def _auction_view(self, auction: str, user_id: str) -> dict[str, Any]:
+        item = self._get_state_item(model.auction_pk(auction)) or {}
+        return {
+            "auction": auction,
+            "highest": item.get(model.HIGHEST_AMOUNT, 0),
+            "highestIsYou": item.get(model.HIGHEST_BIDDER) == user_id,
+            "bids": item.get(model.BID_COUNT, 0),
+        }
+
+    def place_bid(self, user_id: str, auction: str, amount: int) -> dict[str, Any]:
+        """Accept ``amount`` only if strictly above the auction's highest, atomically."""
+        outcome = self.write_state(
+            model.auction_pk(auction),
+            sets={
+                model.AUCTION_ID: auction,
+                model.HIGHEST_AMOUNT: amount,
+                model.HIGHEST_BIDDER: user_id,
+            },
+            adds={model.BID_COUNT: 1},
+            condition=f"(attribute_not_exists(#{model.HIGHEST_AMOUNT}) OR "
+            f"#{model.HIGHEST_AMOUNT} < :amount)",
+            condition_names=(model.HIGHEST_AMOUNT,),
+            condition_values={":amount": amount},
+            still_applies=lambda old: old.get(model.HIGHEST_AMOUNT, 0) < amount,
+        )
+        accepted = outcome.written
+        now_ms = outcome.timestamp_ms
+        if accepted:
+            self._record_bid(auction, amount, user_id, now_ms)
+            highest, is_you = amount, True
+        else:
+            old = outcome.current or {}
+            highest = old.get(model.HIGHEST_AMOUNT, 0)
+            is_you = old.get(model.HIGHEST_BIDDER) == user_id
+        try:
+            if accepted:
+                self.write_state(
+                    model.user_pk(user_id),
+                    sets={
+                        model.LAST_BID_AUCTION: auction,
+                        model.LAST_BID_AMOUNT: amount,
+                        model.LAST_BID_AT_MS: now_ms,
+                    },
+                    adds={model.BIDS_ACCEPTED: 1},
+                )
+            else:
+                self.write_state(model.user_pk(user_id), sets={}, adds={model.BIDS_REFUSED: 1})
+        except (BotoCoreError, ClientError, StateWriteConflict) as exc:
+            # The auction item decided the bid; the user's counters are a convenience.
+            logger.warning("wsapi user state update failed after a bid: %s", exc)
+        return {
+            "type": model.WS_REPLY_BID,
+            "auction": auction,
+            "amount": amount,
+            "accepted": accepted,
+            "highest": highest,
+            "highestIsYou": is_you,
+            **({} if accepted else {"reason": "not higher than the current highest bid"}),
+        }
+
+    def _record_bid(self, auction: str, amount: int, user_id: str, at_ms: int) -> None:
+        # Immutable and keyed by amount (accepted amounts strictly increase): a retried put is a
+        # no-op, and an acknowledged bid can be looked up after a failover.
+        try:
+            self.dynamodb.put_item(
+                TableName=self.config.state_table,
+                Item={
+                    model.PK: to_attr(model.bid_pk(auction, amount)),
+                    model.AUCTION_ID: to_attr(auction),
+                    model.BID_AMOUNT: to_attr(amount),
+                    model.BID_BIDDER: to_attr(user_id),
+                    model.BID_AT_MS: to_attr(at_ms),
+                    model.UPDATED_AT_MS: to_attr(at_ms),
+                    model.WRITER_REGION: to_attr(self.config.region),
+                },
+                ConditionExpression="attribute_not_exists(#pk)",
+                ExpressionAttributeNames=names(model.PK),
+            )
+        except ClientError as exc:
+            if not is_condition_failure(exc):
+                raise
+
+    def write_state(
+        self,
+        pk: str,
+        *,
+        sets: Mapping[str, Any],
+        adds: Mapping[str, int] | None = None,
+        condition: str | None = None,
+        condition_names: tuple[str, ...] = (),
+        condition_values: Mapping[str, Any] | None = None,
+        still_applies: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> WriteOutcome:
+        """Update a state item, stamping ``updated_at_ms`` strictly above its previous value.
+
+        Why: the timestamp is the item's version for last-writer-wins replication, so it must
+        grow in the order DynamoDB applies the writes, whatever the clocks of the Lambdas say.
+        The write is conditioned on ``updated_at_ms < :ts``; when only that part fails (the
+        caller's ``condition`` still applies to the item read back), it is retried just above
+        the stored value. When the caller's condition fails, nothing is written and the current
+        item is returned.
+        """
+        timestamp = self.clock.wall_ms()
+        version_names = (model.UPDATED_AT_MS, model.WRITER_REGION)
+        all_names = names(*version_names, *sets, *(adds or {}), *condition_names)
+        version_condition = (
+            f"(attribute_not_exists(#{model.UPDATED_AT_MS}) OR #{model.UPDATED_AT_MS} < :ts)"
+        )
+        full_condition = (
+            f"({condition}) AND {version_condition}" if condition else version_condition
+        )
+        set_parts = [f"#{name} = :s_{index}" for index, name in enumerate(sets)]
+        set_parts += [f"#{model.UPDATED_AT_MS} = :ts", f"#{model.WRITER_REGION} = :region"]
+        expression = "SET " + ", ".join(set_parts)
+        if adds:
+            expression += " ADD " + ", ".join(
+                f"#{name} :a_{index}" for index, name in enumerate(adds)
+            )
+        for _ in range(MAX_VERSION_RETRIES):
+            values = {
+                **{f":s_{index}": to_attr(value) for index, value in enumerate(sets.values())},
+                **{
+                    f":a_{index}": to_attr(value)
+                    for index, value in enumerate((adds or {}).values())
+                },
+                **{key: to_attr(value) for key, value in (condition_values or {}).items()},
+                ":ts": to_attr(timestamp),
+                ":region": to_attr(self.config.region),
+            }
+            try:
+                self.dynamodb.update_item(
+                    TableName=self.config.state_table,
+                    Key={model.PK: to_attr(pk)},
+                    UpdateExpression=expression,
+                    ConditionExpression=full_condition,
+                    ExpressionAttributeNames=all_names,
+                    ExpressionAttributeValues=values,
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+                return WriteOutcome(True, timestamp, None)
+            except ClientError as exc:
+                if not is_condition_failure(exc):
+                    raise
+                current = from_item(exc.response.get("Item")) or self._get_state_item(pk)
+            if current is None:
+                continue  # deleted between the write and the read: try again
+            if still_applies is not None and not still_applies(current):
+                return WriteOutcome(False, timestamp, current)
+            timestamp = max(self.clock.wall_ms(), int(current.get(model.UPDATED_AT_MS, 0)) + 1)
+        raise StateWriteConflict(f"{pk}: still changing after {MAX_VERSION_RETRIES} attempts")
+
+    def _get_state_item(self, pk: str) -> dict[str, Any] | None:
+        return from_item(
+            self.dynamodb.get_item(
+                TableName=self.config.state_table,
+                Key={model.PK: to_attr(pk)},
+                ConsistentRead=True,
+            ).get("Item")
+        )
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """What :meth:`WsApiHandlers.write_state` did: written (at ``timestamp_ms``) or refused by
+    the caller's condition (``current`` is the item that refused it)."""
+
+    written: bool
+    timestamp_ms: int
+    current: dict[str, Any] | None
+
+
+class _NotAuthorized(Exception):
+    pass
+
+
+def _error(
+    message: str, field: str | None, *, full: str | None = None, retryable: bool = False
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {"type": model.WS_REPLY_ERROR, "error": full or message}
+    if field is not None:
+        reply["field"] = field
+    if retryable:
+        reply["retryable"] = True
+    return reply
+
+
+def _connection_id(event: Mapping[str, Any]) -> str:
+    return str((event.get("requestContext") or {}).get("connectionId") or "")
+
+
+def _authorized_sub(request_context: Mapping[str, Any]) -> str | None:
+    authorizer = request_context.get("authorizer") or {}
+    sub = authorizer.get("sub") or authorizer.get("principalId")
+    return sub if isinstance(sub, str) and sub else None
+
+
+def _offered_subprotocols(event: Mapping[str, Any]) -> list[str]:
+    headers = event.get("headers") or {}
+    values = [v for k, v in headers.items() if k.lower() == "sec-websocket-protocol" and v]
+    return [entry.strip() for value in values for entry in str(value).split(",")]
+
+
+# --- Lambda entry point -------------------------------------------------------------------------
+
+_ENV_NAMES = (
+    model.ENV_STATE_TABLE_NAME,
+    model.ENV_CONNECTIONS_TABLE_NAME,
+    "AWS_REGION",
+    model.ENV_APIGW_MANAGEMENT_ENDPOINT,
+    "CONNECTION_TTL_SECONDS",
+)
+_cached: tuple[tuple[str, ...], WsApiHandlers] | None = None
+_cached_lock = threading.Lock()
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Lambda entry point for every route (``streamfleet.wsapi.handlers.handler``).
+
+    The clients live as long as the container; a configuration error fails every invocation
+    with a log line naming the variable.
+    """
+    global _cached
+    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
+    with _cached_lock:
+        if _cached is None or _cached[0] != key:
+            _cached = (key, WsApiHandlers(HandlerConfig.from_env()))
+        handlers = _cached[1]
+    started = time.monotonic()
+    result = handlers(event, context)
+    logger.info(
+        "wsapi %s %s in %.1f ms",
+        (event.get("requestContext") or {}).get("routeKey"),
+        result.get("statusCode"),
+        (time.monotonic() - started) * 1000,
+    )
+    return result

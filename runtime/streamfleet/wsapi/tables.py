@@ -1,0 +1,30 @@
+"""Create the WebSocket API's tables from the data model (local servers, tests, the drill).
+
+The CDK half declares the same tables from the same :mod:`streamfleet.model` specs: the state
+table as a global table (replicated), the connections table as a regional table with TTL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import model
+from ..tables import create_table_request
+
+
+def create_wsapi_tables(dynamodb: Any, *, state_table: str, connections_table: str) -> None:
+    """Create both tables with a synchronous boto3 client and wait until they are active."""
+    for spec, name in (
+        (model.WSAPI_STATE_TABLE, state_table),
+        (model.WSAPI_CONNECTIONS_TABLE, connections_table),
+    ):
+        dynamodb.create_table(**create_table_request(spec, name))
+    waiter = dynamodb.get_waiter("table_exists")
+    for name in (state_table, connections_table):
+        waiter.wait(TableName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 150})
+
+
+def delete_wsapi_tables(dynamodb: Any, *, state_table: str, connections_table: str) -> None:
+    """Delete both tables (tests clean up after themselves)."""
+    for name in (state_table, connections_table):
+        dynamodb.delete_table(TableName=name)

@@ -1,0 +1,222 @@
+"""The app as the CDK CLI builds it (cdk.json context, feature flags), and its configuration.
+
+The helpers here are shared by the other ``test_infra_*`` modules: :func:`build_app` builds an app
+with ``cdk.json``'s context, as ``cdk synth`` does (a bare ``cdk.App()`` would miss the feature
+flags, and test a template nobody deploys); :func:`default_app` synthesizes the default app once
+per test run, so the fine-grained, cdk-nag, cfn-lint and snapshot tests share one synth.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import cx_api
+from aws_cdk.assertions import Template
+
+import app as app_module
+from stacks import FleetStack, add_fleet_stacks
+from streamfleet_cdk.config import CONTEXT_PREFIX, AppConfig, context_key
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CDK_JSON = REPO_ROOT / "cdk.json"
+TEST_ACCOUNT = "123456789012"
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """The ``context`` of ``cdk.json``: feature flags and ``streamfleet:`` settings."""
+    return json.loads(CDK_JSON.read_text())["context"]
+
+
+@dataclass(frozen=True)
+class BuiltApp:
+    """An app with both stacks, synthesized."""
+
+    app: cdk.App
+    primary: FleetStack
+    secondary: FleetStack
+    assembly: cx_api.CloudAssembly
+
+    def template(self, stack: FleetStack) -> Template:
+        return Template.from_stack(stack)
+
+    def template_file(self, stack: FleetStack) -> Path:
+        return Path(self.assembly.directory) / stack.template_file
+
+
+def build_app(context: dict[str, Any] | None = None) -> BuiltApp:
+    """Both stacks, built as ``app.py`` builds them under ``cdk synth`` with ``cdk.json``."""
+    app = cdk.App(
+        context={**cdk_json_context(), context_key("account"): TEST_ACCOUNT, **(context or {})}
+    )
+    primary, secondary = add_fleet_stacks(app, AppConfig.from_context(app.node))
+    return BuiltApp(app, primary, secondary, app.synth())
+
+
+@functools.cache
+def default_app() -> BuiltApp:
+    """The app with ``cdk.json``'s settings, synthesized once per test run."""
+    return build_app()
+
+
+# --- cdk.json and app.py ---
+
+
+def test_cdk_json_sets_only_known_settings_and_they_are_valid():
+    settings = {
+        key.removeprefix(CONTEXT_PREFIX)
+        for key in cdk_json_context()
+        if key.startswith(CONTEXT_PREFIX)
+    }
+    assert settings <= {spec.name for spec in fields(AppConfig)}
+    config = AppConfig.from_context(cdk.App(context=cdk_json_context()).node, environ={})
+    assert config.allowed_upstreams  # synth works out of the box, with a placeholder
+
+
+def test_synth_needs_no_context_lookup():
+    # A lookup (for example the VPC's Availability Zones) would make `cdk synth` call AWS.
+    manifest = json.loads((Path(default_app().assembly.directory) / "manifest.json").read_text())
+    assert not manifest.get("missing")
+
+
+def test_app_py_registers_cdk_nag_so_synth_fails_on_an_unacknowledged_finding(monkeypatch):
+    plugins: list[Any] = []
+    synthesized: list[cdk.App] = []
+    real_of = cdk.Validations.of
+
+    class Spy:
+        """``Validations.of`` that records the plugins added to the app."""
+
+        def __init__(self, scope: Any) -> None:
+            self._validations = real_of(scope)
+
+        def add_plugins(self, *added: Any) -> None:
+            plugins.extend(added)
+            self._validations.add_plugins(*added)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._validations, name)
+
+    monkeypatch.setattr(cdk.Validations, "of", Spy)
+    monkeypatch.setattr(cdk.App, "synth", lambda self, *args, **kwargs: synthesized.append(self))
+    app_module.main()
+    assert [type(plugin).__name__ for plugin in plugins] == ["AwsSolutionsChecks"]
+    assert len(synthesized) == 1
+
+
+# --- Configuration of the fleet ---
+
+
+def config_from(context: dict[str, Any]) -> AppConfig:
+    return AppConfig.from_context(cdk.App(context=context).node, environ={})
+
+
+def test_fleet_defaults():
+    config = config_from({})
+    assert config.allowed_upstreams == ("wss://*.example.com",)
+    assert (config.worker_cpu, config.worker_memory_mib) == (512, 1024)
+    assert (config.min_tasks, config.max_tasks) == (1, 10)
+    assert config.target_connections_per_task == 700
+    assert (config.scale_out_cooldown_seconds, config.scale_in_cooldown_seconds) == (120, 900)
+    assert config.max_connections == 1000
+    assert (config.lease_seconds, config.heartbeat_seconds, config.reconcile_seconds) == (
+        20.0,
+        5.0,
+        10.0,
+    )
+    assert config.stop_timeout_seconds == 30
+    assert config.secondary_active is False
+    assert config.multi_region_strong_consistency is False
+    assert config.witness_region is None
+
+
+def test_fleet_settings_accept_cli_strings_and_json_types():
+    config = config_from(
+        {
+            context_key("allowed_upstreams"): "wss://*.feeds.example.com, ws://127.0.0.1:8765",
+            context_key("worker_cpu"): "1024",
+            context_key("worker_memory_mib"): 2048,
+            context_key("lease_seconds"): "30",
+            context_key("heartbeat_seconds"): 2.5,
+            context_key("secondary_active"): "true",
+        }
+    )
+    assert config.allowed_upstreams == ("wss://*.feeds.example.com", "ws://127.0.0.1:8765")
+    assert (config.worker_cpu, config.worker_memory_mib) == (1024, 2048)
+    assert (config.lease_seconds, config.heartbeat_seconds) == (30.0, 2.5)
+    assert config.secondary_active is True
+    assert config_from({context_key("allowed_upstreams"): ["wss://a.example.com"]}) == AppConfig(
+        account=config.account, allowed_upstreams=("wss://a.example.com",)
+    )
+
+
+def test_strong_consistency_with_a_witness_in_the_same_region_set():
+    config = config_from(
+        {
+            context_key("multi_region_strong_consistency"): True,
+            context_key("witness_region"): "us-east-2",
+        }
+    )
+    assert config.witness_region == "us-east-2"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("allowed_upstreams", "", "at least one"),
+        ("allowed_upstreams", [], "at least one"),
+        ("allowed_upstreams", "https://example.com", "not scheme://host"),
+        ("allowed_upstreams", "wss://a.example.com/path", "not scheme://host"),
+        ("allowed_upstreams", "wss://a.example.com:99999", "invalid port"),
+        ("allowed_upstreams", [1], "list of strings"),
+        ("worker_cpu", "300", "expected one of"),
+        ("worker_cpu", "many", "whole number"),
+        ("worker_memory_mib", 3000, "not valid with streamfleet:worker_cpu"),
+        ("min_tasks", 0, "at least 1"),
+        ("max_tasks", 0, "at least 1"),
+        ("target_connections_per_task", 1001, None),
+        ("max_connections", 699, "at least 700"),
+        ("scale_in_cooldown_seconds", -1, "at least 0"),
+        ("lease_seconds", "abc", "expected a number"),
+        ("lease_seconds", 0, "at least"),
+        ("heartbeat_seconds", 10, "well below the lease"),
+        ("stop_timeout_seconds", 10, "shutdown budget"),
+        ("stop_timeout_seconds", 121, "at most 120"),
+        ("api_rate_limit", 0, "at least 1"),
+        ("log_retention_days", 31, "expected one of"),
+        ("secondary_active", "maybe", "true or false"),
+        ("witness_region", "us-east-2", "only used with"),
+        ("multi_region_strong_consistency", True, None),
+    ],
+)
+def test_fleet_settings_are_validated_naming_the_context_key(key, value, message):
+    expected_key = {
+        # Cross-field rules name the setting that has to change with the one given.
+        "target_connections_per_task": "max_connections",
+        "multi_region_strong_consistency": "witness_region",
+    }.get(key, key)
+    pattern = rf"^{context_key(expected_key)}: " + (f".*{message}" if message else "")
+    with pytest.raises(ValueError, match=pattern):
+        config_from({context_key(key): value})
+
+
+def test_strong_consistency_needs_one_region_set():
+    with pytest.raises(ValueError, match=r"^streamfleet:multi_region_strong_consistency: .*set"):
+        config_from(
+            {
+                context_key("multi_region_strong_consistency"): True,
+                context_key("witness_region"): "eu-west-1",
+            }
+        )
+    with pytest.raises(ValueError, match=r"^streamfleet:witness_region: must differ"):
+        config_from(
+            {
+                context_key("multi_region_strong_consistency"): True,
+                context_key("witness_region"): "us-west-2",
+            }
+        )
