@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from urllib.request import urlopen
@@ -18,7 +21,7 @@ from urllib.request import urlopen
 import pytest
 
 from streamfleet import model
-from streamfleet.local.fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
+from streamfleet.local.fleet import LEASE_SECONDS, REPO, Fleet, WorkerProcess, eventually
 from streamfleet.local.servers import free_port
 from streamfleet.upstream.fake import FakeUpstream
 
@@ -267,3 +270,43 @@ async def test_an_overloaded_worker_sheds_its_surplus_without_churn(fleet: Fleet
     assert fleet.owners() == settled
     assert len(crowded.events("lease_handed_over")) == moves
     fleet.assert_single_client_ever()
+
+
+def cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    """The operator's tool, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "streamfleet.cli", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO / "runtime"), "TABLE_NAME": fleet.lease_table},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_an_operator_drains_a_worker_and_lists_the_fleet(fleet: Fleet):
+    workers = [fleet.start_worker(), fleet.start_worker()]
+    ids = streams(8)
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    drained, _ = busiest(fleet, workers)
+    [other] = [w for w in workers if w is not drained]
+
+    result = await asyncio.to_thread(cli, fleet, "drain", drained.worker_id, "--json")
+
+    assert result.returncode == 0, result.stderr
+    await eventually(
+        lambda: fleet.all_live(ids, among={other.worker_id}),
+        timeout=4 * LEASE_SECONDS,
+        what="every stream moved off the drained worker",
+    )
+    assert drained.alive() and drained.events("draining")
+    listed = json.loads((await asyncio.to_thread(cli, fleet, "connections", "--json")).stdout)
+    assert {row["connection_id"]: row["owner"] for row in listed} == dict.fromkeys(
+        ids, other.worker_id
+    )
+    sessions = json.loads((await asyncio.to_thread(cli, fleet, "workers", "--json")).stdout)
+    loads = {row["worker"]: row["load"] for row in sessions if row["state"] == "LIVE"}
+    assert set(loads) == {drained.worker_id, other.worker_id}
+    bad = await asyncio.to_thread(cli, fleet, "drain", "no-such-worker")
+    assert bad.returncode == 1 and "no live session" in bad.stderr

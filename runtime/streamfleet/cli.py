@@ -64,7 +64,11 @@ def _emit(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 
 @app.command()
 def start(
-    connection_id: str, ws_url: str, table: TableOption, queue_url: QueueOption, json_: JsonOption
+    connection_id: str,
+    ws_url: str,
+    table: TableOption,
+    queue_url: QueueOption,
+    json_: JsonOption = False,
 ) -> None:
     """START a connection (idempotent) and notify the fleet."""
     _valid(check_id, "connection_id", connection_id)
@@ -85,7 +89,7 @@ def start(
 
 
 @app.command()
-def stop(connection_id: str, table: TableOption, json_: JsonOption) -> None:
+def stop(connection_id: str, table: TableOption, json_: JsonOption = False) -> None:
     """STOP a connection; its owner closes it within a heartbeat."""
     _valid(check_id, "connection_id", connection_id)
 
@@ -119,7 +123,7 @@ def connection_rows(items: list[dict[str, Any]], now_ms: int) -> list[dict[str, 
 
 
 @app.command()
-def connections(table: TableOption, json_: JsonOption) -> None:
+def connections(table: TableOption, json_: JsonOption = False) -> None:
     """List connections with owner and lag (seconds since the row last moved).
 
     This is an operator's full listing (a paginated Scan); the fleet itself never scans.
@@ -145,7 +149,7 @@ def _directory(dynamodb: AsyncClient, table: str, group: str) -> SessionDirector
 
 @app.command()
 def workers(
-    table: TableOption, json_: JsonOption, group: GroupOption = model.DEFAULT_SESSION_GROUP
+    table: TableOption, json_: JsonOption = False, group: GroupOption = model.DEFAULT_SESSION_GROUP
 ) -> None:
     """List worker sessions with their load and how long until they expire."""
 
@@ -172,7 +176,7 @@ def workers(
 def drain(
     worker_id: str,
     table: TableOption,
-    json_: JsonOption,
+    json_: JsonOption = False,
     group: GroupOption = model.DEFAULT_SESSION_GROUP,
 ) -> None:
     """Ask a worker to hand all its connections to the fleet and take no more."""
