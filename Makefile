@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest synth worker upstream bench chaos clean
+.PHONY: help setup test lint format pytest local synth worker upstream bench chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ pytest: setup
 	$(PYTHON) -m pytest
 
 test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
+
+local: setup ## The whole fleet on this machine with a live view (type k N to kill -9 worker N)
+	$(PYTHON) -m streamfleet.local.mode --workers 3 --streams 12
 
 synth: setup ## Synthesize both stacks into cdk.out (no AWS credentials, no Docker)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
