@@ -25,7 +25,7 @@ import boto3
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
-from streamfleet.desired_state import DesiredStateWriter
+from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item
 from streamfleet.tables import create_tables
 from streamfleet.upstream.fake import FakeUpstream
@@ -124,7 +124,14 @@ class Fleet:
         self.sqs = boto3.client("sqs")
         self.queue_url = self.sqs.create_queue(QueueName=f"intake-{suffix}")["QueueUrl"]
         self.async_dynamodb = AsyncClient("dynamodb")
-        self.writer = DesiredStateWriter(dynamodb=self.async_dynamodb, table_name=self.lease_table)
+        self.async_sqs = AsyncClient("sqs")
+        self.control = ControlPlane.create(
+            dynamodb=self.async_dynamodb,
+            sqs=self.async_sqs,
+            table_name=self.lease_table,
+            queue_url=self.queue_url,
+        )
+        self.writer = self.control.writer
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -159,23 +166,23 @@ class Fleet:
         for worker in self.workers.values():
             worker.stop()
         self.async_dynamodb.close()
+        self.async_sqs.close()
 
     # -- the outside world ----------------------------------------------------------------------
 
-    async def start_streams(self, *stream_ids: str) -> list[str]:
+    async def start_streams(self, *stream_ids: str, parallel: int = 8) -> list[str]:
         """START each stream as the event router does: the row, then the notification."""
-        pks = []
-        for stream_id in stream_ids:
-            result = await self.writer.start(stream_id, self.upstream.url_for(stream_id))
-            if result.notify:
-                self.sqs.send_message(
-                    QueueUrl=self.queue_url, MessageBody=model.notification_body(result.item["pk"])
-                )
-            pks.append(model.connection_pk(stream_id))
-        return pks
+        limit = asyncio.Semaphore(parallel)
+
+        async def start(stream_id: str) -> None:
+            async with limit:
+                await self.control.start(stream_id, self.upstream.url_for(stream_id))
+
+        await asyncio.gather(*(start(stream_id) for stream_id in stream_ids))
+        return [model.connection_pk(stream_id) for stream_id in stream_ids]
 
     async def stop_stream(self, stream_id: str) -> None:
-        await self.writer.stop(stream_id)
+        await self.control.stop(stream_id)
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Every connection row, by stream id."""
