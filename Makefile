@@ -46,7 +46,7 @@ synth: setup ## Synthesize both stacks into cdk.out (no AWS credentials, no Dock
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
 
-bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/fleet_results.md
+bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/results.md and PNG plots
 	$(PYTHON) -m bench.fleet_bench
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages

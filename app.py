@@ -2,7 +2,9 @@
 """CDK app of the resilient streaming fleet: ``cdk synth`` / ``cdk deploy`` run this file.
 
 Settings come from CDK context (``cdk.json`` or ``-c streamfleet:<key>=<value>``), see
-:mod:`streamfleet_cdk.config`.
+:mod:`streamfleet_cdk.config`. cdk-nag's AwsSolutions pack runs as a CDK validation plugin: an
+unacknowledged finding fails the synth (acknowledgments, each with its reason, live next to the
+resources in the constructs).
 """
 
 import sys
@@ -15,6 +17,7 @@ if _RUNTIME not in sys.path:
     sys.path.insert(0, _RUNTIME)
 
 import aws_cdk as cdk  # noqa: E402
+from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 from stacks import add_fleet_stacks  # noqa: E402
 from streamfleet_cdk.config import AppConfig  # noqa: E402
@@ -23,6 +26,7 @@ from streamfleet_cdk.config import AppConfig  # noqa: E402
 def main() -> None:
     app = cdk.App()
     add_fleet_stacks(app, AppConfig.from_context(app.node))
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
 
 

@@ -26,7 +26,9 @@ import signal
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from streamfleet.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
 from streamfleet.local.servers import LocalServer, dynalite_server, moto_server
@@ -49,7 +51,7 @@ PRODUCTION_TIMING = {
     "SQS_WAIT_SECONDS": "10",
     "METRICS_EVERY": "5",
 }
-RESULTS = Path(__file__).with_name("fleet_results.md")
+RESULTS = Path(__file__).with_name("results.md")
 
 
 def rss_kib(pid: int) -> int:
@@ -127,8 +129,16 @@ async def steady_state(fleet: Fleet, name: str, connections: int, window: float)
         for op, n in last["dynamodb_requests"].items()
         if op != "batch_write_item"
     )
+    sqs = sum(n - first["sqs_requests"].get(op, 0) for op, n in last["sqs_requests"].items())
+    per_op = {
+        op: round((n - first["dynamodb_requests"].get(op, 0)) / (connections * minutes), 4)
+        for op, n in last["dynamodb_requests"].items()
+        if op != "batch_write_item"
+    }
     result = {
+        "per_operation": per_op,
         "upkeep_per_connection_minute": upkeep / (connections * minutes),
+        "sqs_per_connection_minute": sqs / (connections * minutes),
         "kib_per_connection": (rss_kib(worker.process.pid) - rss_before) / connections,
         "rss_mib": rss_kib(worker.process.pid) / 1024,
         "lateness_ms": last["renewal_lateness_max_ms"],
@@ -138,6 +148,58 @@ async def steady_state(fleet: Fleet, name: str, connections: int, window: float)
     worker.signal(signal.SIGTERM)
     worker.process.wait(60)
     return result
+
+
+async def burst(fleet: Fleet, streams: int) -> list[float]:
+    """START ``streams`` at once on 3 workers; seconds from each START to its upstream client."""
+    workers = [fleet.start_worker(MAX_CONNECTIONS=str(streams)) for _ in range(3)]
+    for worker in workers:
+        await eventually(lambda w=worker: w.events("session_opened"), timeout=30, what="up")
+    ids = [f"b{streams}-{n:04d}" for n in range(streams)]
+    started: dict[str, float] = {}
+    connected: dict[str, float] = {}
+    limit = asyncio.Semaphore(16)
+
+    async def start(stream_id: str) -> None:
+        async with limit:
+            started[stream_id] = time.monotonic()
+            await fleet.control.start(stream_id, fleet.upstream.url_for(stream_id))
+
+    starting = asyncio.gather(*(start(sid) for sid in ids))
+
+    def all_connected() -> bool:
+        now, counts = time.monotonic(), fleet.upstream.stats()["connections"]
+        for sid in ids:
+            if sid not in connected and counts.get(sid, 0) > 0:
+                connected[sid] = now
+        return len(connected) == len(ids)
+
+    await eventually(all_connected, timeout=120, what=f"{streams} connected", every=0.02)
+    await starting
+    for sid in ids:
+        await fleet.stop_stream(sid)
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        worker.process.wait(60)
+    return [connected[sid] - started[sid] for sid in ids]
+
+
+async def throughput(fleet: Fleet, streams: int, seconds: float) -> float:
+    """Messages persisted per second by one worker holding ``streams`` busy streams."""
+    worker = fleet.start_worker("busy", MAX_CONNECTIONS=str(streams), METRICS_EVERY="1")
+    ids = [f"t{n:03d}" for n in range(streams)]
+    await fleet.start_streams(*ids)
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="busy streams live")
+    await asyncio.sleep(2)  # past the start, into the steady state
+    first = worker.events("worker_stats")[-1]
+    await asyncio.sleep(seconds)  # the measurement window itself
+    last = worker.events("worker_stats")[-1]
+    for sid in ids:
+        await fleet.stop_stream(sid)
+    worker.signal(signal.SIGTERM)
+    worker.process.wait(60)
+    return (last["messages_stored"] - first["messages_stored"]) / (last["ts"] - first["ts"])
 
 
 async def run(trials: int, idle: int, upkeep_connections: int, window: float) -> str:
@@ -165,20 +227,113 @@ async def run(trials: int, idle: int, upkeep_connections: int, window: float) ->
             async with FakeUpstream(rate=0.001) as quiet:
                 fleet = Fleet(endpoint=dynamo.endpoint, upstream=quiet, tmp=Path(tmp))
                 try:
+                    bursts = {n: await burst(fleet, n) for n in (100, 1000)}
                     upkeep = await steady_state(fleet, "upkeep", upkeep_connections, window)
                     memory = await steady_state(fleet, "idle", idle, 15)
+                finally:
+                    fleet.close()
+            async with FakeUpstream(rate=50) as busy:
+                fleet = Fleet(endpoint=dynamo.endpoint, upstream=busy, tmp=Path(tmp))
+                try:
+                    persisted = await throughput(fleet, 100, 10)
                 finally:
                     fleet.close()
         finally:
             for server in servers:
                 server.stop()
-    return report(trials, kind, times, upkeep, memory, upkeep_connections, idle)
+    figures = Figures(trials, kind, times, bursts, upkeep, memory, persisted)
+    plot(figures)
+    return report(figures, upkeep_connections, idle)
 
 
-def report(trials, kind, times, upkeep, memory, upkeep_connections, idle) -> str:
+@dataclass(frozen=True)
+class Figures:
+    """Everything one run measured."""
+
+    trials: int
+    dynamodb: str
+    times: dict[str, list[float]]
+    bursts: dict[int, list[float]]
+    upkeep: dict[str, Any]
+    memory: dict[str, float]
+    persisted_per_second: float
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def plot(figures: Figures) -> None:
+    """PNG plots beside the results: failover distributions, burst latency, request costs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    times = figures.times
+    fig, axes = pyplot.subplots(1, 3, figsize=(12, 4))
+    axes[0].boxplot([[t / LEASE_SECONDS for t in times["crash"]]], tick_labels=["kill -9"])
+    axes[0].axhline(1.2, color="red", linestyle="--", label="target 1.2 x lease")
+    axes[0].set_ylabel("recovery / lease")
+    axes[0].legend()
+    axes[1].boxplot([times["term"]], tick_labels=["SIGTERM"])
+    axes[1].axhline(1.0, color="red", linestyle="--", label="target 1 s")
+    axes[1].set_ylabel("handoff, s")
+    axes[1].legend()
+    axes[2].boxplot([[t / HEARTBEAT_SECONDS for t in times["stop"]]], tick_labels=["STOP"])
+    axes[2].axhline(1.0, color="red", linestyle="--", label="target 1 heartbeat")
+    axes[2].set_ylabel("STOP to closed / heartbeat")
+    axes[2].legend()
+    for axis in axes:
+        axis.set_ylim(bottom=0)
+    fig.suptitle(f"failover over {figures.trials} trials (lease {LEASE_SECONDS} s)")
+    fig.tight_layout()
+    fig.savefig(RESULTS.with_name("failover.png"), dpi=90)
+    pyplot.close(fig)
+
+    fig, axis = pyplot.subplots(figsize=(6, 4))
+    for streams, latencies in figures.bursts.items():
+        ordered = sorted(latencies)
+        axis.plot(ordered, [(n + 1) / len(ordered) for n in range(len(ordered))], label=streams)
+    axis.set_xlabel("START to connected, s")
+    axis.set_ylabel("fraction of streams")
+    axis.set_title("START burst on 3 workers")
+    axis.legend(title="streams")
+    fig.tight_layout()
+    fig.savefig(RESULTS.with_name("burst.png"), dpi=90)
+    pyplot.close(fig)
+
+    fig, axis = pyplot.subplots(figsize=(6, 4))
+    labels = ["DynamoDB (lease upkeep)", "SQS"]
+    values = [
+        figures.upkeep["upkeep_per_connection_minute"],
+        figures.upkeep["sqs_per_connection_minute"],
+    ]
+    axis.bar(labels, values)
+    axis.axhline(0.1, color="red", linestyle="--", label="DynamoDB target 0.1")
+    axis.set_ylabel("requests per connection-minute")
+    axis.set_title("steady state, 500 idle connections, heartbeat 5 s")
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS.with_name("requests.png"), dpi=90)
+    pyplot.close(fig)
+
+
+def report(figures: Figures, upkeep_connections: int, idle: int) -> str:
     median = statistics.median
-    crash, term, stop = times["crash"], times["term"], times["stop"]
+    crash, term, stop = (figures.times[k] for k in ("crash", "term", "stop"))
+    upkeep, memory = figures.upkeep, figures.memory
     rows = [
+        *(
+            (
+                f"START burst of {streams} on 3 workers: START → connected",
+                f"p50 {percentile(lat, 0.5) * 1000:.0f} ms, "
+                f"p99 {percentile(lat, 0.99) * 1000:.0f} ms",
+                "(no target; the seed served a burst one message at a time)",
+            )
+            for streams, lat in figures.bursts.items()
+        ),
         (
             "crash recovery: kill -9 → all its streams live elsewhere",
             f"{median(crash) / LEASE_SECONDS:.2f} x lease ({median(crash):.2f} s; "
@@ -202,6 +357,16 @@ def report(trials, kind, times, upkeep, memory, upkeep_connections, idle) -> str
             "≤ 0.1",
         ),
         (
+            "SQS requests per connection-minute, same worker",
+            f"{upkeep['sqs_per_connection_minute']:.3f}",
+            "(long polls; no target)",
+        ),
+        (
+            "messages persisted per second, one worker, 100 streams at 50 msg/s",
+            f"{figures.persisted_per_second:.0f}",
+            "(5,000 offered: the figure is the saturation point here)",
+        ),
+        (
             f"memory per idle upstream connection, {idle} on one worker",
             f"{memory['kib_per_connection']:.1f} KiB (worker RSS {memory['rss_mib']:.0f} MiB)",
             "< 50 KB",
@@ -214,11 +379,17 @@ def report(trials, kind, times, upkeep, memory, upkeep_connections, idle) -> str
     ]
     lines = [
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; DynamoDB: {kind}, SQS: moto server; {trials} trials.",
+        f"{platform.python_version()}; DynamoDB: {figures.dynamodb}, SQS: moto server; "
+        f"{figures.trials} failover trials.",
         "",
-        "| measure | median | target |",
+        "| measure | median / figure | target |",
         "|---|---|---|",
         *(f"| {name} | {value} | {target} |" for name, value, target in rows),
+        "",
+        "Lease-upkeep requests per connection-minute by operation: "
+        + ", ".join(f"{op} {n}" for op, n in sorted(upkeep["per_operation"].items())),
+        "",
+        "![failover](failover.png) ![burst](burst.png) ![requests](requests.png)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from aws_cdk import Annotations, App, CfnOutput, Duration, Environment, Stack
+from aws_cdk import Annotations, App, CfnOutput, Duration, Environment, Fn, Stack
 from constructs import Construct
 
 from streamfleet_cdk.config import AppConfig
 from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.tables import FleetTableReplicas, FleetTables, FleetTablesProps
-from streamfleet_cdk.worker_fleet import WorkerFleet, WorkerFleetProps
+from streamfleet_cdk.worker_fleet import VPC_AZS, WorkerFleet, WorkerFleetProps
 
 PRIMARY_STACK_NAME = "StreamFleet-Primary"
 SECONDARY_STACK_NAME = "StreamFleet-Secondary"
@@ -101,6 +101,15 @@ class FleetStack(Stack):
         )
         self._warn_about_two_active_regions(config)
         self._build_outputs()
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The Region's first AZs as ``Fn::GetAZs`` tokens, resolved at deploy time.
+
+        CDK's default for a stack with an explicit ``env`` is a context lookup, which needs AWS
+        credentials at synth; ``cdk synth`` must work without any.
+        """
+        return [Fn.select(index, Fn.get_azs()) for index in range(VPC_AZS)]
 
     def _build_tables(self, config: AppConfig) -> FleetTables | FleetTableReplicas:
         """Declare the global tables in the primary; reference the replicas elsewhere."""

@@ -80,14 +80,15 @@ def package_files(package_dir: Path | None = None) -> Iterator[tuple[str, Path]]
     yield from sorted(found)
 
 
-def worker_image_layout() -> dict[str, Path]:
+def worker_image_layout(package_dir: Path | None = None) -> dict[str, Path]:
     """The worker's build context: relative path in the context -> source file.
 
     The Dockerfile copies ``requirements.txt`` and ``streamfleet/`` relative to its context.
     """
-    dockerfile, requirements = worker_image_files()
+    package_dir = package_dir or runtime_package_dir()
+    dockerfile, requirements = worker_image_files(package_dir)
     layout = {DOCKERFILE: dockerfile, REQUIREMENTS: requirements}
-    for relative, path in package_files():
+    for relative, path in package_files(package_dir):
         layout[f"{PACKAGE_NAME}/{relative}"] = path
     return layout
 
@@ -131,10 +132,12 @@ def stage(layout: Mapping[str, Path], staging_root: Path | None = None) -> Path:
     return target
 
 
-def stage_worker_image_context(staging_root: Path | None = None) -> Path:
+def stage_worker_image_context(
+    staging_root: Path | None = None, package_dir: Path | None = None
+) -> Path:
     """A directory holding exactly the worker image's build context (Dockerfile,
     requirements.txt, streamfleet/), for ``ecs.ContainerImage.from_asset``."""
-    return stage(worker_image_layout(), staging_root)
+    return stage(worker_image_layout(package_dir), staging_root)
 
 
 @jsii.implements(cdk.ILocalBundling)

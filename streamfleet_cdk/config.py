@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
@@ -182,12 +183,8 @@ class AppConfig:
                 raise ValueError(f"{context_key(name)}: expected true or false")
 
     def _check_fleet(self) -> None:
-        _rename_errors(
-            check_allowed_upstreams,
-            "allowed_upstreams",
-            "allowed_upstreams",
-            self.allowed_upstreams,
-        )
+        with _naming_context_key("allowed_upstreams"):
+            check_allowed_upstreams("allowed_upstreams", self.allowed_upstreams)
         _check_number("worker_cpu", self.worker_cpu, whole=True, minimum=1)
         if self.worker_cpu not in FARGATE_MEMORY:
             raise ValueError(
@@ -223,23 +220,17 @@ class AppConfig:
                 f"got {self.log_retention_days}"
             )
 
-    @property
-    def log_retention(self) -> logs.RetentionDays:
-        """:attr:`log_retention_days` as CDK's enum."""
-        return LOG_RETENTION[self.log_retention_days]
-
     def _check_timing(self) -> None:
         for name in ("lease_seconds", "heartbeat_seconds", "reconcile_seconds"):
             _check_number(name, getattr(self, name), minimum=0.001)
         # The worker's own rule, with the skew and margin it derives from the lease by default.
-        _rename_errors(
-            LeaseTiming,
-            "lease_seconds",
-            lease_seconds=self.lease_seconds,
-            heartbeat_seconds=self.heartbeat_seconds,
-            max_clock_skew_seconds=min(1.0, self.lease_seconds / 8),
-            safety_margin_seconds=min(0.5, self.lease_seconds / 8),
-        )
+        with _naming_context_key("lease_seconds"):
+            LeaseTiming(
+                lease_seconds=self.lease_seconds,
+                heartbeat_seconds=self.heartbeat_seconds,
+                max_clock_skew_seconds=min(1.0, self.lease_seconds / 8),
+                safety_margin_seconds=min(0.5, self.lease_seconds / 8),
+            )
         _check_number("stop_timeout_seconds", self.stop_timeout_seconds, whole=True)
         if not SHUTDOWN_BUDGET_SECONDS < self.stop_timeout_seconds <= MAX_STOP_TIMEOUT_SECONDS:
             raise ValueError(
@@ -273,6 +264,11 @@ class AppConfig:
             )
 
     @property
+    def log_retention(self) -> logs.RetentionDays:
+        """:attr:`log_retention_days` as CDK's enum."""
+        return LOG_RETENTION[self.log_retention_days]
+
+    @property
     def replica_regions(self) -> tuple[str, ...]:
         """Regions that hold a replica of the tables declared in the primary Region."""
         return (self.secondary_region,)
@@ -298,14 +294,17 @@ class AppConfig:
         return cls(**values)
 
 
-def _rename_errors(check: Any, field_name: str, *args: Any, **kwargs: Any) -> Any:
-    """Run a construct-level check; its ``ValueError("<field>: ...")`` names the context key."""
+@contextmanager
+def _naming_context_key(field_name: str) -> Iterator[None]:
+    """Turn a construct-level ``ValueError("<field>: ...")`` into one naming the context key:
+    ``<field>``'s if it is a setting, else ``field_name``'s."""
     try:
-        return check(*args, **kwargs)
+        yield
     except ValueError as exc:
-        field, sep, message = str(exc).partition(": ")
-        name = field if sep and field in _FIELD_NAMES else field_name
-        raise ValueError(f"{context_key(name)}: {message if sep else exc}") from None
+        field, separator, message = str(exc).partition(": ")
+        if separator and field in _FIELD_NAMES:
+            raise ValueError(f"{context_key(field)}: {message}") from None
+        raise ValueError(f"{context_key(field_name)}: {exc}") from None
 
 
 def _check_number(name: str, value: object, *, whole: bool = False, minimum: float = 0) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aws_cdk import Duration, Size, Stack
+from aws_cdk import Duration, Size
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
@@ -35,6 +35,7 @@ METRICS_EVERY_SECONDS = 60
 # ECS allows a container at most 120 s between SIGTERM and SIGKILL on Fargate.
 MAX_STOP_TIMEOUT_SECONDS = 120
 DEFAULT_SERVICE_NAME = "streamfleet-worker"
+VPC_AZS = 2  # a created VPC spans two AZs: one may fail, and one NAT gateway serves both
 
 # Fargate's valid (cpu units -> memory MiB) combinations for the sizes a worker may sensibly use.
 FARGATE_MEMORY = {
@@ -75,8 +76,10 @@ class WorkerFleetProps:
         queue: the claim-notification queue the workers poll and publish handoffs to.
         allowed_upstreams: ``scheme://host[:port]`` entries a worker may dial.
         vpc: where the tasks run; ``None`` creates one (2 AZs, 1 NAT gateway, flow logs).
-        availability_zones: AZs of a created VPC; ``None`` means the Region's ``a`` and ``b``.
-            Named explicitly so synth needs no AZ lookup (and so no AWS credentials).
+        availability_zones: AZs of a created VPC; ``None`` means the stack's first two
+            ``availability_zones``. (An environment-specific stack looks its AZs up with AWS
+            credentials unless it overrides ``Stack.availability_zones``, as ``FleetStack``
+            does with ``Fn::GetAZs``.)
         subnets: the tasks' subnets; ``None`` means the VPC's private subnets with egress.
         service_name: the worker's ``SERVICE_NAME``, which is also the value of the
             ``model.METRIC_DIMENSION_SERVICE`` dimension the scaling policy tracks.
@@ -239,13 +242,13 @@ class WorkerFleet(Construct):
         A DynamoDB gateway endpoint keeps lease and message traffic off the NAT gateway (it is
         free, the NAT's per-GB charge is not); flow logs record every flow for investigations.
         """
-        region = Stack.of(self).region
-        zones = self._props.availability_zones or (f"{region}a", f"{region}b")
+        zones = self._props.availability_zones
         flow_logs = logs.LogGroup(self, "FlowLogs", retention=self._props.log_retention)
         return ec2.Vpc(
             self,
             "Vpc",
-            availability_zones=list(zones),
+            availability_zones=list(zones) if zones else None,
+            max_azs=None if zones else VPC_AZS,
             nat_gateways=1,
             subnet_configuration=[
                 ec2.SubnetConfiguration(

@@ -280,9 +280,11 @@ def test_router_role_has_exactly_its_three_grants(built):
 
 
 def test_router_bundle_holds_only_the_package_and_imports_without_third_party_code(built):
-    bundles = sorted(Path(built.assembly.directory).glob("asset.*/streamfleet/event_router.py"))
-    assert bundles, "no Lambda bundle with streamfleet/event_router.py"
-    root = bundles[0].parent.parent
+    stack = built.primary
+    function_id = logical_id(stack, stack.ingestion.function)
+    code = built.template(stack).to_json()["Resources"][function_id]["Properties"]["Code"]
+    root = Path(built.assembly.directory) / f"asset.{code['S3Key'].removesuffix('.zip')}"
+    assert (root / "streamfleet" / "event_router.py").is_file()
     assert sorted(path.name for path in root.iterdir()) == ["streamfleet"]
     assert not list(root.rglob("__pycache__")) and not list(root.rglob("*.pyc"))
     assert not (root / "streamfleet" / assets.IMAGE_DIR_NAME).exists()
@@ -866,3 +868,95 @@ def test_event_ingestion_props_are_validated_naming_the_field(overrides, message
 def test_strong_consistency_props_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FleetTablesProps(**kwargs)
+
+
+# --- Assets: the runtime's code, from this repository or from an installed wheel ---
+
+
+def installed_package(root: Path) -> Path:
+    """A ``streamfleet`` package laid out as the wheel installs it (build files in ``_image``)."""
+    package = root / "site-packages" / "streamfleet"
+    for relative, text in {
+        "__init__.py": "",
+        "worker/__init__.py": "",
+        "worker/__main__.py": "print('worker')\n",
+        "_image/Dockerfile": "FROM python:3.11-slim\nCOPY streamfleet/ ./streamfleet/\n",
+        "_image/requirements.txt": "boto3\n",
+        "__pycache__/model.cpython-311.pyc": "",
+        "worker/stale.pyc": "",
+    }.items():
+        path = package / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return package
+
+
+def test_repository_layout_takes_the_build_files_next_to_the_package():
+    package = assets.runtime_package_dir()
+    assert package == Path(__file__).resolve().parent.parent / "runtime" / "streamfleet"
+    assert assets.worker_image_files() == (
+        package.parent / "worker" / "Dockerfile",
+        package.parent / "requirements.txt",
+    )
+
+
+def test_installed_layout_takes_the_build_files_from_the_package(tmp_path):
+    package = installed_package(tmp_path)
+    assert assets.worker_image_files(package) == (
+        package / "_image" / "Dockerfile",
+        package / "_image" / "requirements.txt",
+    )
+    context = assets.stage_worker_image_context(tmp_path / "staging", package)
+    staged = sorted(p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file())
+    assert staged == [
+        "Dockerfile",
+        "requirements.txt",
+        "streamfleet/__init__.py",
+        "streamfleet/worker/__init__.py",
+        "streamfleet/worker/__main__.py",
+    ]
+    assert (context / "Dockerfile").read_text().startswith("FROM python:3.11-slim")
+
+
+def test_missing_build_files_are_reported(tmp_path):
+    package = tmp_path / "streamfleet"
+    package.mkdir()
+    with pytest.raises(FileNotFoundError, match="worker image files"):
+        assets.worker_image_files(package)
+
+
+def test_staging_is_content_addressed(tmp_path):
+    package = installed_package(tmp_path)
+    first = assets.stage_worker_image_context(tmp_path / "staging", package)
+    assert assets.stage_worker_image_context(tmp_path / "staging", package) == first
+    (package / "worker" / "__main__.py").write_text("print('changed')\n")
+    second = assets.stage_worker_image_context(tmp_path / "staging", package)
+    assert second != first
+    assert (second / "streamfleet" / "worker" / "__main__.py").read_text() == "print('changed')\n"
+    assert not list((tmp_path / "staging").glob(".partial-*"))
+
+
+def test_the_dockerfile_copies_only_what_the_staged_context_holds():
+    context = assets.stage_worker_image_context()
+    sources = [
+        line.split()[1]
+        for line in (context / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+    ]
+    assert sources == ["requirements.txt", "streamfleet/"]
+    for source in sources:
+        assert (context / source).exists(), source
+    assert not list(context.rglob("__pycache__")) and not list(context.rglob("*.pyc"))
+
+
+def test_local_bundling_copies_the_package_without_docker(tmp_path):
+    package = installed_package(tmp_path)
+    output = tmp_path / "bundle"
+    output.mkdir()
+    assert assets.PackageCopy(package).try_bundle(str(output), image=None) is True
+    bundled = sorted(p.relative_to(output).as_posix() for p in output.rglob("*") if p.is_file())
+    assert bundled == [
+        "streamfleet/__init__.py",
+        "streamfleet/worker/__init__.py",
+        "streamfleet/worker/__main__.py",
+    ]
