@@ -84,8 +84,9 @@ def start(
         finally:
             sqs.close()
 
-    result = _run(work)
-    _emit([{"connection_id": connection_id, "outcome": result.outcome.value}], json_, "START")
+    result, notified = _run(work)
+    row = {"connection_id": connection_id, "outcome": result.outcome.value, "notified": notified}
+    _emit([row], json_, "START")
 
 
 @app.command()

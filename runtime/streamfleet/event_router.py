@@ -34,8 +34,9 @@ from urllib.parse import unquote, urlsplit
 
 from . import model
 from .aws import AsyncClient, ClientSettings
-from .desired_state import DesiredStateWriter, Outcome
-from .lease.dynamo import error_code, is_transient
+from .control import ControlPlane
+from .desired_state import Outcome
+from .lease.dynamo import error_code
 from .lease.errors import StoreUnavailable
 from .validation import check_id, check_ws_url
 from .worker.upstream_policy import UpstreamPolicy
@@ -64,8 +65,6 @@ STATUS = {
 
 # The notification only shortens the wait: an unowned STARTED row is also found by the workers'
 # orphan scan, so a few quick tries are enough and a failure does not fail the request.
-NOTIFY_ATTEMPTS = 3
-NOTIFY_BACKOFF_SECONDS = 0.05
 # Lambda runs one invocation at a time per container; two threads are plenty.
 CLIENT_SETTINGS = ClientSettings(threads=2)
 LOGGED_FIELD_CHARS = 64
@@ -383,22 +382,24 @@ class EventRouter:
 
     def __init__(self, config: RouterConfig, *, dynamodb: AsyncClient, sqs: AsyncClient):
         self.config = config
-        self.writer = DesiredStateWriter(dynamodb=dynamodb, table_name=config.table_name)
-        self._sqs = sqs
+        self.control = ControlPlane.create(
+            dynamodb=dynamodb, sqs=sqs, table_name=config.table_name, queue_url=config.queue_url
+        )
 
     async def apply(self, event: StartEvent | StopEvent) -> tuple[int, dict[str, Any], Outcome]:
         """Run a START or STOP; the status, the response payload and the outcome."""
+        notified = None
         if isinstance(event, StartEvent):
-            result = await self.writer.start(event.connection_id, event.ws_url)
+            result, notified = await self.control.start(event.connection_id, event.ws_url)
         else:
-            result = await self.writer.stop(event.connection_id)
+            result = await self.control.stop(event.connection_id)
         payload: dict[str, Any] = {
             CONNECTION_ID: event.connection_id,
             "outcome": result.outcome.value,
             "state": connection_state(result.item) if result.item else None,
         }
-        if isinstance(event, StartEvent):
-            payload["notified"] = result.notify and await self._notify(result.item[model.PK])
+        if notified is not None:
+            payload["notified"] = notified
         if result.outcome is Outcome.CONFLICT:
             payload["error"] = f"{WS_URL}: the connection is running with another ws_url; STOP it"
             payload["field"] = WS_URL
@@ -409,26 +410,8 @@ class EventRouter:
 
     async def read(self, connection_id: str) -> dict[str, Any] | None:
         """The connection's public state, or ``None`` if it never existed."""
-        item = await self.writer.read(model.connection_pk(connection_id))
+        item = await self.control.writer.read(model.connection_pk(connection_id))
         return connection_state(item) if item else None
-
-    async def _notify(self, pk: str) -> bool:
-        """Send the claim notification; ``False`` if SQS kept failing (the row still gets found
-        by the workers' orphan scan, only later)."""
-        for attempt in range(NOTIFY_ATTEMPTS):
-            try:
-                await self._sqs.call(
-                    "send_message",
-                    QueueUrl=self.config.queue_url,
-                    MessageBody=model.notification_body(pk),
-                )
-                return True
-            except Exception as exc:
-                if not is_transient(exc) or attempt == NOTIFY_ATTEMPTS - 1:
-                    _log({"event": "notify_failed", "pk": pk, "error": type(exc).__name__})
-                    return False
-                await asyncio.sleep(NOTIFY_BACKOFF_SECONDS * 2**attempt)
-        return False
 
 
 # --- Per-container state --------------------------------------------------------------------
