@@ -115,6 +115,25 @@ async def retry_until(
         attempt += 1
 
 
+async def conditional_write(
+    client: Any, operation: str, *, clock: Clock, deadline: float, what: str, **params: Any
+) -> bool:
+    """One conditional write, transient failures retried until ``deadline``.
+
+    ``True`` if it was applied, ``False`` if its condition did not hold (an answer, not an
+    error); anything else is raised.
+    """
+    try:
+        await retry_until(
+            lambda: client.call(operation, **params), deadline=deadline, clock=clock, what=what
+        )
+    except Exception as exc:
+        if is_condition_failure(exc):
+            return False
+        raise
+    return True
+
+
 MAX_BATCH_GET_KEYS = 100  # DynamoDB's limit per BatchGetItem request
 
 

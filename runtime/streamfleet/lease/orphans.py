@@ -15,7 +15,7 @@ from __future__ import annotations
 from .. import model
 from ..aws import AsyncClient
 from .connections import Claimable
-from .dynamo import is_condition_failure, names, query_all, retry_until, to_attr
+from .dynamo import conditional_write, names, query_all, to_attr
 from .sessions import SessionDirectory, SessionInfo
 
 
@@ -83,36 +83,31 @@ class OrphanFinder:
         return started[:limit]
 
     async def _disown(self, pk: str, session: SessionInfo) -> None:
-        try:
-            await retry_until(
-                lambda: self._dynamodb.call(
-                    "update_item",
-                    TableName=self._table,
-                    Key={model.PK: to_attr(pk)},
-                    UpdateExpression="REMOVE #lease_owner, #lease_session, #stop_requested_for",
-                    ConditionExpression=(
-                        "#lease_owner = :owner AND #lease_session = :version "
-                        "AND #desired_state = :stopped"
-                    ),
-                    ExpressionAttributeNames=names(
-                        model.LEASE_OWNER,
-                        model.LEASE_SESSION,
-                        model.STOP_REQUESTED_FOR,
-                        model.DESIRED_STATE,
-                    ),
-                    ExpressionAttributeValues={
-                        ":owner": to_attr(session.owner),
-                        ":version": to_attr(session.version),
-                        ":stopped": to_attr(model.DesiredState.STOPPED.value),
-                    },
-                ),
-                deadline=self._deadline(),
-                clock=self.directory.clock,
-                what=f"disown {pk}",
-            )
-        except Exception as exc:
-            if not is_condition_failure(exc):
-                raise  # restarted or taken meanwhile: nothing to clear
+        # A failed condition means it was restarted or taken meanwhile: nothing to clear.
+        await conditional_write(
+            self._dynamodb,
+            "update_item",
+            clock=self.directory.clock,
+            deadline=self._deadline(),
+            what=f"disown {pk}",
+            TableName=self._table,
+            Key={model.PK: to_attr(pk)},
+            UpdateExpression="REMOVE #lease_owner, #lease_session, #stop_requested_for",
+            ConditionExpression=(
+                "#lease_owner = :owner AND #lease_session = :version AND #desired_state = :stopped"
+            ),
+            ExpressionAttributeNames=names(
+                model.LEASE_OWNER,
+                model.LEASE_SESSION,
+                model.STOP_REQUESTED_FOR,
+                model.DESIRED_STATE,
+            ),
+            ExpressionAttributeValues={
+                ":owner": to_attr(session.owner),
+                ":version": to_attr(session.version),
+                ":stopped": to_attr(model.DesiredState.STOPPED.value),
+            },
+        )
 
     async def _unowned(self, limit: int) -> list[Claimable]:
         items = await query_all(

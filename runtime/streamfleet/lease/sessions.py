@@ -7,6 +7,7 @@ or fenced by a taker after it expired) all of them become claimable together.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from ..aws import AsyncClient
 from ..clock import SYSTEM_CLOCK, Clock
 from .dynamo import (
     batch_get,
+    conditional_write,
     from_item,
     is_condition_failure,
     names,
@@ -213,29 +215,24 @@ class SessionKeeper:
 
     async def _end_quietly(self, version: int) -> None:
         pk = model.session_pk(self.worker_id, version)
-        try:
-            await retry_until(
-                lambda: self._dynamodb.call(
-                    "update_item",
-                    TableName=self._table,
-                    Key={model.PK: to_attr(pk)},
-                    UpdateExpression="SET #session_state = :ended",
-                    ConditionExpression="#session_state = :live",
-                    ExpressionAttributeNames=names(model.SESSION_STATE),
-                    ExpressionAttributeValues={
-                        ":ended": to_attr(model.SessionState.ENDED.value),
-                        ":live": to_attr(model.SessionState.LIVE.value),
-                    },
-                ),
-                deadline=self.clock.monotonic() + self.timing.heartbeat_seconds,
+        # Ending it early only speeds recovery up: unanswered, it expires on its own.
+        with contextlib.suppress(StoreUnavailable):
+            await conditional_write(
+                self._dynamodb,
+                "update_item",
                 clock=self.clock,
+                deadline=self.clock.monotonic() + self.timing.heartbeat_seconds,
                 what=f"end {pk}",
+                TableName=self._table,
+                Key={model.PK: to_attr(pk)},
+                UpdateExpression="SET #session_state = :ended",
+                ConditionExpression="#session_state = :live",
+                ExpressionAttributeNames=names(model.SESSION_STATE),
+                ExpressionAttributeValues={
+                    ":ended": to_attr(model.SessionState.ENDED.value),
+                    ":live": to_attr(model.SessionState.LIVE.value),
+                },
             )
-        except StoreUnavailable:
-            pass  # it expires on its own; ending it early only speeds recovery up
-        except Exception as exc:
-            if not is_condition_failure(exc):
-                raise
 
 
 class SessionDirectory:
@@ -319,29 +316,24 @@ class SessionDirectory:
         """
         if session.state is model.SessionState.ENDED:
             return True
-        try:
-            await retry_until(
-                lambda: self._dynamodb.call(
-                    "update_item",
-                    TableName=self._table,
-                    Key={model.PK: to_attr(session.pk)},
-                    UpdateExpression="SET #session_state = :ended",
-                    ConditionExpression="#session_state = :live AND #expires_at_ms = :seen",
-                    ExpressionAttributeNames=names(model.SESSION_STATE, model.EXPIRES_AT_MS),
-                    ExpressionAttributeValues={
-                        ":ended": to_attr(model.SessionState.ENDED.value),
-                        ":live": to_attr(model.SessionState.LIVE.value),
-                        ":seen": to_attr(session.expires_at_ms),
-                    },
-                ),
-                deadline=self._deadline(),
-                clock=self.clock,
-                what=f"fence {session.pk}",
-            )
+        if await conditional_write(
+            self._dynamodb,
+            "update_item",
+            clock=self.clock,
+            deadline=self._deadline(),
+            what=f"fence {session.pk}",
+            TableName=self._table,
+            Key={model.PK: to_attr(session.pk)},
+            UpdateExpression="SET #session_state = :ended",
+            ConditionExpression="#session_state = :live AND #expires_at_ms = :seen",
+            ExpressionAttributeNames=names(model.SESSION_STATE, model.EXPIRES_AT_MS),
+            ExpressionAttributeValues={
+                ":ended": to_attr(model.SessionState.ENDED.value),
+                ":live": to_attr(model.SessionState.LIVE.value),
+                ":seen": to_attr(session.expires_at_ms),
+            },
+        ):
             return True
-        except Exception as exc:
-            if not is_condition_failure(exc):
-                raise
         current = await self.read(session.owner, session.version)
         return current is None or current.state is model.SessionState.ENDED
 
@@ -354,47 +346,36 @@ class SessionDirectory:
         for session in await self.list():
             if session.owner != owner or session.state is not model.SessionState.LIVE:
                 continue
-            try:
-                await retry_until(
-                    lambda session=session: self._dynamodb.call(
-                        "update_item",
-                        TableName=self._table,
-                        Key={model.PK: to_attr(session.pk)},
-                        UpdateExpression="SET #drain_requested = :yes",
-                        ConditionExpression="#session_state = :live",
-                        ExpressionAttributeNames=names(model.DRAIN_REQUESTED, model.SESSION_STATE),
-                        ExpressionAttributeValues={
-                            ":yes": to_attr(True),
-                            ":live": to_attr(model.SessionState.LIVE.value),
-                        },
-                    ),
-                    deadline=self._deadline(),
-                    clock=self.clock,
-                    what=f"drain {session.pk}",
-                )
-            except Exception as exc:
-                if not is_condition_failure(exc):
-                    raise
-                continue  # ended meanwhile
-            asked.append(session)
+            if await conditional_write(
+                self._dynamodb,
+                "update_item",
+                clock=self.clock,
+                deadline=self._deadline(),
+                what=f"drain {session.pk}",
+                TableName=self._table,
+                Key={model.PK: to_attr(session.pk)},
+                UpdateExpression="SET #drain_requested = :yes",
+                ConditionExpression="#session_state = :live",  # not if it ended meanwhile
+                ExpressionAttributeNames=names(model.DRAIN_REQUESTED, model.SESSION_STATE),
+                ExpressionAttributeValues={
+                    ":yes": to_attr(True),
+                    ":live": to_attr(model.SessionState.LIVE.value),
+                },
+            ):
+                asked.append(session)
         return asked
 
     async def forget(self, session: SessionInfo) -> None:
         """Delete an ended session that no longer owns any connection."""
-        try:
-            await retry_until(
-                lambda: self._dynamodb.call(
-                    "delete_item",
-                    TableName=self._table,
-                    Key={model.PK: to_attr(session.pk)},
-                    ConditionExpression="#session_state = :ended",
-                    ExpressionAttributeNames=names(model.SESSION_STATE),
-                    ExpressionAttributeValues={":ended": to_attr(model.SessionState.ENDED.value)},
-                ),
-                deadline=self._deadline(),
-                clock=self.clock,
-                what=f"forget {session.pk}",
-            )
-        except Exception as exc:
-            if not is_condition_failure(exc):
-                raise
+        await conditional_write(
+            self._dynamodb,
+            "delete_item",
+            clock=self.clock,
+            deadline=self._deadline(),
+            what=f"forget {session.pk}",
+            TableName=self._table,
+            Key={model.PK: to_attr(session.pk)},
+            ConditionExpression="#session_state = :ended",
+            ExpressionAttributeNames=names(model.SESSION_STATE),
+            ExpressionAttributeValues={":ended": to_attr(model.SessionState.ENDED.value)},
+        )
