@@ -299,6 +299,8 @@ BIDS_REFUSED = "bids_refused"
 
 # Canary hysteresis item (connections table).
 CANARY_REPORTED_HEALTHY = "reported_healthy"
+CANARY_TRIPPED = "tripped"  # failed long enough to fail over: fail-back needs a healthy streak
+CANARY_FAILURE_STREAK = "failure_streak"
 CANARY_HEALTHY_STREAK = "healthy_streak"
 CANARY_STATE_VERSION = "state_version"
 

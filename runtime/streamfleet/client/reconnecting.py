@@ -93,7 +93,8 @@ class Endpoint:
         return urlunsplit(parts._replace(query=urlencode(query))), protocols
 
 
-# ``provider(attempt)``: ``attempt`` counts the consecutive failures so far (0 on a first try).
+# ``provider(attempt)``: ``attempt`` counts the consecutive failures so far: 0 for the very first
+# connection, 1 after a connection dropped, +1 for every failed attempt since.
 EndpointProvider = Callable[[int], Endpoint | Awaitable[Endpoint]]
 
 

@@ -64,7 +64,7 @@ TRANSPORT_SUBPROTOCOL = "subprotocol"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
-class Unauthorized(Exception):  # noqa: N818 - the name is API Gateway's convention
+class Unauthorized(Exception):
     """Raised for a missing token. API Gateway maps exactly this message to HTTP 401."""
 
     def __init__(self) -> None:
@@ -79,7 +79,7 @@ class KeysUnavailable(RuntimeError):
     """The JWKS URL did not answer and no cached keys are young enough: HTTP 500, retry."""
 
 
-class Denied(Exception):  # noqa: N818 - an outcome, not a failure
+class Denied(Exception):
     """A token that is present but not acceptable; ``reason`` is a short code for logs."""
 
     def __init__(self, reason: str, detail: str):
@@ -191,7 +191,7 @@ class StaticKeys:
 def fetch_jwks(url: str, timeout: float) -> dict[str, Any]:
     """GET a JWKS document (at most 1 MiB of JSON)."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - checked URL
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read(MAX_JWKS_BYTES + 1)
     if len(body) > MAX_JWKS_BYTES:
         raise ValueError("JWKS document larger than 1 MiB")

@@ -292,7 +292,7 @@ def parse_message(text: str) -> Message:
 # --- Replies through the Management API ---------------------------------------------------------
 
 
-class ConnectionGone(Exception):  # noqa: N818 - mirrors GoneException
+class ConnectionGone(Exception):
     """The connection no longer exists (HTTP 410 from the Management API)."""
 
 
@@ -569,8 +569,8 @@ class WsApiHandlers:
                 model.HIGHEST_BIDDER: user_id,
             },
             adds={model.BID_COUNT: 1},
-            condition=f"(attribute_not_exists(#{model.HIGHEST_AMOUNT}) OR "
-            f"#{model.HIGHEST_AMOUNT} < :amount)",
+            condition=f"attribute_not_exists(#{model.HIGHEST_AMOUNT}) OR "
+            f"#{model.HIGHEST_AMOUNT} < :amount",
             condition_names=(model.HIGHEST_AMOUNT,),
             condition_values={":amount": amount},
             still_applies=lambda old: old.get(model.HIGHEST_AMOUNT, 0) < amount,
@@ -658,8 +658,11 @@ class WsApiHandlers:
         version_condition = (
             f"(attribute_not_exists(#{model.UPDATED_AT_MS}) OR #{model.UPDATED_AT_MS} < :ts)"
         )
+        # DynamoDB rejects redundant parentheses, so add them only where OR needs them.
         full_condition = (
-            f"({condition}) AND {version_condition}" if condition else version_condition
+            f"({condition}) AND {version_condition}"
+            if condition
+            else version_condition.removeprefix("(").removesuffix(")")
         )
         set_parts = [f"#{name} = :s_{index}" for index, name in enumerate(sets)]
         set_parts += [f"#{model.UPDATED_AT_MS} = :ts", f"#{model.WRITER_REGION} = :region"]

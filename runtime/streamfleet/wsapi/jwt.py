@@ -266,20 +266,31 @@ def key_from_jwk(jwk: dict[str, Any], *, allow_symmetric: bool) -> VerificationK
 def keys_from_jwks(
     document: dict[str, Any], *, allow_symmetric: bool
 ) -> tuple[VerificationKey, ...]:
-    """Every usable key of a JWKS document (``{"keys": [...]}``) or of a single JWK."""
+    """Every usable key of a JWKS document (``{"keys": [...]}``) or of a single JWK.
+
+    Keys that cannot be used (broken, too weak, a symmetric key where none is allowed) are
+    skipped, so one bad entry in an identity provider's set does not disable the others; only a
+    set with no usable key at all is an error, which then lists why each entry was refused.
+    """
     if not isinstance(document, dict):
         raise KeyMaterialError("jwks: not a JSON object")
-    entries = document["keys"] if "keys" in document else [document]
+    entries = document.get("keys", [document])
     if not isinstance(entries, list):
         raise KeyMaterialError("jwks.keys: not a list")
-    keys = tuple(
-        key
-        for key in (key_from_jwk(entry, allow_symmetric=allow_symmetric) for entry in entries)
-        if key is not None
-    )
+    keys: list[VerificationKey] = []
+    refused: list[str] = []
+    for entry in entries:
+        try:
+            key = key_from_jwk(entry, allow_symmetric=allow_symmetric)
+        except KeyMaterialError as exc:
+            refused.append(str(exc))
+            continue
+        if key is not None:
+            keys.append(key)
     if not keys:
-        raise KeyMaterialError("jwks: no usable RS256, ES256 or HS256 signing key")
-    return keys
+        why = f" ({'; '.join(refused)})" if refused else ""
+        raise KeyMaterialError(f"jwks: no usable RS256, ES256 or HS256 signing key{why}")
+    return tuple(keys)
 
 
 def keys_from_pem(pem: str, kid: str | None = None) -> tuple[VerificationKey, ...]:

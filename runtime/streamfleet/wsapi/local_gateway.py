@@ -57,6 +57,7 @@ LambdaFunction = Callable[[dict[str, Any], Any], Any]
 HOST = "127.0.0.1"
 MAX_MANAGEMENT_BODY_BYTES = model.WS_MAX_MESSAGE_BYTES
 MANAGEMENT_READ_TIMEOUT_SECONDS = 30.0
+STOP_GRACE_SECONDS = 5.0
 
 
 class FailureMode(StrEnum):
@@ -156,6 +157,8 @@ class LocalGateway:
         self._server: Server | None = None
         self._management: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._management_writers: set[asyncio.StreamWriter] = set()
+        self._management_tasks: set[asyncio.Task[Any]] = set()
         self._request_ids = itertools.count(1)
 
     # Lifecycle -------------------------------------------------------------------------------
@@ -173,6 +176,7 @@ class LocalGateway:
             s.host,
             s.port,
             process_request=self._process_request,
+            process_response=self._process_response,
             select_subprotocol=self._select_subprotocol,
             max_size=(s.max_message_bytes, s.max_frame_bytes),
             compression=None,
@@ -181,18 +185,24 @@ class LocalGateway:
         return self
 
     async def stop(self) -> None:
-        """Close every socket and both servers; wait for in-flight invocations."""
+        """Close every socket and both servers; let in-flight invocations (the ``$disconnect``
+        of every closed socket among them) finish, for at most ``STOP_GRACE_SECONDS``."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=STOP_GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         if self._management is not None:
             self._management.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._management.wait_closed(), 2)
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            # Python 3.11's wait_closed() does not wait for open keep-alive connections: close
+            # them, so their handlers end before the event loop does.
+            for writer in list(self._management_writers):
+                writer.close()
+            if self._management_tasks:
+                await asyncio.wait(set(self._management_tasks), timeout=STOP_GRACE_SECONDS)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> LocalGateway:
@@ -260,8 +270,11 @@ class LocalGateway:
         }
 
     async def _invoke(self, function: LambdaFunction, event: dict[str, Any]) -> Any:
-        route = event.get("requestContext", {}).get("routeKey") or event.get("type", "authorizer")
-        self.stats.count_invocation(str(route))
+        if event.get("type") == "REQUEST":
+            route = "authorizer"
+        else:
+            route = str(event.get("requestContext", {}).get("routeKey"))
+        self.stats.count_invocation(route)
         context = SimpleNamespace(
             aws_request_id=uuid.uuid4().hex,
             function_name=f"local-{self.settings.region}",
@@ -345,6 +358,14 @@ class LocalGateway:
                 selected = value
         self._pending[socket.id] = _Pending(connection_id, context, selected)
         return None
+
+    def _process_response(
+        self, socket: ServerConnection, request: Request, response: Response
+    ) -> None:
+        # A handshake that fails after $connect accepted it (e.g. the client offered no
+        # subprotocol we could select) never reaches _serve_socket: forget it here.
+        if response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            self._pending.pop(socket.id, None)
 
     def _reject(self, socket: ServerConnection, status: http.HTTPStatus, text: str) -> Response:
         self.stats.count_rejection(int(status))
@@ -460,7 +481,8 @@ class LocalGateway:
         )
         with contextlib.suppress(Exception):
             await self._invoke(
-                self._require_handler(), {"requestContext": request_context, "isBase64Encoded": False}
+                self._require_handler(),
+                {"requestContext": request_context, "isBase64Encoded": False},
             )
 
     # Management API --------------------------------------------------------------------------
@@ -469,6 +491,10 @@ class LocalGateway:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """A minimal HTTP/1.1 server (keep-alive, Content-Length bodies) for botocore."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._management_tasks.add(task)
+        self._management_writers.add(writer)
         try:
             while True:
                 try:
@@ -501,6 +527,9 @@ class LocalGateway:
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
+            self._management_writers.discard(writer)
+            if task is not None:
+                self._management_tasks.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -584,3 +613,22 @@ def _allows(decision: object) -> bool:
         statements = [statements]
     effects = [str(s.get("Effect", "")).lower() for s in statements if isinstance(s, Mapping)]
     return "allow" in effects and "deny" not in effects
+
+
+def wsapi_gateway(
+    settings: GatewaySettings,
+    *,
+    authorizer: LambdaFunction | None,
+    state_table: str,
+    connections_table: str,
+    dynamodb: Any | None = None,
+) -> LocalGateway:
+    """A (not yet started) gateway serving the real handlers, which reply through its own
+    Management API with the same boto3 code as in AWS."""
+    from .handlers import HandlerConfig, WsApiHandlers
+
+    def factory(endpoint: str) -> LambdaFunction:
+        config = HandlerConfig(state_table, connections_table, settings.region, endpoint)
+        return WsApiHandlers(config, dynamodb=dynamodb)
+
+    return LocalGateway(settings, authorizer=authorizer, handler_factory=factory)

@@ -11,14 +11,26 @@ from typing import Any
 from .. import model
 from ..tables import create_table_request
 
+# What global tables need on the replicated table (and what the local replicator reads).
+STATE_TABLE_STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 
-def create_wsapi_tables(dynamodb: Any, *, state_table: str, connections_table: str) -> None:
-    """Create both tables with a synchronous boto3 client and wait until they are active."""
+
+def create_wsapi_tables(
+    dynamodb: Any, *, state_table: str, connections_table: str, stream: bool = False
+) -> None:
+    """Create both tables with a synchronous boto3 client and wait until they are active.
+
+    ``stream`` enables the state table's DynamoDB stream (new and old images), as a global
+    table has it; the local drill's replicator reads it.
+    """
     for spec, name in (
         (model.WSAPI_STATE_TABLE, state_table),
         (model.WSAPI_CONNECTIONS_TABLE, connections_table),
     ):
-        dynamodb.create_table(**create_table_request(spec, name))
+        request = create_table_request(spec, name)
+        if stream and spec is model.WSAPI_STATE_TABLE:
+            request["StreamSpecification"] = STATE_TABLE_STREAM
+        dynamodb.create_table(**request)
     waiter = dynamodb.get_waiter("table_exists")
     for name in (state_table, connections_table):
         waiter.wait(TableName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 150})

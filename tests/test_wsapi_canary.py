@@ -1,0 +1,252 @@
+"""The canary: probe, fail-back hysteresis, state in DynamoDB, PutMetricData to CloudWatch.
+
+Probes run against the local API Gateway stand-in; state and metrics go to moto's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import boto3
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.client import Endpoint
+from streamfleet.wsapi import canary as canary_module
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
+from streamfleet.wsapi.canary import (
+    Canary,
+    CanaryConfig,
+    CanaryConfigError,
+    CloudWatchPublisher,
+    DynamoHealthStateStore,
+    FailbackHysteresis,
+    HealthState,
+    MintedToken,
+    StaticToken,
+    probe,
+    token_source_from_env,
+)
+from streamfleet.wsapi.handlers import make_dynamodb_client
+from streamfleet.wsapi.local_gateway import (
+    FailureMode,
+    GatewaySettings,
+    LocalGateway,
+    wsapi_gateway,
+)
+from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+
+REGION = "us-east-1"
+ISSUER = "https://issuer.test"
+AUDIENCE = "wsapi-test"
+KEY = jwt.generate_signing_key(jwt.HS256, kid="canary")
+TOKENS = MintedToken(KEY, ISSUER, AUDIENCE, subject="canary")
+
+
+# --- Hysteresis (pure) --------------------------------------------------------------------------
+
+
+def reports(hysteresis: FailbackHysteresis, probes: list[bool]) -> list[int]:
+    state, values = HealthState(), []
+    for ok in probes:
+        state = hysteresis.next(state, ok)
+        values.append(int(state.reported_healthy))
+    return values
+
+
+def test_failover_is_fast_and_failback_slow() -> None:
+    h = FailbackHysteresis(healthy_runs_to_recover=5, failures_to_trip=2)
+    assert reports(h, [True, False, False, True, True, True, True, True, True]) == [
+        1, 0, 0, 0, 0, 0, 0, 1, 1
+    ]  # fmt: skip
+
+
+def test_a_single_blip_is_not_held_against_the_region() -> None:
+    # Tripping on one failed probe would make a blip that the 2-of-2 alarm ignores fail over.
+    h = FailbackHysteresis(healthy_runs_to_recover=5, failures_to_trip=2)
+    assert reports(h, [True, False, True, False, True]) == [1, 0, 1, 0, 1]
+
+
+def test_a_failure_while_recovering_starts_the_streak_again() -> None:
+    h = FailbackHysteresis(healthy_runs_to_recover=3, failures_to_trip=2)
+    assert reports(h, [False, False, True, True, False, True, True, True]) == [
+        0, 0, 0, 0, 0, 0, 0, 1
+    ]  # fmt: skip
+
+
+def specification(probes: list[bool], recover: int, trip: int) -> list[int]:
+    """The hysteresis stated without state: run ``i`` reports healthy iff its probe succeeded
+    and either no ``trip`` consecutive failures ever ended at or before ``i``, or, after the
+    last such run of failures, ``recover`` consecutive successes ended at or before ``i``."""
+    values = []
+    for i, ok in enumerate(probes):
+        trips = [j for j in range(trip - 1, i + 1) if not any(probes[j - trip + 1 : j + 1])]
+        if not ok:
+            values.append(0)
+        elif not trips:
+            values.append(1)
+        else:
+            last = trips[-1]
+            recovered = any(
+                all(probes[k - recover + 1 : k + 1]) for k in range(last + recover, i + 1)
+            )
+            values.append(int(recovered))
+    return values
+
+
+@given(
+    probes=st.lists(st.booleans(), max_size=60),
+    recover=st.integers(min_value=1, max_value=6),
+    trip=st.integers(min_value=1, max_value=3),
+)
+def test_hysteresis_matches_its_specification(probes: list[bool], recover: int, trip: int) -> None:
+    assert reports(FailbackHysteresis(recover, trip), probes) == specification(
+        probes, recover, trip
+    )
+
+
+# --- Against a gateway --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tables(moto) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:10]
+    state, connections = f"test-castate-{suffix}", f"test-caconn-{suffix}"
+    client = make_dynamodb_client(REGION)
+    create_wsapi_tables(client, state_table=state, connections_table=connections)
+    yield state, connections
+    delete_wsapi_tables(client, state_table=state, connections_table=connections)
+
+
+@pytest.fixture
+async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
+    state, connections = tables
+    keys = json.dumps(jwt.jwks_document([KEY]))
+    auth = Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
+    async with wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=auth,
+        state_table=state,
+        connections_table=connections,
+    ) as running:
+        yield running
+
+
+async def test_probe_outcomes(gateway: LocalGateway) -> None:
+    endpoint = Endpoint(gateway.url, await TOKENS.token())
+    healthy = await probe(endpoint, timeout=2)
+    assert healthy.healthy and healthy.region == REGION and healthy.error is None
+    gateway.fail(FailureMode.THROTTLED)
+    throttled = await probe(endpoint, timeout=2)
+    assert not throttled.healthy and "HTTP 500" in (throttled.error or "")
+    gateway.fail(FailureMode.DOWN)
+    down = await probe(endpoint, timeout=2)
+    assert not down.healthy and "HTTP 503" in (down.error or "")
+    gateway.recover()
+    unauthenticated = await probe(Endpoint(gateway.url, None), timeout=2)
+    assert not unauthenticated.healthy and "HTTP 401" in (unauthenticated.error or "")
+
+
+async def test_a_silent_backend_times_out() -> None:
+    def silent(event: dict, context: object) -> dict:
+        return {"statusCode": 200}  # connects, never replies
+
+    async with LocalGateway(
+        GatewaySettings(region=REGION), authorizer=None, handler=silent
+    ) as gateway:
+        started = time.monotonic()
+        result = await probe(Endpoint(gateway.url), timeout=0.3)
+    assert not result.healthy and "no pong within 0.3 s" in (result.error or "")
+    assert time.monotonic() - started < 1.5
+
+
+async def test_runs_keep_state_in_dynamodb_and_publish_to_cloudwatch(
+    gateway: LocalGateway, tables: tuple[str, str], moto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", moto.endpoint)
+    _, connections = tables
+    api_id = f"api-{uuid.uuid4().hex[:6]}"
+    dynamodb, cloudwatch = AsyncClient("dynamodb"), AsyncClient("cloudwatch")
+    try:
+        canary = Canary(
+            CanaryConfig(
+                endpoint_url=gateway.url,
+                api_id=api_id,
+                timeout_seconds=1.0,
+                healthy_runs_to_recover=2,
+                state_table=connections,
+            ),
+            tokens=TOKENS,
+            store=DynamoHealthStateStore(dynamodb, table_name=connections, api_id=api_id),
+            publishers=[CloudWatchPublisher(cloudwatch)],
+        )
+        values = [(await canary.run_once()).value]
+        gateway.fail(FailureMode.THROTTLED)
+        values += [(await canary.run_once()).value for _ in range(2)]
+        gateway.recover()
+        values += [(await canary.run_once()).value for _ in range(2)]
+        assert values == [1, 0, 0, 0, 1]
+        # The state survives between runs (each Lambda invocation starts from the item).
+        stored = await DynamoHealthStateStore(
+            dynamodb, table_name=connections, api_id=api_id
+        ).load()
+        assert stored == HealthState(True, False, 0, 2, 5)
+        # A stale writer cannot count a probe twice.
+        store = DynamoHealthStateStore(dynamodb, table_name=connections, api_id=api_id)
+        assert await store.save(HealthState(version=6), HealthState(version=1)) is False
+    finally:
+        dynamodb.close()
+        cloudwatch.close()
+    metrics = boto3.client("cloudwatch", region_name=REGION).list_metrics(
+        Namespace=model.HEALTH_METRIC_NAMESPACE,
+        Dimensions=[{"Name": model.HEALTH_METRIC_DIMENSION_API_ID, "Value": api_id}],
+    )["Metrics"]
+    assert {m["MetricName"] for m in metrics} == {
+        model.HEALTH_METRIC_NAME,
+        model.PROBE_METRIC_NAME,
+    }
+
+
+async def test_the_lambda_entry_point_reads_its_environment(
+    gateway: LocalGateway, tables: tuple[str, str], moto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, connections = tables
+    env = {
+        "CANARY_ENDPOINT_URL": gateway.url,
+        "CANARY_API_ID": "api-entry",
+        "CANARY_TIMEOUT_SECONDS": "2",
+        "CANARY_STATE_TABLE_NAME": connections,
+        "CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(KEY)),
+        "JWT_ISSUER": ISSUER,
+        "JWT_AUDIENCE": AUDIENCE,
+        "AWS_ENDPOINT_URL_CLOUDWATCH": moto.endpoint,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # Lambda runs the handler in a thread of its own, with no event loop: so does the test.
+    result = await asyncio.to_thread(canary_module.handler, {}, None)
+    assert result["healthy"] is True and result["value"] == 1 and result["region"] == REGION
+
+
+def test_configuration_errors_name_the_variable() -> None:
+    base = {"CANARY_ENDPOINT_URL": "wss://x.test/prod", "CANARY_API_ID": "abc"}
+    assert CanaryConfig.from_env(base).healthy_runs_to_recover == 5
+    with pytest.raises(CanaryConfigError, match="CANARY_ENDPOINT_URL"):
+        CanaryConfig.from_env({**base, "CANARY_ENDPOINT_URL": "https://x.test"})
+    with pytest.raises(CanaryConfigError, match="CANARY_HEALTHY_RUNS_TO_RECOVER"):
+        CanaryConfig.from_env({**base, "CANARY_HEALTHY_RUNS_TO_RECOVER": "many"})
+    with pytest.raises(CanaryConfigError, match="CANARY_TOKEN_TRANSPORT"):
+        CanaryConfig.from_env({**base, "CANARY_TOKEN_TRANSPORT": "header"})
+    assert isinstance(token_source_from_env({"CANARY_TOKEN": "t"}), StaticToken)
+    with pytest.raises(CanaryConfigError, match="at most one"):
+        token_source_from_env({"CANARY_TOKEN": "t", "CANARY_SIGNING_KEY": "k"})
+    with pytest.raises(CanaryConfigError, match="JWT_ISSUER"):
+        token_source_from_env({"CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(KEY))})

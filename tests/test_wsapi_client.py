@@ -1,0 +1,311 @@
+"""The reconnecting client against the local API Gateway stand-in (real handlers on moto).
+
+Timings are compressed (heartbeat 0.3 s / 0.4 s, backoff base 0.05 s) so each scenario takes
+about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from streamfleet import model
+from streamfleet.client import (
+    AuthorizationFailed,
+    ClientClosed,
+    ClientConfig,
+    ClientStatus,
+    ConnectionLost,
+    Endpoint,
+    NotConnected,
+    ReconnectingClient,
+    TokenTransport,
+    backoff_delay,
+)
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
+from streamfleet.wsapi.handlers import make_dynamodb_client
+from streamfleet.wsapi.local_gateway import (
+    FailureMode,
+    GatewaySettings,
+    LocalGateway,
+    wsapi_gateway,
+)
+from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+
+REGION = "us-east-1"
+ISSUER = "https://issuer.test"
+AUDIENCE = "wsapi-test"
+KEY = jwt.generate_signing_key(jwt.HS256, kid="test")
+WRONG_KEY = jwt.generate_signing_key(jwt.HS256, kid="test")
+FAST = ClientConfig(
+    heartbeat_interval=0.3,
+    heartbeat_timeout=0.4,
+    backoff_base=0.05,
+    backoff_cap=0.5,
+    open_timeout=2.0,
+    close_timeout=0.5,
+    request_timeout=2.0,
+)
+
+
+class Tokens:
+    """An endpoint provider that records every call and mints a distinct token each time."""
+
+    def __init__(
+        self,
+        gateway: LocalGateway,
+        sub: str = "alice",
+        *,
+        bad_for: int = 0,
+        key: jwt.SigningKey = KEY,
+        transport: TokenTransport = TokenTransport.SUBPROTOCOL,
+        with_token: bool = True,
+    ):
+        self.gateway = gateway
+        self.sub = sub
+        self.bad_for = bad_for  # the first N attempts get a token signed with the wrong key
+        self.key = key
+        self.transport = transport
+        self.with_token = with_token
+        self.calls: list[int] = []
+        self.tokens: list[str | None] = []
+
+    def __call__(self, attempt: int) -> Endpoint:
+        self.calls.append(attempt)
+        now = time.time()
+        claims = {
+            "sub": self.sub,
+            "iss": ISSUER,
+            "aud": AUDIENCE,
+            "exp": now + 300,
+            "jti": uuid.uuid4().hex,
+        }
+        key = WRONG_KEY if len(self.calls) <= self.bad_for else self.key
+        token = jwt.sign(claims, key) if self.with_token else None
+        self.tokens.append(token)
+        return Endpoint(self.gateway.url, token, self.transport)
+
+
+@pytest.fixture
+def tables(moto) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:10]
+    state, connections = f"test-clstate-{suffix}", f"test-clconn-{suffix}"
+    client = make_dynamodb_client(REGION)
+    create_wsapi_tables(client, state_table=state, connections_table=connections)
+    yield state, connections
+    delete_wsapi_tables(client, state_table=state, connections_table=connections)
+
+
+@pytest.fixture
+async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
+    state, connections = tables
+    keys = json.dumps(jwt.jwks_document([KEY]))
+    auth = Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
+    async with wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=auth,
+        state_table=state,
+        connections_table=connections,
+    ) as running:
+        yield running
+
+
+async def eventually(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+# --- Pure parts ---------------------------------------------------------------------------------
+
+
+def test_backoff_is_full_jitter_capped() -> None:
+    rng = random.Random(1)
+    for attempt in range(8):
+        ceiling = min(20.0, 2.0 * 2**attempt)
+        samples = [backoff_delay(attempt, 2.0, 20.0, rng) for _ in range(2000)]
+        assert all(0.0 <= s <= ceiling for s in samples)
+        # Full jitter: spread over the whole window, not clustered near the ceiling.
+        assert min(samples) < 0.05 * ceiling and max(samples) > 0.95 * ceiling
+    assert backoff_delay(10_000, 2.0, 20.0, rng) <= 20.0  # no overflow for a huge attempt
+
+
+def test_the_token_goes_in_a_subprotocol_or_the_query_string() -> None:
+    url, protocols = Endpoint("wss://ws.example.com/prod", "abc.def.ghi").handshake()
+    assert url == "wss://ws.example.com/prod"
+    assert protocols == [model.WS_APP_SUBPROTOCOL, "bearer.abc.def.ghi"]
+    url, protocols = Endpoint(
+        "wss://ws.example.com/prod?lang=en&token=old", "abc.def.ghi", TokenTransport.QUERY
+    ).handshake()
+    assert url == "wss://ws.example.com/prod?lang=en&token=abc.def.ghi"
+    assert protocols == [model.WS_APP_SUBPROTOCOL]
+
+
+def test_configuration_is_validated() -> None:
+    with pytest.raises(ValueError, match="heartbeat_timeout"):
+        ClientConfig(heartbeat_timeout=0)
+    with pytest.raises(ValueError, match="missed_pongs_before_reconnect"):
+        ClientConfig(missed_pongs_before_reconnect=0)
+
+
+# --- Against the gateway ------------------------------------------------------------------------
+
+
+async def test_reconnects_after_a_server_drop_and_restores_state(gateway: LocalGateway) -> None:
+    tokens = Tokens(gateway)
+    states: list[dict[str, Any]] = []
+    regions: list[tuple[str, str | None]] = []
+    async with ReconnectingClient(
+        tokens, FAST, on_state=states.append, on_region=lambda new, old: regions.append((new, old))
+    ) as client:
+        await client.wait_ready(5)
+        assert regions == [(REGION, None)]
+        reply = await client.request({"action": "bid", "auction": "a1", "amount": 42})
+        assert reply["accepted"] is True
+        # The server drops the connection (Management API DeleteConnection, as boto3 calls it).
+        management = boto3.client(
+            "apigatewaymanagementapi", endpoint_url=gateway.management_endpoint, region_name=REGION
+        )
+        (connection_id,) = gateway.connection_ids
+        await asyncio.to_thread(management.delete_connection, ConnectionId=connection_id)
+        await eventually(lambda: client.connections == 2 and client.ready)
+        # getState went out again after the reconnect, and the state came back by user.
+        assert len(states) == 2
+        assert states[-1]["state"]["lastBid"]["amount"] == 42
+        assert states[-1]["auction"]["highest"] == 42
+        # One backoff after a healthy connection: random(0, base).
+        assert len(client.delays) == 1 and 0.0 <= client.delays[0] <= FAST.backoff_base
+        assert len(tokens.calls) == client.attempts == 2
+        assert len(set(tokens.tokens)) == 2  # a fresh token for every attempt
+        assert regions == [(REGION, None)]  # same region: no region change reported
+
+
+async def test_backoff_grows_while_the_region_is_down(gateway: LocalGateway) -> None:
+    tokens = Tokens(gateway)
+    statuses: list[ClientStatus] = []
+    async with ReconnectingClient(tokens, FAST, on_status=statuses.append) as client:
+        await client.wait_ready(5)
+        gateway.fail(FailureMode.DOWN)  # sockets dropped, handshakes refused with 503
+        await eventually(lambda: client.attempts >= 5)
+        gateway.recover()
+        await eventually(lambda: client.ready and client.connections == 2)
+    # The first retry after a healthy connection uses attempt 0; then every consecutive
+    # failure doubles the window, up to the cap.
+    for n, delay in enumerate(client.delays):
+        assert 0.0 <= delay <= min(FAST.backoff_cap, FAST.backoff_base * 2**n)
+    assert gateway.stats.rejected.get(503, 0) >= 3
+    # The provider learns how many attempts in a row have failed (a drop counts as one).
+    assert tokens.calls == list(range(len(tokens.calls)))
+    assert len(tokens.calls) == client.attempts  # the provider is asked on every attempt
+    assert ClientStatus.BACKING_OFF in statuses and statuses[-1] is ClientStatus.CLOSED
+
+
+async def test_two_missed_pongs_force_a_reconnect_on_an_open_socket(
+    gateway: LocalGateway,
+) -> None:
+    tokens = Tokens(gateway)
+    others: list[dict[str, Any]] = []
+    async with ReconnectingClient(tokens, FAST, on_message=others.append) as client:
+        await client.wait_ready(5)
+        (connection_id,) = gateway.connection_ids
+        # The seed's failure: the handler is throttled. The socket stays open and protocol
+        # pings would still be answered, but no pong comes back.
+        failed_at = time.monotonic()
+        gateway.fail(FailureMode.THROTTLED)
+        await eventually(lambda: client.forced_reconnects == 1, timeout=5)
+        detected_after = time.monotonic() - failed_at
+        # Two heartbeats had to go unanswered: at least one timeout, at most two intervals plus
+        # one timeout (and scheduling slack).
+        assert (
+            FAST.heartbeat_timeout
+            <= detected_after
+            <= 2 * FAST.heartbeat_interval + (FAST.heartbeat_timeout + 0.5)
+        )
+        # Until the client gave up, the gateway still held the connection open.
+        assert gateway.stats.failed_messages >= 2
+        assert any(m.get("message") == "Internal server error" for m in others)
+        # Reconnecting fails (HTTP 500) until the region recovers; then the state is back.
+        await eventually(lambda: gateway.stats.rejected.get(500, 0) >= 1)
+        gateway.recover()
+        await eventually(lambda: client.ready and client.connections == 2)
+        assert connection_id not in gateway.connection_ids
+        assert client.auth_failures == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "tokens_kwargs"),
+    [(401, {"with_token": False}), (403, {"key": WRONG_KEY})],
+    ids=["401-no-token", "403-bad-signature"],
+)
+async def test_authorization_failures_are_retried_a_bounded_number_of_times(
+    gateway: LocalGateway, status: int, tokens_kwargs: dict[str, Any]
+) -> None:
+    tokens = Tokens(gateway, **tokens_kwargs)
+    config = ClientConfig(**{**FAST.__dict__, "max_auth_retries": 2})
+    client = ReconnectingClient(tokens, config)
+    async with client:
+        with pytest.raises(AuthorizationFailed) as failed:
+            await client.wait_ready(10)
+    assert failed.value.status == status
+    assert client.status is ClientStatus.FAILED
+    assert client.attempts == len(tokens.calls) == 3  # the first try and two retries
+    assert gateway.stats.rejected == {status: 3}
+    with pytest.raises(AuthorizationFailed):
+        await client.wait_stopped()
+
+
+async def test_an_authorization_failure_within_the_bound_recovers(gateway: LocalGateway) -> None:
+    tokens = Tokens(gateway, bad_for=1)  # a stale token first, then a good one
+    async with ReconnectingClient(tokens, FAST) as client:
+        await client.wait_ready(5)
+        assert client.auth_failures == 1 and client.attempts == 2
+        assert gateway.stats.rejected == {403: 1}
+
+
+async def test_query_string_tokens_work_too(gateway: LocalGateway) -> None:
+    tokens = Tokens(gateway, transport=TokenTransport.QUERY)
+    async with ReconnectingClient(tokens, FAST) as client:
+        await client.wait_ready(5)
+        assert (await client.request({"action": "heartbeat"}))["type"] == "pong"
+
+
+async def test_close_is_clean(gateway: LocalGateway) -> None:
+    before = asyncio.all_tasks()
+    client = await ReconnectingClient(Tokens(gateway), FAST).start()
+    await client.wait_ready(5)
+    gateway.fail(FailureMode.THROTTLED)  # nothing answers: the request stays pending
+    pending = asyncio.create_task(client.request({"action": "getState"}, timeout=30))
+    await asyncio.sleep(0.05)
+    await client.close()
+    with pytest.raises((ClientClosed, ConnectionLost)):
+        await pending
+    assert client.status is ClientStatus.CLOSED
+    with pytest.raises(NotConnected):
+        await client.send({"action": "heartbeat"})
+    with pytest.raises(ClientClosed):
+        await client.wait_ready(1)
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()]
+    assert [t for t in leftover if client.name in t.get_name()] == []
+    gateway.recover()
+
+
+async def test_closing_while_backing_off(gateway: LocalGateway) -> None:
+    gateway.fail(FailureMode.DOWN)
+    client = await ReconnectingClient(Tokens(gateway), FAST).start()
+    await eventually(lambda: client.attempts >= 2)
+    started = time.monotonic()
+    await client.close()
+    assert time.monotonic() - started < 1.0
+    assert client.status is ClientStatus.CLOSED
+    gateway.recover()
