@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest local synth worker upstream bench chaos clean
+.PHONY: help setup test lint format pytest local synth worker upstream bench chaos drill clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/r
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet.local.chaos --duration 180 --workers 5 --streams 60
+
+drill: setup ## Regional failover drill of the WebSocket API, locally (two regions, canary, DNS stand-in)
+	$(PYTHON) -m streamfleet.wsapi.drill --markdown
 
 worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
 	$(PYTHON) -m streamfleet.worker
