@@ -218,6 +218,7 @@ class WorkerFleet(Construct):
         service: the Fargate service.
         scaling: the service's scalable task count.
         active_connections: the metric the scaling policy tracks.
+        leases_lost_alarm: in ALARM when workers lost leases in the last five minutes.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: WorkerFleetProps) -> None:
@@ -232,6 +233,7 @@ class WorkerFleet(Construct):
         self.service = self._build_service()
         self.active_connections = self._build_active_connections_metric()
         self.scaling = self._build_scaling()
+        self.leases_lost_alarm = self._build_leases_lost_alarm()
         self._acknowledge_findings()
 
     # --- Network and cluster ---
@@ -395,6 +397,28 @@ class WorkerFleet(Construct):
             dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
             statistic="Average",
             period=Duration.minutes(1),
+        )
+
+    def _build_leases_lost_alarm(self) -> cloudwatch.Alarm:
+        """A healthy fleet hands leases over; it never loses them. A loss means a worker's
+        session lapsed: DynamoDB slow or throttled, a CPU-starved task, or clocks further apart
+        than the skew allowance. Each loss already closed the connection safely, so this is a
+        ticket, not a page."""
+        return cloudwatch.Alarm(
+            self,
+            "LeasesLostAlarm",
+            alarm_description="StreamFleet: workers lost leases (sessions lapsed); see README",
+            metric=cloudwatch.Metric(
+                namespace=model.METRIC_NAMESPACE,
+                metric_name=model.METRIC_LEASES_LOST,
+                dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
+                statistic="Sum",
+                period=Duration.minutes(5),
+            ),
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
     def _build_scaling(self) -> ecs.ScalableTaskCount:

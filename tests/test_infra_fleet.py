@@ -960,3 +960,17 @@ def test_local_bundling_copies_the_package_without_docker(tmp_path):
         "streamfleet/worker/__init__.py",
         "streamfleet/worker/__main__.py",
     ]
+
+
+def test_the_leases_lost_alarm_watches_exactly_the_metric_the_workers_emit(primary: Template):
+    primary.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "Namespace": model.METRIC_NAMESPACE,
+            "MetricName": model.METRIC_LEASES_LOST,
+            "Statistic": "Sum",
+            "Threshold": 1,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "TreatMissingData": "notBreaching",
+        },
+    )
