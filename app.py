@@ -19,13 +19,15 @@ if _RUNTIME not in sys.path:
 import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
-from stacks import add_fleet_stacks  # noqa: E402
+from stacks import add_fleet_stacks, add_websocket_stacks  # noqa: E402
 from streamfleet_cdk.config import AppConfig  # noqa: E402
 
 
 def main() -> None:
     app = cdk.App()
-    add_fleet_stacks(app, AppConfig.from_context(app.node))
+    config = AppConfig.from_context(app.node)
+    add_fleet_stacks(app, config)
+    add_websocket_stacks(app, config)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
 

@@ -12,16 +12,22 @@ package lives in one of two places:
 Neither synth path needs Docker: :func:`stage_worker_image_context` only assembles a build
 context that ``ContainerImage.from_asset`` hashes (the image is built at deploy time), and
 :func:`router_code` bundles the Lambda by copying the package (:class:`PackageCopy`), never in a
-container.
+container. :func:`bundled_code` adds third-party distributions (the WebSocket authorizer's and
+canary's ``cryptography`` and ``websockets``) the same way, after checking each wheel against the
+Lambda runtime it will run on (:class:`LambdaPythonTarget`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -171,4 +177,309 @@ def router_code(runtime: lambda_.Runtime) -> lambda_.Code:
         str(package_dir),
         asset_hash_type=cdk.AssetHashType.OUTPUT,
         bundling=cdk.BundlingOptions(image=runtime.bundling_image, local=PackageCopy(package_dir)),
+    )
+
+
+def package_code(runtime: lambda_.Runtime) -> lambda_.Code:
+    """A Lambda bundle of the ``streamfleet`` package alone (pure Python; boto3 comes from the
+    Lambda runtime): :func:`router_code`, under a name that does not say "router"."""
+    return router_code(runtime)
+
+
+# --- Lambda bundles with third-party distributions ---------------------------------------------
+#
+# The WebSocket API's authorizer needs ``cryptography`` (compiled) and the canary ``websockets``
+# (and ``cryptography`` to mint its tokens). They are bundled without Docker, from the
+# distributions installed in the interpreter that runs the synth, after checking each one's wheel
+# tags against the Lambda runtime it will run on. What this venv holds shows why the check is
+# needed: cryptography 50's wheel here is ``cp311-abi3-manylinux_2_34_x86_64`` and imports cffi's
+# ``_cffi_backend``, a ``cp311-cp311`` extension. The Python 3.11 Lambda runtime runs on Amazon
+# Linux 2 (glibc 2.26): cffi fits, that cryptography wheel does not (``GLIBC_2.33 not found`` at
+# import). The Python 3.12+ runtimes (glibc 2.34) would take that cryptography but not a cp311
+# ``_cffi_backend``. A distribution whose installed wheel does not fit is therefore fetched once,
+# as the same version built for the target (``pip install --platform ... --only-binary=:all:``,
+# from PyPI or pip's cache), and kept in a staging cache; the others are copied as installed.
+
+RUNTIME_PROVIDED_DISTRIBUTIONS = frozenset(
+    # What every Lambda Python runtime ships: never bundled, so the runtime's copy is used.
+    {"boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "six", "urllib3"}
+)
+FETCHED_DIR_NAME = "fetched-wheels"
+_OLDEST_MANYLINUX_GLIBC_MINOR = 5
+# PEP 600 names of the older manylinux tags, by the glibc minor they stand for.
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+@dataclass(frozen=True)
+class LambdaPythonTarget:
+    """The interpreter a Lambda bundle runs on: CPython version, CPU and glibc of the runtime.
+
+    Attributes:
+        runtime: the Lambda runtime.
+        architecture: the Lambda architecture.
+        python: ``(major, minor)`` of the runtime's CPython.
+        machine: the wheel-tag spelling of the CPU (``x86_64``, ``aarch64``).
+        glibc: ``(major, minor)`` of the runtime's C library (Amazon Linux 2: 2.26; 2023: 2.34).
+    """
+
+    runtime: lambda_.Runtime
+    architecture: lambda_.Architecture
+    python: tuple[int, int]
+    machine: str
+    glibc: tuple[int, int]
+
+    @property
+    def python_tag(self) -> str:
+        return f"cp{self.python[0]}{self.python[1]}"
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """Every platform tag a wheel may carry to run here, newest first."""
+        major, newest = self.glibc
+        names: list[str] = []
+        for minor in range(newest, _OLDEST_MANYLINUX_GLIBC_MINOR - 1, -1):
+            names.append(f"manylinux_{major}_{minor}_{self.machine}")
+            if minor in _LEGACY_MANYLINUX:
+                names.append(f"{_LEGACY_MANYLINUX[minor]}_{self.machine}")
+        return tuple(names)
+
+    def supported_tags(self) -> frozenset[str]:
+        """Every ``python-abi-platform`` wheel tag this target can import."""
+        from packaging import tags
+
+        platforms = [*self.platforms, "any"]
+        cpython = tags.cpython_tags(self.python, abis=[self.python_tag], platforms=platforms)
+        generic = tags.compatible_tags(self.python, self.python_tag, platforms)
+        return frozenset(str(tag) for tag in (*cpython, *generic))
+
+    def accepts(self, wheel_tags: tuple[str, ...]) -> bool:
+        """Whether a wheel with these tags (``WHEEL``'s ``Tag:`` lines) runs here."""
+        from packaging.tags import parse_tag
+
+        supported = self.supported_tags()
+        return any(str(tag) in supported for text in wheel_tags for tag in parse_tag(text))
+
+    def marker_environment(self) -> dict[str, str]:
+        """PEP 508 marker values of this target (which dependencies a distribution needs)."""
+        version = f"{self.python[0]}.{self.python[1]}"
+        return {
+            "implementation_name": "cpython",
+            "implementation_version": f"{version}.0",
+            "os_name": "posix",
+            "platform_machine": self.machine,
+            "platform_python_implementation": "CPython",
+            "platform_system": "Linux",
+            "python_full_version": f"{version}.0",
+            "python_version": version,
+            "sys_platform": "linux",
+            "extra": "",
+        }
+
+
+PYTHON_3_11_X86_64 = LambdaPythonTarget(
+    runtime=lambda_.Runtime.PYTHON_3_11,
+    architecture=lambda_.Architecture.X86_64,
+    python=(3, 11),
+    machine="x86_64",
+    glibc=(2, 26),  # the Python 3.11 runtime runs on Amazon Linux 2
+)
+
+
+def _canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(name))
+
+
+def distribution_closure(
+    names: tuple[str, ...],
+    target: LambdaPythonTarget,
+    *,
+    skip: frozenset[str] = RUNTIME_PROVIDED_DISTRIBUTIONS,
+) -> list[importlib.metadata.Distribution]:
+    """The installed distributions ``names`` and everything they require on ``target``
+    (markers evaluated for the target, extras not followed), minus ``skip``, sorted by name."""
+    from packaging.requirements import Requirement
+
+    environment = target.marker_environment()
+    skipped = {_canonical(name) for name in skip}
+    found: dict[str, importlib.metadata.Distribution] = {}
+    pending = [_canonical(name) for name in names]
+    while pending:
+        name = pending.pop()
+        if name in found or name in skipped:
+            continue
+        try:
+            distribution = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise ModuleNotFoundError(
+                f"{name}: not installed in this interpreter ({sys.executable}); the Lambda "
+                "bundle is assembled from the synth environment's packages"
+            ) from None
+        found[name] = distribution
+        for text in distribution.requires or ():
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate(environment):
+                pending.append(_canonical(requirement.name))
+    return [found[name] for name in sorted(found)]
+
+
+def wheel_tags(distribution: importlib.metadata.Distribution) -> tuple[str, ...]:
+    """The ``Tag:`` lines of an installed distribution's ``WHEEL`` file (none: unknown)."""
+    text = distribution.read_text("WHEEL") or ""
+    return tuple(
+        line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("Tag:")
+    )
+
+
+def installed_files(distribution: importlib.metadata.Distribution) -> list[tuple[str, Path]]:
+    """``(path relative to site-packages, file)`` of an installed distribution, from its
+    ``RECORD``: without caches and without files installed outside site-packages (scripts)."""
+    found: list[tuple[str, Path]] = []
+    for record in distribution.files or ():
+        relative = record.as_posix()
+        parts = relative.split("/")
+        if ".." in parts or any(part in _SKIPPED_DIRS for part in parts):
+            continue
+        if relative.endswith(_SKIPPED_SUFFIXES):
+            continue
+        found.append((relative, Path(str(distribution.locate_file(record)))))
+    return sorted(found)
+
+
+def fetch_distribution(
+    name: str, version: str, target: LambdaPythonTarget, staging_root: Path | None = None
+) -> Path:
+    """``name==version`` built for ``target``, installed (once) into a staging directory.
+
+    ``pip install --target --platform ... --only-binary=:all:`` needs neither Docker nor a
+    compiler: it only unpacks the published wheel for the target's platform. The directory's
+    name is a hash of what it holds, so later synths reuse it without the network.
+    """
+    root = (staging_root or Path(tempfile.gettempdir()) / STAGING_DIR_NAME) / FETCHED_DIR_NAME
+    key = f"{_canonical(name)}=={version}|{target.python_tag}|{','.join(target.platforms)}"
+    destination = root / hashlib.sha256(key.encode()).hexdigest()
+    if destination.is_dir():
+        return destination
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--no-compile",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        f"{target.python[0]}.{target.python[1]}",
+        *(item for abi in (target.python_tag, "abi3", "none") for item in ("--abi", abi)),
+        *(item for platform in target.platforms for item in ("--platform", platform)),
+        "--target",
+        str(partial),
+        f"{name}=={version}",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    if result.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RuntimeError(
+            f"{name}: the installed wheel does not run on {target.runtime.name} "
+            f"({target.machine}, glibc {target.glibc[0]}.{target.glibc[1]}) and fetching "
+            f"{name}=={version} for it failed (pip needs PyPI once, or a wheel in "
+            f"PIP_FIND_LINKS):\n{result.stderr[-2000:]}"
+        )
+    shutil.rmtree(partial / "bin", ignore_errors=True)
+    try:
+        os.rename(partial, destination)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not destination.is_dir():
+            raise
+    return destination
+
+
+def _copy_tree(source: Path, destination: Path) -> None:
+    for root, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
+        for name in sorted(files):
+            if name.endswith(_SKIPPED_SUFFIXES):
+                continue
+            path = Path(root) / name
+            target = destination / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+
+
+def bundle_distributions(
+    names: tuple[str, ...],
+    target: LambdaPythonTarget,
+    output_dir: Path,
+    *,
+    skip: frozenset[str] = RUNTIME_PROVIDED_DISTRIBUTIONS,
+    staging_root: Path | None = None,
+) -> list[str]:
+    """Put ``names`` and their dependencies, as ``target`` can import them, into
+    ``output_dir``; returns ``name==version`` of each, and how it got there."""
+    bundled: list[str] = []
+    for distribution in distribution_closure(names, target, skip=skip):
+        name, version = distribution.metadata["Name"], distribution.version
+        if target.accepts(wheel_tags(distribution)):
+            for relative, source in installed_files(distribution):
+                destination = output_dir / relative
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, destination)
+            bundled.append(f"{name}=={version} (copied)")
+        else:
+            _copy_tree(fetch_distribution(name, version, target, staging_root), output_dir)
+            bundled.append(f"{name}=={version} (fetched for {target.runtime.name})")
+    return bundled
+
+
+@jsii.implements(cdk.ILocalBundling)
+class SitePackagesBundling:
+    """Local bundling of the ``streamfleet`` package plus third-party distributions.
+
+    The distributions come from the synth interpreter's site-packages when their wheel tags fit
+    ``target`` (see :func:`bundle_distributions`), else from :func:`fetch_distribution`. The
+    Lambda runtime's own packages (boto3 and its dependencies) are left out.
+    """
+
+    def __init__(
+        self,
+        distributions: tuple[str, ...],
+        target: LambdaPythonTarget,
+        *,
+        package_dir: Path | None = None,
+        staging_root: Path | None = None,
+    ) -> None:
+        self.distributions = distributions
+        self.target = target
+        self._package = PackageCopy(package_dir)
+        self._staging_root = staging_root
+
+    def try_bundle(self, output_dir: str, *args: object, **kwargs: object) -> bool:
+        self._package.try_bundle(output_dir)
+        bundle_distributions(
+            self.distributions, self.target, Path(output_dir), staging_root=self._staging_root
+        )
+        return True
+
+
+def bundled_code(distributions: tuple[str, ...], target: LambdaPythonTarget) -> lambda_.Code:
+    """Lambda code: the ``streamfleet`` package and ``distributions`` for ``target``.
+
+    The asset hash is the bundle's, so it changes exactly when a copied file does.
+    """
+    package_dir = runtime_package_dir()
+    return lambda_.Code.from_asset(
+        str(package_dir),
+        asset_hash_type=cdk.AssetHashType.OUTPUT,
+        bundling=cdk.BundlingOptions(
+            image=target.runtime.bundling_image,
+            local=SitePackagesBundling(distributions, target, package_dir=package_dir),
+        ),
     )

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
+from urllib.parse import urlsplit
 
 from aws_cdk import aws_logs as logs
 from constructs import Node
@@ -41,6 +42,28 @@ TABLE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{3,255}")
 
 # Synth works out of the box; a real deployment names its upstreams (cdk.json or -c).
 DEFAULT_ALLOWED_UPSTREAMS = ("wss://*.example.com",)
+
+# The WebSocket API's token settings: placeholders, so that synth works out of the box; a real
+# deployment names its identity provider (cdk.json or -c), and the stacks warn until it does.
+DEFAULT_JWT_ISSUER = "https://issuer.example.com/"
+DEFAULT_JWT_AUDIENCE = "streamfleet"
+DEFAULT_JWT_JWKS_URL = "https://issuer.example.com/.well-known/jwks.json"
+CANARY_TOKEN_TRANSPORTS = ("subprotocol", "query")  # streamfleet.client.reconnecting.TokenTransport
+
+# The custom domain and its failover DNS: all of these, or none.
+WS_DOMAIN_SETTINGS = (
+    "ws_domain_name",
+    "hosted_zone_id",
+    "hosted_zone_name",
+    "ws_certificate_arn_primary",
+    "ws_certificate_arn_secondary",
+)
+DOMAIN_NAME_PATTERN = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
+HOSTED_ZONE_ID_PATTERN = re.compile(r"Z[A-Z0-9]{1,31}")
+CERTIFICATE_ARN_PATTERN = re.compile(
+    r"arn:aws[a-z-]*:acm:(?P<region>[a-z0-9-]+):\d{12}:certificate/[A-Za-z0-9-]+"
+)
+SECRET_NAME_PATTERN = re.compile(r"[A-Za-z0-9/_+=.@-]{1,512}")
 
 # DynamoDB multi-Region strong consistency: all Regions (replicas and witness) in one set.
 MRSC_REGION_SETS = (
@@ -124,6 +147,27 @@ class AppConfig:
             strong consistency, so both Regions' fleets may claim leases safely. Needs
             ``witness_region``, and all three Regions in one MRSC Region set.
         witness_region: the MRSC witness Region.
+        ws_domain_name: the WebSocket API's client-facing name, served by the primary Region
+            while its canary is healthy, by the secondary otherwise (Route 53 failover records).
+            Needs every setting of :data:`WS_DOMAIN_SETTINGS`; without any of them the APIs
+            have only their regional URLs, and no failover.
+        hosted_zone_id: the public hosted zone that holds ``ws_domain_name``.
+        hosted_zone_name: that zone's name (``ws_domain_name`` ends with it).
+        ws_certificate_arn_primary: ACM certificate for ``ws_domain_name`` in the primary Region.
+        ws_certificate_arn_secondary: the same, in the secondary Region.
+        jwt_issuer: ``iss`` the WebSocket authorizer accepts.
+        jwt_audience: ``aud`` the WebSocket authorizer accepts.
+        jwt_jwks_url: the issuer's JWKS (https), where the authorizer finds its keys.
+        canary_signing_key_secret_name: Secrets Manager secret (a name, replicated to both
+            Regions) with the private key the canaries mint their tokens with; required with a
+            custom domain (a canary without a token always reports unhealthy).
+        canary_token_transport: ``subprotocol`` or ``query``: how the canary sends its token.
+        canary_healthy_runs_to_recover: consecutive healthy probes before a failed Region
+            reports healthy again (fail-back is slower than failover).
+        ws_api_rate_limit: the WebSocket stage's steady-state messages per second, per Region.
+        ws_api_burst_limit: the WebSocket stage's burst, per Region.
+        ws_state_table_name: physical name of the WebSocket API's state table (global).
+        ws_connections_table_name: physical name of each Region's connections table.
     """
 
     account: str = field(default_factory=_default_account)
@@ -151,12 +195,29 @@ class AppConfig:
     secondary_active: bool = False
     multi_region_strong_consistency: bool = False
     witness_region: str | None = None
+    ws_domain_name: str | None = None
+    hosted_zone_id: str | None = None
+    hosted_zone_name: str | None = None
+    ws_certificate_arn_primary: str | None = None
+    ws_certificate_arn_secondary: str | None = None
+    jwt_issuer: str = DEFAULT_JWT_ISSUER
+    jwt_audience: str = DEFAULT_JWT_AUDIENCE
+    jwt_jwks_url: str = DEFAULT_JWT_JWKS_URL
+    canary_signing_key_secret_name: str | None = None
+    canary_token_transport: str = CANARY_TOKEN_TRANSPORTS[0]
+    canary_healthy_runs_to_recover: int = 5
+    ws_api_rate_limit: float = 500.0
+    ws_api_burst_limit: int = 1000
+    ws_state_table_name: str = model.DEFAULT_WSAPI_STATE_TABLE_NAME
+    ws_connections_table_name: str = model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
 
     def __post_init__(self) -> None:
         self._check_placement()
         self._check_fleet()
         self._check_timing()
         self._check_consistency()
+        self._check_websocket_api()
+        self._check_websocket_domain()
 
     def _check_placement(self) -> None:
         _check_pattern("account", self.account, ACCOUNT_PATTERN, "12 digits")
@@ -262,6 +323,108 @@ class AppConfig:
                 f"{context_key('multi_region_strong_consistency')}: the primary, secondary and "
                 f"witness Regions {regions} must all be in one Region set ({sets})"
             )
+
+    def _check_websocket_api(self) -> None:
+        for name in ("jwt_issuer", "jwt_audience"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise ValueError(f"{context_key(name)}: required, a non-empty string")
+        parts = urlsplit(self.jwt_jwks_url) if isinstance(self.jwt_jwks_url, str) else None
+        if parts is None or parts.scheme != "https" or not parts.hostname:
+            raise ValueError(f"{context_key('jwt_jwks_url')}: expected an https URL")
+        if self.canary_token_transport not in CANARY_TOKEN_TRANSPORTS:
+            raise ValueError(
+                f"{context_key('canary_token_transport')}: expected one of "
+                f"{', '.join(CANARY_TOKEN_TRANSPORTS)}, got {self.canary_token_transport!r}"
+            )
+        _check_number(
+            "canary_healthy_runs_to_recover",
+            self.canary_healthy_runs_to_recover,
+            whole=True,
+            minimum=1,
+        )
+        _check_number("ws_api_rate_limit", self.ws_api_rate_limit, minimum=1)
+        _check_number("ws_api_burst_limit", self.ws_api_burst_limit, whole=True, minimum=1)
+        secret = self.canary_signing_key_secret_name
+        if secret is not None:
+            _check_pattern(
+                "canary_signing_key_secret_name",
+                secret,
+                SECRET_NAME_PATTERN,
+                "a Secrets Manager secret name (not an ARN: each Region reads its own replica)",
+            )
+            if secret.startswith("arn:"):
+                raise ValueError(
+                    f"{context_key('canary_signing_key_secret_name')}: expected the secret's "
+                    "name, not an ARN: each Region's canary reads its own replica"
+                )
+        for name in ("ws_state_table_name", "ws_connections_table_name"):
+            _check_pattern(
+                name, getattr(self, name), TABLE_NAME_PATTERN, "3-255 of A-Z a-z 0-9 _ . -"
+            )
+        # Every table of both halves has its own name (the fleet's pair is checked above).
+        seen: dict[str, str] = {}
+        for name in (
+            "lease_table_name",
+            "messages_table_name",
+            "ws_state_table_name",
+            "ws_connections_table_name",
+        ):
+            other = seen.setdefault(getattr(self, name), name)
+            if other != name:
+                raise ValueError(
+                    f"{context_key(name)}: must differ from {context_key(other)} "
+                    f"({getattr(self, name)})"
+                )
+
+    def _check_websocket_domain(self) -> None:
+        given = [name for name in WS_DOMAIN_SETTINGS if getattr(self, name) is not None]
+        if not given:
+            return
+        missing = [name for name in WS_DOMAIN_SETTINGS if name not in given]
+        if missing:
+            raise ValueError(
+                f"{context_key(missing[0])}: required with {context_key(given[0])} (a custom "
+                f"domain with failover DNS needs all of {', '.join(WS_DOMAIN_SETTINGS)})"
+            )
+        zone = str(self.hosted_zone_name).removesuffix(".")
+        for name, value in (("ws_domain_name", self.ws_domain_name), ("hosted_zone_name", zone)):
+            _check_pattern(name, value, DOMAIN_NAME_PATTERN, "a lower-case DNS name")
+        domain = str(self.ws_domain_name)
+        if domain != zone and not domain.endswith(f".{zone}"):
+            raise ValueError(
+                f"{context_key('ws_domain_name')}: {domain} is not in the hosted zone "
+                f"{context_key('hosted_zone_name')} ({zone})"
+            )
+        _check_pattern("hosted_zone_id", self.hosted_zone_id, HOSTED_ZONE_ID_PATTERN, "Z...")
+        for name, region in (
+            ("ws_certificate_arn_primary", self.primary_region),
+            ("ws_certificate_arn_secondary", self.secondary_region),
+        ):
+            value = getattr(self, name)
+            _check_pattern(name, value, CERTIFICATE_ARN_PATTERN, "an ACM certificate ARN")
+            match = CERTIFICATE_ARN_PATTERN.fullmatch(value)
+            if match is not None and match["region"] != region:
+                raise ValueError(
+                    f"{context_key(name)}: the certificate is in {match['region']}, the API in "
+                    f"{region} (a regional custom domain needs a certificate in its own Region)"
+                )
+        if self.canary_signing_key_secret_name is None:
+            raise ValueError(
+                f"{context_key('canary_signing_key_secret_name')}: required with "
+                f"{context_key('ws_domain_name')}: without a token the canary's probes are "
+                "refused, so the primary Region would never be healthy"
+            )
+
+    @property
+    def ws_custom_domain(self) -> bool:
+        """Whether the WebSocket API has a custom domain and failover records."""
+        return self.ws_domain_name is not None
+
+    @property
+    def jwt_placeholders(self) -> tuple[str, ...]:
+        """The JWT settings still at their placeholder (``example.com``) defaults."""
+        defaults = {"jwt_issuer": DEFAULT_JWT_ISSUER, "jwt_jwks_url": DEFAULT_JWT_JWKS_URL}
+        return tuple(name for name, value in defaults.items() if getattr(self, name) == value)
 
     @property
     def log_retention(self) -> logs.RetentionDays:

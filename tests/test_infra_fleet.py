@@ -200,8 +200,11 @@ def test_every_queue_refuses_requests_without_tls(built):
 
 def test_an_alarm_fires_on_the_first_dead_lettered_message(built):
     for stack, template in stacks_of(built):
-        _, alarm = only(template, "AWS::CloudWatch::Alarm")
-        assert alarm["Namespace"] == "AWS/SQS"
+        [alarm] = [
+            resource["Properties"]
+            for resource in template.find_resources("AWS::CloudWatch::Alarm").values()
+            if resource["Properties"].get("Namespace") == "AWS/SQS"
+        ]
         assert alarm["MetricName"] == "ApproximateNumberOfMessagesVisible"
         assert alarm["Dimensions"] == [
             {

@@ -1,0 +1,202 @@
+"""One stack per Region for the client-facing WebSocket API: its tables, the API, the canary
+with its alarm and health check, and (with a custom domain) this Region's failover record.
+
+These are stacks of their own, next to the fleet's: the two halves of the product share the
+Regions and the account, not their resources, and each can be deployed without the other.
+Both Regions' stacks are built alike; the primary declares the state global table (the secondary
+references its replica) and the PRIMARY failover record, the secondary the SECONDARY record. The
+records share one name in one hosted zone, so neither stack needs a value from the other Region.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Annotations, App, CfnOutput, Environment, Stack
+from aws_cdk import aws_certificatemanager as acm
+from aws_cdk import aws_route53 as route53
+from constructs import Construct
+
+from stacks.fleet_stack import Role
+from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
+from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
+from streamfleet_cdk.failover_dns import FailoverRecords, FailoverRecordsProps, FailoverTarget
+from streamfleet_cdk.websocket_api import (
+    CustomDomain,
+    JwtSettings,
+    WebSocketApi,
+    WebSocketApiProps,
+    WebSocketTables,
+    WebSocketTablesProps,
+)
+
+PRIMARY_WS_STACK_NAME = "StreamFleet-WebSocket-Primary"
+SECONDARY_WS_STACK_NAME = "StreamFleet-WebSocket-Secondary"
+
+NO_DOMAIN = "streamfleet:ws-no-custom-domain"
+PLACEHOLDER_JWT = "streamfleet:ws-placeholder-jwt"
+NO_CANARY_TOKEN = "streamfleet:ws-canary-without-token"
+
+
+class WebSocketApiStack(Stack):
+    """The WebSocket API's resources in one Region.
+
+    Attributes:
+        role: :class:`~stacks.fleet_stack.Role` of this stack.
+        state_table: the state table (declared here in the primary, the replica otherwise).
+        connections_table: this Region's connections table.
+        websocket: this Region's :class:`WebSocketApi`.
+        canary: this Region's :class:`WebSocketCanary` (alarm and health check).
+        failover: this Region's :class:`FailoverRecords` (``None`` without a custom domain).
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: AppConfig, role: str
+    ) -> None:
+        try:
+            self.role = Role(role)
+        except ValueError:
+            choices = ", ".join(repr(r.value) for r in Role)
+            raise ValueError(f"role: expected one of {choices}, got {role!r}") from None
+        primary = self.role is Role.PRIMARY
+        region = config.primary_region if primary else config.secondary_region
+        super().__init__(
+            scope,
+            construct_id,
+            env=Environment(account=config.account, region=region),
+            description=f"StreamFleet ({self.role.value} Region): client-facing WebSocket API",
+        )
+        tables = WebSocketTables(
+            self,
+            "Tables",
+            props=WebSocketTablesProps(
+                declare_state_table=primary,
+                replica_regions=config.replica_regions if primary else (),
+                deletion_protection=config.deletion_protection,
+                state_table_name=config.ws_state_table_name,
+                connections_table_name=config.ws_connections_table_name,
+            ),
+        )
+        self.state_table = tables.state_table
+        self.connections_table = tables.connections_table
+        self.websocket = WebSocketApi(
+            self,
+            "WebSocket",
+            props=WebSocketApiProps(
+                state_table=self.state_table,
+                connections_table=self.connections_table,
+                jwt=JwtSettings(
+                    issuer=config.jwt_issuer,
+                    audience=config.jwt_audience,
+                    jwks_url=config.jwt_jwks_url,
+                ),
+                custom_domain=self._custom_domain(config),
+                throttling_rate_limit=config.ws_api_rate_limit,
+                throttling_burst_limit=config.ws_api_burst_limit,
+                log_retention=config.log_retention,
+            ),
+        )
+        self.canary = WebSocketCanary(
+            self,
+            "Canary",
+            props=WebSocketCanaryProps(
+                api=self.websocket.api,
+                stage=self.websocket.stage,
+                state_table=self.connections_table,
+                jwt_issuer=config.jwt_issuer,
+                jwt_audience=config.jwt_audience,
+                signing_key_secret_name=config.canary_signing_key_secret_name,
+                token_transport=config.canary_token_transport,
+                healthy_runs_to_recover=config.canary_healthy_runs_to_recover,
+                log_retention=config.log_retention,
+            ),
+        )
+        self.failover = self._build_failover(config)
+        self._annotate(config)
+        self._build_outputs()
+
+    def _custom_domain(self, config: AppConfig) -> CustomDomain | None:
+        if not config.ws_custom_domain:
+            return None
+        arn = (
+            config.ws_certificate_arn_primary
+            if self.role is Role.PRIMARY
+            else config.ws_certificate_arn_secondary
+        )
+        return CustomDomain(
+            domain_name=str(config.ws_domain_name),
+            certificate=acm.Certificate.from_certificate_arn(self, "Certificate", str(arn)),
+        )
+
+    def _build_failover(self, config: AppConfig) -> FailoverRecords | None:
+        """This Region's half of the pair: PRIMARY (with the health check) or SECONDARY."""
+        domain = self.websocket.domain_name
+        if domain is None:
+            return None
+        zone = route53.HostedZone.from_hosted_zone_attributes(
+            self,
+            "HostedZone",
+            hosted_zone_id=str(config.hosted_zone_id),
+            zone_name=str(config.hosted_zone_name).removesuffix("."),
+        )
+        primary = self.role is Role.PRIMARY
+        target = FailoverTarget.of_domain(
+            domain,
+            set_identifier=f"{self.region}-{self.role.value}",
+            health_check=self.canary.health_check if primary else None,
+        )
+        return FailoverRecords(
+            self,
+            "Failover",
+            props=FailoverRecordsProps(
+                zone=zone,
+                record_name=str(config.ws_domain_name),
+                primary=target if primary else None,
+                secondary=None if primary else target,
+            ),
+        )
+
+    def _annotate(self, config: AppConfig) -> None:
+        """Say what is missing for a deployment that clients can use and that fails over."""
+        annotations = Annotations.of(self)
+        if not config.ws_custom_domain:
+            keys = ", ".join(context_key(name) for name in WS_DOMAIN_SETTINGS)
+            annotations.add_info(
+                f"[{NO_DOMAIN}] No custom domain: clients reach this Region's API only at its "
+                f"regional URL, and there are no failover records. Set {keys} (and "
+                f"{context_key('canary_signing_key_secret_name')}) for DNS failover."
+            )
+        if config.jwt_placeholders:
+            keys = ", ".join(context_key(name) for name in config.jwt_placeholders)
+            annotations.add_warning_v2(
+                PLACEHOLDER_JWT,
+                f"{keys} still name the example.com placeholder: the authorizer will refuse "
+                "every client until they name your identity provider.",
+            )
+        if config.canary_signing_key_secret_name is None:
+            annotations.add_warning_v2(
+                NO_CANARY_TOKEN,
+                f"{context_key('canary_signing_key_secret_name')} is not set: the canary "
+                "connects without a token, the authorizer refuses it, and the health alarm "
+                "stays in ALARM.",
+            )
+
+    def _build_outputs(self) -> None:
+        websocket = self.websocket
+        CfnOutput(self, "WebSocketApiId", value=websocket.api.api_id)
+        CfnOutput(self, "WebSocketRegionalUrl", value=websocket.stage.url)
+        if websocket.domain_name is not None:
+            CfnOutput(self, "WebSocketUrl", value=f"wss://{websocket.domain_name.name}")
+        CfnOutput(self, "StateTableName", value=self.state_table.table_name)
+        CfnOutput(self, "ConnectionsTableName", value=self.connections_table.table_name)
+        CfnOutput(self, "HealthAlarmName", value=self.canary.alarm.alarm_name)
+        CfnOutput(self, "HealthCheckId", value=self.canary.health_check.health_check_id)
+
+
+def add_websocket_stacks(
+    app: App, config: AppConfig
+) -> tuple[WebSocketApiStack, WebSocketApiStack]:
+    """Add the primary and the secondary WebSocket API stack; the secondary deploys second
+    (its state table is the replica of the global table the primary declares)."""
+    primary = WebSocketApiStack(app, PRIMARY_WS_STACK_NAME, config=config, role=Role.PRIMARY)
+    secondary = WebSocketApiStack(app, SECONDARY_WS_STACK_NAME, config=config, role=Role.SECONDARY)
+    secondary.add_stack_dependency(primary, "the state global table and its replica are there")
+    return primary, secondary

@@ -1,0 +1,300 @@
+"""The WebSocket API's health, as Route 53 sees it: canary -> metric -> alarm -> health check.
+
+Every minute an EventBridge rule runs the canary (:mod:`streamfleet.wsapi.canary`). It dials the
+stage's *regional* URL (never the failover name: it must judge this Region whatever DNS says),
+sends a heartbeat, and publishes ``App/WebSocketHealth`` (dimension ``ApiId``): 1 healthy, 0 not.
+A CloudWatch alarm watches that metric and a Route 53 health check of type
+``CLOUDWATCH_METRIC`` follows the alarm; the PRIMARY failover record carries that health check.
+
+Route 53 evaluates only plain alarms: standard resolution, no M-of-N, no metric math. So the
+alarm is 2 of 2 one-minute datapoints, and missing data is *breaching* (a canary that stopped
+running, or a Region that cannot publish, must fail over too); the health check treats an alarm
+with insufficient data as unhealthy (CDK's default would keep the last known status).
+
+Failing back is slower than failing over, and that asymmetry lives in the canary itself: once
+it has failed ``ALARM_DATAPOINTS`` times in a row it keeps reporting 0 until
+``healthy_runs_to_recover`` consecutive probes succeeded (``CANARY_HEALTHY_RUNS_TO_RECOVER``),
+keeping its streaks in the Region's connections table (``CANARY#<api id>``).
+
+The canary authenticates like a client, with a short-lived token it mints from a signing key in
+Secrets Manager; the authorizer must trust the matching public key (publish it in the JWKS).
+Its bundle holds ``websockets`` and ``cryptography`` (to sign RS256/ES256 tokens), so it runs
+on the same Python 3.11 x86_64 runtime as the authorizer, for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_apigatewayv2 as apigwv2
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_route53 as route53
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from streamfleet import model
+from streamfleet.client.reconnecting import TokenTransport
+from streamfleet.wsapi import canary as canary_runtime
+from streamfleet_cdk.assets import PYTHON_3_11_X86_64, bundled_code
+from streamfleet_cdk.nag import acknowledge
+
+CANARY_TARGET = PYTHON_3_11_X86_64
+CANARY_DISTRIBUTIONS = ("websockets", "cryptography")
+CANARY_ENTRY = f"{canary_runtime.handler.__module__}.{canary_runtime.handler.__name__}"
+
+SCHEDULE_RATE = Duration.minutes(1)
+ALARM_PERIOD = Duration.minutes(1)  # standard resolution, as Route 53 requires
+ALARM_DATAPOINTS = 2  # 2 of 2: Route 53 ignores M-of-N alarms
+ALARM_STATISTIC = "Minimum"  # one datapoint a minute; a retried run's 0 still counts
+HEALTHY_THRESHOLD = 1  # the metric is 1 (healthy) or 0: alarm when below 1
+
+CANARY_ACTIONS = {
+    "state_table": ("dynamodb:GetItem", "dynamodb:PutItem"),
+    "metrics": ("cloudwatch:PutMetricData",),
+    "signing_key": ("secretsmanager:GetSecretValue",),
+    "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebSocketCanaryProps:
+    """How :class:`WebSocketCanary` is built.
+
+    Attributes:
+        api: the WebSocket API to judge (its id is the metric's ``ApiId``).
+        stage: its stage; the canary dials the stage's regional URL.
+        state_table: where the canary keeps its hysteresis streaks (the Region's connections
+            table: per-Region state that must not be replicated).
+        jwt_issuer: ``iss`` of the tokens the canary mints (the authorizer's issuer).
+        jwt_audience: ``aud`` of the tokens the canary mints.
+        signing_key_secret_name: a Secrets Manager secret *in this Region* (a replica, for a
+            secret shared by both Regions) holding the canary's private key (PEM or JWK).
+            ``None``: the canary connects without a token, which the authorizer refuses, so it
+            always reports unhealthy: fine for a synth, never for a deployment with failover.
+        token_transport: how the canary presents its token (``subprotocol`` or ``query``).
+        healthy_runs_to_recover: consecutive healthy probes needed before a failed-over Region
+            reports healthy again (fail-back hysteresis, K in the design).
+        probe_timeout: how long one probe may take, handshake to pong.
+        log_retention: retention of the canary's logs.
+    """
+
+    api: apigwv2.IWebSocketApi
+    stage: apigwv2.WebSocketStage
+    state_table: dynamodb.ITableV2
+    jwt_issuer: str
+    jwt_audience: str
+    signing_key_secret_name: str | None = None
+    token_transport: str = TokenTransport.SUBPROTOCOL.value
+    healthy_runs_to_recover: int = canary_runtime.DEFAULT_HEALTHY_RUNS_TO_RECOVER
+    probe_timeout: Duration = field(
+        default_factory=lambda: Duration.seconds(canary_runtime.DEFAULT_TIMEOUT_SECONDS)
+    )
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+
+    def __post_init__(self) -> None:
+        if self.token_transport not in tuple(TokenTransport):
+            choices = ", ".join(t.value for t in TokenTransport)
+            raise ValueError(f"token_transport: expected one of {choices}")
+        runs = self.healthy_runs_to_recover
+        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+            raise ValueError(f"healthy_runs_to_recover: expected a whole number >= 1, got {runs!r}")
+        timeout = self.probe_timeout.to_seconds()
+        if not 1 <= timeout <= 30:
+            raise ValueError(f"probe_timeout: {timeout} s is outside 1-30 s")
+        if self.signing_key_secret_name is not None and not self.signing_key_secret_name.strip():
+            raise ValueError("signing_key_secret_name: must not be empty")
+
+
+class WebSocketCanary(Construct):
+    """The canary Lambda, its schedule, the health metric, the alarm and the health check.
+
+    The canary's role may ``GetItem``/``PutItem`` its state table, ``PutMetricData`` only into
+    the ``App`` namespace (PutMetricData has no resource-level permissions; the
+    ``cloudwatch:namespace`` condition bounds it), read the signing key and write its log group.
+
+    Attributes:
+        function: the canary Lambda.
+        role: its execution role.
+        log_group: its log group.
+        rule: the EventBridge rule that runs it every minute.
+        metric: ``App/WebSocketHealth`` for this API (Minimum, 1 minute).
+        alarm: in ALARM after 2 of 2 unhealthy or missing datapoints.
+        health_check: the Route 53 health check following the alarm.
+        signing_key: the secret the canary's token key is read from (``None`` without one).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketCanaryProps) -> None:
+        super().__init__(scope, construct_id)
+        self._props = props
+        self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention)
+        self.signing_key = self._build_signing_key()
+        self.role = self._build_role()
+        self.function = self._build_function()
+        # A late or retried probe would report into a later minute: Lambda's own asynchronous
+        # retries are off too (overlapping runs are safe: the state item is version-checked).
+        self.function.configure_async_invoke(retry_attempts=0, max_event_age=Duration.minutes(1))
+        self.rule = self._build_rule()
+        self.metric = self._build_metric()
+        self.alarm = self._build_alarm()
+        self.health_check = self._build_health_check()
+        self._acknowledge_findings()
+
+    # --- Canary ---
+
+    def _build_signing_key(self) -> secretsmanager.ISecret | None:
+        name = self._props.signing_key_secret_name
+        if name is None:
+            return None
+        return secretsmanager.Secret.from_secret_name_v2(self, "SigningKey", name)
+
+    def _build_role(self) -> iam.Role:
+        """Exactly :data:`CANARY_ACTIONS` (the signing key's only when there is one)."""
+        props = self._props
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="StreamFleet WebSocket canary: probe, hysteresis state, health metric",
+        )
+        statements = {
+            "state_table": iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["state_table"]),
+                resources=[props.state_table.table_arn],
+            ),
+            "metrics": iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["metrics"]),
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"cloudwatch:namespace": model.HEALTH_METRIC_NAMESPACE}
+                },
+            ),
+            "log_group": iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["log_group"]),
+                resources=[self.log_group.log_group_arn],
+            ),
+        }
+        if self.signing_key is not None:
+            # A secret named without its random suffix: Secrets Manager appends six characters.
+            statements["signing_key"] = iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["signing_key"]),
+                resources=[f"{self.signing_key.secret_arn}-??????"],
+            )
+        for statement in statements.values():
+            role.add_to_policy(statement)
+        return role
+
+    def _build_environment(self) -> dict[str, str]:
+        """What :func:`streamfleet.wsapi.canary.canary_from_env` reads."""
+        props = self._props
+        env = {
+            "CANARY_ENDPOINT_URL": props.stage.url,
+            "CANARY_API_ID": props.api.api_id,
+            "CANARY_TIMEOUT_SECONDS": f"{props.probe_timeout.to_seconds():g}",
+            "CANARY_HEALTHY_RUNS_TO_RECOVER": str(props.healthy_runs_to_recover),
+            "CANARY_FAILURES_TO_TRIP": str(ALARM_DATAPOINTS),
+            "CANARY_STATE_TABLE_NAME": props.state_table.table_name,
+            "CANARY_TOKEN_TRANSPORT": props.token_transport,
+        }
+        if props.signing_key_secret_name is not None:
+            env.update(
+                {
+                    # The runtime passes it to GetSecretValue as SecretId: a name is resolved
+                    # in the canary's own Region, so each Region reads its own replica.
+                    "CANARY_SIGNING_KEY_SECRET_ARN": props.signing_key_secret_name,
+                    "JWT_ISSUER": props.jwt_issuer,
+                    "JWT_AUDIENCE": props.jwt_audience,
+                }
+            )
+        return env
+
+    def _build_function(self) -> lambda_.Function:
+        timeout = self._props.probe_timeout.to_seconds() * 2 + 10  # token, probe, state, metric
+        return lambda_.Function(
+            self,
+            "Function",
+            description="StreamFleet WebSocket canary: heartbeat probe of the regional endpoint",
+            runtime=CANARY_TARGET.runtime,
+            architecture=CANARY_TARGET.architecture,
+            handler=CANARY_ENTRY,
+            code=bundled_code(CANARY_DISTRIBUTIONS, CANARY_TARGET),
+            role=self.role,
+            log_group=self.log_group,
+            memory_size=256,
+            timeout=Duration.seconds(timeout),
+            environment=self._build_environment(),
+        )
+
+    def _build_rule(self) -> events.Rule:
+        return events.Rule(
+            self,
+            "Schedule",
+            description="StreamFleet WebSocket canary, every minute",
+            schedule=events.Schedule.rate(SCHEDULE_RATE),
+            targets=[
+                # A late or retried probe would land in the next minute's datapoint: never retry.
+                targets.LambdaFunction(
+                    self.function, retry_attempts=0, max_event_age=Duration.minutes(1)
+                )
+            ],
+        )
+
+    # --- Metric, alarm, health check ---
+
+    def _build_metric(self) -> cloudwatch.Metric:
+        return cloudwatch.Metric(
+            namespace=model.HEALTH_METRIC_NAMESPACE,
+            metric_name=model.HEALTH_METRIC_NAME,
+            dimensions_map={model.HEALTH_METRIC_DIMENSION_API_ID: self._props.api.api_id},
+            statistic=ALARM_STATISTIC,
+            period=ALARM_PERIOD,
+        )
+
+    def _build_alarm(self) -> cloudwatch.Alarm:
+        return cloudwatch.Alarm(
+            self,
+            "Alarm",
+            alarm_description=(
+                "StreamFleet WebSocket API unhealthy (canary): drives the Route 53 health check "
+                "of the failover record"
+            ),
+            metric=self.metric,
+            threshold=HEALTHY_THRESHOLD,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=ALARM_DATAPOINTS,
+            datapoints_to_alarm=ALARM_DATAPOINTS,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+
+    def _build_health_check(self) -> route53.HealthCheck:
+        return route53.HealthCheck(
+            self,
+            "HealthCheck",
+            type=route53.HealthCheckType.CLOUDWATCH_METRIC,
+            alarm_identifier=route53.AlarmIdentifier(
+                name=self.alarm.alarm_name, region=Stack.of(self).region
+            ),
+            insufficient_data_health_status=route53.InsufficientDataHealthStatusEnum.UNHEALTHY,
+        )
+
+    # --- cdk-nag ---
+
+    def _acknowledge_findings(self) -> None:
+        acknowledge(
+            self.function,
+            "L1",
+            "Python 3.11 on purpose: the canary bundles cryptography with cffi's _cffi_backend "
+            "built for CPython 3.11, to mint its tokens; see streamfleet_cdk.websocket_api.",
+        )
+        acknowledge(
+            self.role,
+            "IAM5[Resource::*]",
+            "cloudwatch:PutMetricData supports no resource-level permissions; the statement "
+            "is limited to the App namespace by the cloudwatch:namespace condition.",
+        )

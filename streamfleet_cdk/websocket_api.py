@@ -1,0 +1,605 @@
+"""The client-facing WebSocket API of one Region: API Gateway, its Lambdas and its tables.
+
+Clients connect to ``wss://<domain>/`` (the failover name, :mod:`streamfleet_cdk.failover_dns`) or
+to the stage's regional URL. ``$connect`` runs the REQUEST authorizer
+(:mod:`streamfleet.wsapi.authorizer`); every route, ``$connect`` included, runs one handler
+(:mod:`streamfleet.wsapi.handlers`), which keeps the user's state in the *state table* (a global
+table, keyed by the verified ``sub``, so a client that reconnects in the other Region finds it
+there) and the connection ids in the Region's own *connections table*.
+
+Route keys, the route-selection field, table specs and environment names are read from
+:mod:`streamfleet.model` and from the runtime modules that serve them, never retyped.
+
+Bundles (no Docker at synth):
+
+* the handler needs only the ``streamfleet`` package (boto3 comes from the Lambda runtime): it
+  runs on the newest Python runtime, on Graviton, like the event router;
+* the authorizer verifies RS256/ES256 signatures with ``cryptography``, a compiled package whose
+  Rust extension loads cffi's ``_cffi_backend``, a CPython-3.11-only extension in this venv. It
+  runs on :data:`~streamfleet_cdk.assets.PYTHON_3_11_X86_64` (the ABI of the synth interpreter,
+  so the very bundle that is deployed is import-checked by the tests), and
+  :func:`~streamfleet_cdk.assets.bundled_code` checks every wheel against that runtime's glibc
+  (Amazon Linux 2: 2.26), fetching a fitting build of the same version where the installed one
+  does not fit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import jsii
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_apigateway as apigateway
+from aws_cdk import aws_apigatewayv2 as apigwv2
+from aws_cdk import aws_apigatewayv2_authorizers as authorizers
+from aws_cdk import aws_apigatewayv2_integrations as integrations
+from aws_cdk import aws_certificatemanager as acm
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from streamfleet import model
+from streamfleet.wsapi import authorizer as authorizer_runtime
+from streamfleet.wsapi import handlers as handlers_runtime
+from streamfleet_cdk.assets import PYTHON_3_11_X86_64, bundled_code, package_code
+from streamfleet_cdk.nag import acknowledge
+
+# The newest Python runtime CDK knows (cdk-nag's AwsSolutions-L1), as for the event router.
+HANDLER_RUNTIME = lambda_.Runtime.PYTHON_3_14
+HANDLER_ENTRY = f"{handlers_runtime.handler.__module__}.{handlers_runtime.handler.__name__}"
+AUTHORIZER_TARGET = PYTHON_3_11_X86_64
+AUTHORIZER_DISTRIBUTIONS = ("cryptography",)
+AUTHORIZER_ENTRY = f"{authorizer_runtime.handler.__module__}.{authorizer_runtime.handler.__name__}"
+
+CONNECT = handlers_runtime.CONNECT
+DISCONNECT = handlers_runtime.DISCONNECT
+DEFAULT = handlers_runtime.DEFAULT
+AUTHORIZER_ID = "Authorizer"
+ROUTE_SELECTION_EXPRESSION = f"$request.body.{model.WS_ROUTE_SELECTION_FIELD}"
+
+# API Gateway stops waiting for a WebSocket integration after 29 s.
+MAX_INTEGRATION_TIMEOUT_SECONDS = 29
+
+# Exactly the calls streamfleet.wsapi.handlers makes (post_to_connection is a POST on
+# @connections; nothing reads or deletes connections through the Management API).
+HANDLER_ACTIONS = {
+    "state_table": ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+    "connections_table": ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem"),
+    "connections": ("execute-api:ManageConnections",),
+    "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
+}
+# The authorizer calls no AWS API (a JWKS URL is fetched over plain HTTPS).
+AUTHORIZER_ACTIONS = {"log_group": ("logs:CreateLogStream", "logs:PutLogEvents")}
+MANAGEMENT_METHOD = "POST"
+
+# Access log fields; WebSocket context variables only. No query string: it may hold a token.
+ACCESS_LOG_FIELDS = {
+    "requestId": "$context.requestId",
+    "extendedRequestId": "$context.extendedRequestId",
+    "requestTime": "$context.requestTime",
+    "ip": "$context.identity.sourceIp",
+    "userAgent": "$context.identity.userAgent",
+    "eventType": "$context.eventType",
+    "routeKey": "$context.routeKey",
+    "status": "$context.status",
+    "connectionId": "$context.connectionId",
+    "messageId": "$context.messageId",
+    "principalId": "$context.authorizer.principalId",
+    "authorizerError": "$context.authorizer.error",
+    "error": "$context.error.message",
+    "integrationError": "$context.integration.error",
+    "integrationStatus": "$context.integration.status",
+    "integrationLatency": "$context.integration.latency",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JwtSettings:
+    """Which tokens the authorizer accepts (its ``JWT_*`` environment).
+
+    Validated with the authorizer's own configuration class, so settings the authorizer would
+    refuse at its first invocation fail the synth instead.
+
+    Attributes:
+        issuer: the exact ``iss`` to accept.
+        audience: the ``aud`` to accept.
+        jwks_url: the issuer's JWKS document (https); its keys are cached by the authorizer.
+        keys: or the public keys themselves (a JWKS document, one JWK or a PEM public key).
+        leeway_seconds: clock skew allowed on ``exp``/``nbf`` (``None``: the runtime default).
+    """
+
+    issuer: str
+    audience: str
+    jwks_url: str | None = None
+    keys: str | None = None
+    leeway_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            authorizer_runtime.AuthorizerConfig.from_env(self.environment())
+        except authorizer_runtime.AuthorizerConfigError as exc:
+            raise ValueError(f"jwt: {exc}") from None
+        if self.jwks_url is not None and urlsplit(self.jwks_url).scheme != "https":
+            raise ValueError("jwt: JWT_JWKS_URL: must be an https URL in a deployment")
+
+    def environment(self) -> dict[str, str]:
+        """The authorizer's environment (what ``AuthorizerConfig.from_env`` reads)."""
+        env = {"JWT_ISSUER": self.issuer, "JWT_AUDIENCE": self.audience}
+        if self.jwks_url is not None:
+            env["JWT_JWKS_URL"] = self.jwks_url
+        if self.keys is not None:
+            env["JWT_KEYS"] = self.keys
+        if self.leeway_seconds is not None:
+            env["JWT_LEEWAY_SECONDS"] = f"{self.leeway_seconds:g}"
+        return env
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomDomain:
+    """An API Gateway custom domain for the API, in this Region.
+
+    Attributes:
+        domain_name: the client-facing name (the same in every Region: the failover name).
+        certificate: an ACM certificate for it *in this Region* (regional endpoints use the
+            Region's own certificate).
+    """
+
+    domain_name: str
+    certificate: acm.ICertificate
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebSocketApiProps:
+    """How :class:`WebSocketApi` is built.
+
+    Attributes:
+        state_table: the user state (global table, or its local replica): ``USER#``,
+            ``AUCTION#`` and ``BID#`` items.
+        connections_table: this Region's connection records (``WSCONN#``), with a TTL.
+        jwt: the tokens the ``$connect`` authorizer accepts.
+        custom_domain: a custom domain mapped to the stage (``None``: the regional URL only).
+        stage_name: the stage, the first path segment of the regional URL.
+        throttling_rate_limit: stage-wide steady-state messages (and connects) per second.
+        throttling_burst_limit: stage-wide burst.
+        identity_source: identity sources API Gateway requires before it invokes the
+            authorizer. Empty by default, on purpose: the authorizer reads the token from the
+            ``token`` query parameter *or* a ``bearer.<jwt>`` entry of ``Sec-WebSocket-
+            Protocol``, and API Gateway requires *every* listed source, so naming one would
+            refuse clients that use the other. The authorizer answers 401 itself when there is
+            no token. A deployment whose clients all use one transport may name it here
+            (``route.request.querystring.token`` or ``route.request.header.Sec-WebSocket-
+            Protocol``) to refuse token-less handshakes without an invocation.
+        connection_ttl_seconds: TTL of a connection record (``None``: the handler's default,
+            API Gateway's two-hour limit plus a margin).
+        handler_memory_mib: the handler's memory.
+        handler_timeout: the handler's timeout; at most 29 s (API Gateway's limit).
+        reserved_concurrency: cap on concurrent handler invocations (``None``: unreserved).
+        log_retention: retention of the Lambdas' logs and the access logs.
+    """
+
+    state_table: dynamodb.ITableV2
+    connections_table: dynamodb.ITableV2
+    jwt: JwtSettings
+    custom_domain: CustomDomain | None = None
+    stage_name: str = "v1"
+    throttling_rate_limit: float = 500.0
+    throttling_burst_limit: int = 1000
+    identity_source: tuple[str, ...] = ()
+    connection_ttl_seconds: int | None = None
+    handler_memory_mib: int = 256
+    handler_timeout: Duration = field(default_factory=lambda: Duration.seconds(10))
+    reserved_concurrency: int | None = None
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+
+    def __post_init__(self) -> None:
+        if not self.stage_name or not self.stage_name.replace("_", "").isalnum():
+            raise ValueError(f"stage_name: letters, digits and _ only, got {self.stage_name!r}")
+        if not self.throttling_rate_limit > 0:
+            raise ValueError("throttling_rate_limit: must be greater than zero")
+        _check_whole("throttling_burst_limit", self.throttling_burst_limit, minimum=1)
+        if isinstance(self.identity_source, str):
+            raise ValueError("identity_source: expected a tuple of strings, got a string")
+        for source in self.identity_source:
+            if not source.startswith(("route.request.", "stageVariables.", "context.")):
+                raise ValueError(f"identity_source: {source!r} is not a WebSocket identity source")
+        if self.connection_ttl_seconds is not None:
+            _check_whole("connection_ttl_seconds", self.connection_ttl_seconds, minimum=1)
+        _check_whole("handler_memory_mib", self.handler_memory_mib, minimum=128, maximum=10240)
+        timeout = self.handler_timeout.to_seconds()
+        if not 1 <= timeout <= MAX_INTEGRATION_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"handler_timeout: {timeout} s is outside 1-{MAX_INTEGRATION_TIMEOUT_SECONDS} s "
+                "(API Gateway stops waiting after 29 s)"
+            )
+        if self.reserved_concurrency is not None:
+            _check_whole("reserved_concurrency", self.reserved_concurrency, minimum=1)
+
+
+def nag_text(stack: Stack, value: str) -> str:
+    """A CloudFormation value as cdk-nag spells it in a finding id: intrinsics flattened,
+    ``Ref`` as ``<Id>`` and ``GetAtt`` as ``<Id.Attr>`` (to acknowledge one finding only)."""
+
+    def flatten(item: object) -> str:
+        if isinstance(item, str):
+            return item
+        if isinstance(item, dict) and len(item) == 1:
+            ((function, argument),) = item.items()
+            if function == "Fn::Join":
+                return str(argument[0]).join(flatten(part) for part in argument[1])
+            if function == "Ref":
+                return f"<{argument}>"
+            if function == "Fn::GetAtt":
+                return f"<{argument[0]}.{argument[1]}>"
+        raise ValueError(f"no cdk-nag spelling for {item!r}")
+
+    return flatten(stack.resolve(value))
+
+
+def _check_whole(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected a whole number, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"at least {minimum}" if maximum is None else f"{minimum}-{maximum}"
+        raise ValueError(f"{name}: expected {bounds}, got {value}")
+
+
+# --- Tables ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebSocketTablesProps:
+    """How :class:`WebSocketTables` declares (or references) the API's two tables.
+
+    Attributes:
+        declare_state_table: declare the state table here, as a global table with replicas in
+            ``replica_regions`` (the primary Region's stack); ``False`` references the local
+            replica by name instead (every other Region).
+        replica_regions: Regions that get a replica of the state table.
+        deletion_protection: DynamoDB deletion protection on the state table and its replicas.
+        state_table_name: physical name of the state table, shared by every Region.
+        connections_table_name: physical name of each Region's connections table.
+    """
+
+    declare_state_table: bool = True
+    replica_regions: tuple[str, ...] = ()
+    deletion_protection: bool = True
+    state_table_name: str = model.WSAPI_STATE_TABLE.default_name
+    connections_table_name: str = model.WSAPI_CONNECTIONS_TABLE.default_name
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replica_regions, str):
+            raise ValueError("replica_regions: expected a tuple of Region names, got a string")
+        if self.replica_regions and not self.declare_state_table:
+            raise ValueError("replica_regions: only the stack that declares the table has them")
+        if self.state_table_name == self.connections_table_name:
+            raise ValueError("connections_table_name: must differ from state_table_name")
+
+
+class WebSocketTables(Construct):
+    """The state table (global) and this Region's connections table, from the data model.
+
+    * The **state table** (:data:`streamfleet.model.WSAPI_STATE_TABLE`) is what survives a
+      failover: a global table declared once, in the primary Region's stack, replicated to the
+      others, retained, with point-in-time recovery. Other Regions reference their replica by
+      name (declaring it again would make CloudFormation create a second table of that name).
+    * The **connections table** (:data:`streamfleet.model.WSAPI_CONNECTIONS_TABLE`) is per
+      Region and never replicated: a connection id means nothing to another Region's API
+      Gateway. Every Region declares its own, with the model's TTL attribute. Its items are
+      rebuilt by reconnecting clients (and the canary's streaks within minutes), so it is
+      removed with the stack and not deletion-protected.
+
+    Attributes:
+        state_table: the state table (declared here, or the local replica).
+        connections_table: this Region's connections table.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketTablesProps) -> None:
+        super().__init__(scope, construct_id)
+        self._props = props
+        self.state_table: dynamodb.ITableV2 = self._build_state_table()
+        self.connections_table: dynamodb.TableV2 = self._build_connections_table()
+
+    @staticmethod
+    def _partition_key(spec: model.TableSpec) -> dynamodb.Attribute:
+        if spec.sort_key or spec.indexes:
+            raise ValueError(f"{spec.default_name}: the model now has a sort key or indexes")
+        return dynamodb.Attribute(name=spec.partition_key, type=dynamodb.AttributeType.STRING)
+
+    def _build_state_table(self) -> dynamodb.ITableV2:
+        props = self._props
+        spec = model.WSAPI_STATE_TABLE
+        if not props.declare_state_table:
+            return dynamodb.TableV2.from_table_name(self, "StateTable", props.state_table_name)
+        return dynamodb.TableV2(
+            self,
+            "StateTable",
+            table_name=props.state_table_name,
+            partition_key=self._partition_key(spec),
+            billing=dynamodb.Billing.on_demand(),
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            deletion_protection=props.deletion_protection,
+            replicas=[dynamodb.ReplicaTableProps(region=r) for r in props.replica_regions],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+    def _build_connections_table(self) -> dynamodb.TableV2:
+        spec = model.WSAPI_CONNECTIONS_TABLE
+        return dynamodb.TableV2(
+            self,
+            "ConnectionsTable",
+            table_name=self._props.connections_table_name,
+            partition_key=self._partition_key(spec),
+            billing=dynamodb.Billing.on_demand(),
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute=spec.ttl_attribute,
+            deletion_protection=False,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+
+# --- API ---
+
+
+@jsii.implements(apigwv2.IAccessLogSettings)
+class _AccessLogSettings:
+    """The stage's access-log destination and JSON format (CDK takes an interface here)."""
+
+    def __init__(self, log_group: logs.ILogGroup) -> None:
+        self._destination = apigwv2.LogGroupLogDestination(log_group)
+        self._format = apigateway.AccessLogFormat.custom(
+            json.dumps(ACCESS_LOG_FIELDS, separators=(",", ":"))
+        )
+
+    @property
+    def destination(self) -> apigwv2.IAccessLogDestination:
+        return self._destination
+
+    @property
+    def format(self) -> apigateway.AccessLogFormat:
+        return self._format
+
+
+class WebSocketApi(Construct):
+    """One Region's WebSocket API: routes, stage, handler, authorizer, optional custom domain.
+
+    Least privilege is written out: the handler's role may ``GetItem``/``PutItem``/
+    ``UpdateItem`` the state table, ``GetItem``/``PutItem``/``DeleteItem`` the connections table
+    (no index, no ``Scan``, no ``Query``), ``execute-api:ManageConnections`` on this API's own
+    stage (``POST @connections/*``: replies only) and write its log group. The authorizer's role
+    may only write its log group.
+
+    Access logs, like the REST API's, are delivered through the account's API Gateway
+    CloudWatch role, which belongs to the account's baseline, not to this stack.
+
+    Attributes:
+        api: the WebSocket API (route selection ``$request.body.action``).
+        stage: the auto-deployed, throttled and access-logged stage.
+        routes: every route by key (``$connect``, ``$disconnect``, ``$default`` and
+            :data:`streamfleet.model.WS_ROUTES`).
+        authorizer: the ``$connect`` REQUEST authorizer.
+        handler: the Lambda serving every route.
+        handler_role: its execution role.
+        handler_log_group: its log group.
+        authorizer_function: the authorizer Lambda.
+        authorizer_role: its execution role.
+        authorizer_log_group: its log group.
+        access_log_group: the stage's access logs.
+        domain_name: the custom domain (``None`` without one).
+        api_mapping: the custom domain's mapping to the stage (``None`` without one).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketApiProps) -> None:
+        super().__init__(scope, construct_id)
+        self._props = props
+        self.handler_log_group = self._build_log_group("HandlerLogs")
+        self.authorizer_log_group = self._build_log_group("AuthorizerLogs")
+        self.access_log_group = self._build_log_group("AccessLogs")
+        self.handler_role = self._build_role(
+            "HandlerRole", "StreamFleet WebSocket API: routes, user state and replies"
+        )
+        self.authorizer_role = self._build_role(
+            "AuthorizerRole", "StreamFleet WebSocket API: $connect token verification"
+        )
+        self.handler = self._build_handler()
+        self.authorizer_function = self._build_authorizer_function()
+        self.authorizer = authorizers.WebSocketLambdaAuthorizer(
+            AUTHORIZER_ID,
+            self.authorizer_function,
+            identity_source=list(props.identity_source),
+        )
+        self.api = self._build_api()
+        self.routes = self._build_routes()
+        self.stage = self._build_stage()
+        self._grant_handler()
+        self._grant_authorizer()
+        self.domain_name, self.api_mapping = self._build_custom_domain()
+        self._acknowledge_findings()
+
+    @property
+    def management_connections_arn(self) -> str:
+        """``execute-api`` ARN of this stage's ``POST @connections/*`` (the replies)."""
+        return Stack.of(self).format_arn(
+            service="execute-api",
+            resource=self.api.api_id,
+            resource_name=f"{self.stage.stage_name}/{MANAGEMENT_METHOD}/@connections/*",
+        )
+
+    # --- Lambdas ---
+
+    def _build_log_group(self, construct_id: str) -> logs.LogGroup:
+        return logs.LogGroup(self, construct_id, retention=self._props.log_retention)
+
+    def _build_role(self, construct_id: str, description: str) -> iam.Role:
+        return iam.Role(
+            self,
+            construct_id,
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=description,
+        )
+
+    def _build_handler(self) -> lambda_.Function:
+        props = self._props
+        environment = {
+            model.ENV_STATE_TABLE_NAME: props.state_table.table_name,
+            model.ENV_CONNECTIONS_TABLE_NAME: props.connections_table.table_name,
+        }
+        if props.connection_ttl_seconds is not None:
+            environment["CONNECTION_TTL_SECONDS"] = str(props.connection_ttl_seconds)
+        return lambda_.Function(
+            self,
+            "Handler",
+            description="StreamFleet WebSocket API: $connect, $disconnect, messages",
+            runtime=HANDLER_RUNTIME,
+            architecture=lambda_.Architecture.ARM_64,
+            handler=HANDLER_ENTRY,
+            code=package_code(HANDLER_RUNTIME),
+            role=self.handler_role,
+            log_group=self.handler_log_group,
+            memory_size=props.handler_memory_mib,
+            timeout=props.handler_timeout,
+            reserved_concurrent_executions=props.reserved_concurrency,
+            environment=environment,
+        )
+
+    def _build_authorizer_function(self) -> lambda_.Function:
+        """Python 3.11 on x86_64: see the module docstring (``cryptography`` and cffi)."""
+        return lambda_.Function(
+            self,
+            "AuthorizerFunction",
+            description="StreamFleet WebSocket API: $connect JWT authorizer",
+            runtime=AUTHORIZER_TARGET.runtime,
+            architecture=AUTHORIZER_TARGET.architecture,
+            handler=AUTHORIZER_ENTRY,
+            code=bundled_code(AUTHORIZER_DISTRIBUTIONS, AUTHORIZER_TARGET),
+            role=self.authorizer_role,
+            log_group=self.authorizer_log_group,
+            memory_size=256,
+            timeout=Duration.seconds(10),
+            environment=self._props.jwt.environment(),
+        )
+
+    # --- API ---
+
+    def _build_api(self) -> apigwv2.WebSocketApi:
+        self._integration = integrations.WebSocketLambdaIntegration("Handler", self.handler)
+        return apigwv2.WebSocketApi(
+            self,
+            "Api",
+            api_name=f"{Stack.of(self).stack_name}-{self.node.id}",
+            description="StreamFleet: client-facing WebSocket API",
+            route_selection_expression=ROUTE_SELECTION_EXPRESSION,
+            connect_route_options=apigwv2.WebSocketRouteOptions(
+                integration=self._integration, authorizer=self.authorizer
+            ),
+            disconnect_route_options=apigwv2.WebSocketRouteOptions(integration=self._integration),
+            default_route_options=apigwv2.WebSocketRouteOptions(integration=self._integration),
+        )
+
+    def _build_routes(self) -> dict[str, apigwv2.WebSocketRoute]:
+        routes: dict[str, apigwv2.WebSocketRoute] = {}
+        for key in (CONNECT, DISCONNECT, DEFAULT):
+            routes[key] = self.api.node.find_child(f"{key}-Route")
+        for key in model.WS_ROUTES:
+            routes[key] = self.api.add_route(key, integration=self._integration)
+        self._omit_empty_identity_source()
+        return routes
+
+    def _omit_empty_identity_source(self) -> None:
+        """No identity source is the property left out; CDK would render an empty list."""
+        if not self._props.identity_source:
+            # The authorizer's resource is created under the API, with the authorizer's id.
+            authorizer = self.api.node.find_child(AUTHORIZER_ID)
+            authorizer.node.default_child.add_property_deletion_override("IdentitySource")
+
+    def _build_stage(self) -> apigwv2.WebSocketStage:
+        props = self._props
+        return apigwv2.WebSocketStage(
+            self,
+            "Stage",
+            web_socket_api=self.api,
+            stage_name=props.stage_name,
+            auto_deploy=True,
+            description="StreamFleet WebSocket API stage",
+            throttle=apigwv2.ThrottleSettings(
+                rate_limit=props.throttling_rate_limit,
+                burst_limit=props.throttling_burst_limit,
+            ),
+            access_log_settings=_AccessLogSettings(self.access_log_group),
+        )
+
+    def _build_custom_domain(self) -> tuple[apigwv2.DomainName | None, apigwv2.ApiMapping | None]:
+        custom = self._props.custom_domain
+        if custom is None:
+            return None, None
+        domain = apigwv2.DomainName(
+            self,
+            "DomainName",
+            domain_name=custom.domain_name,
+            certificate=custom.certificate,
+            endpoint_type=apigwv2.EndpointType.REGIONAL,
+            security_policy=apigwv2.SecurityPolicy.TLS_1_2,
+        )
+        mapping = apigwv2.ApiMapping(
+            self, "ApiMapping", api=self.api, domain_name=domain, stage=self.stage
+        )
+        return domain, mapping
+
+    # --- Permissions ---
+
+    def _grant_handler(self) -> None:
+        """Exactly :data:`HANDLER_ACTIONS` (no managed policy, no grant helper)."""
+        props = self._props
+        resources = {
+            "state_table": props.state_table.table_arn,
+            "connections_table": props.connections_table.table_arn,
+            "connections": self.management_connections_arn,
+            "log_group": self.handler_log_group.log_group_arn,
+        }
+        for name, actions in HANDLER_ACTIONS.items():
+            self.handler_role.add_to_policy(
+                iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
+            )
+
+    def _grant_authorizer(self) -> None:
+        resources = {"log_group": self.authorizer_log_group.log_group_arn}
+        for name, actions in AUTHORIZER_ACTIONS.items():
+            self.authorizer_role.add_to_policy(
+                iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
+            )
+
+    # --- cdk-nag ---
+
+    def _acknowledge_findings(self) -> None:
+        """Each acknowledgment says why the finding does not apply to this API."""
+        for key, route in self.routes.items():
+            if key != CONNECT:
+                acknowledge(
+                    route,
+                    "APIG4",
+                    "WebSocket APIs authorize once, on $connect (API Gateway accepts an "
+                    "authorizer on no other route); every later message travels on that "
+                    "authorized connection, and the handler reads the verified user from the "
+                    "authorizer context.",
+                )
+        acknowledge(
+            self.authorizer_function,
+            "L1",
+            "Python 3.11 on purpose: the authorizer bundles cffi's _cffi_backend built for "
+            "CPython 3.11 (cryptography loads it), so the deployed bundle is exactly the one "
+            "the tests import with this project's interpreter; see streamfleet_cdk.websocket_api.",
+        )
+        acknowledge(
+            self.handler_role,
+            f"IAM5[Resource::{nag_text(Stack.of(self), self.management_connections_arn)}]",
+            "execute-api:ManageConnections is scoped to this API's stage and to POST "
+            "@connections/* (replies); connection ids are created per client at run time, so "
+            "they cannot be listed in the policy.",
+        )
