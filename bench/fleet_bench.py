@@ -113,7 +113,9 @@ async def failover(fleet: Fleet, trials: int) -> dict[str, list[float]]:
 
 async def steady_state(fleet: Fleet, name: str, connections: int, window: float) -> dict:
     """One worker with ``connections`` idle streams; its request deltas over ``window`` s."""
-    worker = fleet.start_worker(name, MAX_CONNECTIONS=str(connections), **PRODUCTION_TIMING)
+    # Headroom as in production (target 700, max 1000): a full worker would not poll SQS.
+    headroom = str(connections * 2)
+    worker = fleet.start_worker(name, MAX_CONNECTIONS=headroom, **PRODUCTION_TIMING)
     await eventually(lambda: worker.events("session_opened"), timeout=30, what="worker up")
     rss_before = rss_kib(worker.process.pid)
     ids = [f"{name}{n:04d}" for n in range(connections)]

@@ -31,6 +31,7 @@ from ..desired_state import DesiredStateWriter
 from ..lease import Claimable, LeaseStore, SessionInfo, SessionLost, StoreUnavailable
 from .config import WorkerConfig
 from .connection import Connection, ConnectionContext, EndReason
+from .health import serve_health
 from .notifier import Notifier
 from .observability import Counters, EventLog, emf_document
 from .protocol import JsonSeqProtocol, UpstreamProtocol
@@ -131,8 +132,6 @@ class Worker:
             loop.add_signal_handler(signum, self.request_shutdown)
         await self.store.session.open()
         self.log("session_opened", session_version=self.store.session.version)
-        from .health import serve_health  # the health endpoint is optional
-
         loops: dict[str, Callable[[], Awaitable[None]]] = {
             "heartbeat": self._heartbeat_loop,
             "watchdog": self._watchdog_loop,
@@ -236,6 +235,10 @@ class Worker:
         if self.connections.get(connection.pk) is connection:
             del self.connections[connection.pk]
             self._capacity_freed.set()
+
+    def dead_loops(self) -> list[str]:
+        """Loops that ended although nothing asked them to (what the health check reports)."""
+        return [name for name, task in self._loops.items() if task.done() and name != "health"]
 
     def end_all(self, reason: EndReason) -> None:
         for connection in list(self.connections.values()):
@@ -372,8 +375,14 @@ class Worker:
 
     async def _stop_check_loop(self) -> None:
         stopped = model.DesiredState.STOPPED.value
+        clock = self.store.session.clock
+        due = clock.monotonic()
         while True:
-            await asyncio.sleep(self.config.stop_check_every)
+            # Fixed rate, not fixed delay: the time a check takes does not stretch the period,
+            # so a STOP is seen within one STOP_CHECK_EVERY.
+            due += self.config.stop_check_every
+            await asyncio.sleep(max(0.0, due - clock.monotonic()))
+            due = max(due, clock.monotonic() - self.config.stop_check_every)
             try:
                 flagged = [
                     pk

@@ -19,7 +19,7 @@ MAX_REQUEST_BYTES = 8192
 
 def health_report(worker: Worker) -> tuple[int, dict]:
     """The status code and body the endpoint would answer now."""
-    dead = [name for name, task in worker._loops.items() if task.done() and name != "health"]
+    dead = worker.dead_loops()
     session = worker.store.session
     body = {
         "worker": worker.config.worker_id,
