@@ -7,6 +7,7 @@ Each test gets fresh tables on each backend. Time passes through :class:`Shiftab
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -15,11 +16,13 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.desired_state import DesiredStateWriter, Outcome
 from streamfleet.lease import (
+    Lease,
     LeaseLost,
     LeaseStore,
     LeaseTiming,
     SessionLost,
 )
+from tests.conftest import BACKENDS
 from tests.support import CountingClient, ShiftableClock
 
 TIMING = LeaseTiming(
@@ -61,12 +64,23 @@ def writer(dynamodb: AsyncClient, lease_table: str) -> DesiredStateWriter:
     return DesiredStateWriter(dynamodb=dynamodb, table_name=lease_table)
 
 
+def as_current(lease: Lease, store: LeaseStore) -> Lease:
+    """The lease as if held under the store's current session: gets past the holder's own
+    check, so only the fence in DynamoDB stands in the way."""
+    return dataclasses.replace(lease, session_version=store.session.version)
+
+
 async def started(writer: DesiredStateWriter, *ids: str) -> list[str]:
     for connection_id in ids:
         assert (await writer.start(connection_id, URL)).outcome is Outcome.CREATED
     return [model.connection_pk(connection_id) for connection_id in ids]
 
 
+# moto's server evaluates a condition and writes without a lock (threaded server), so two
+# concurrent conditional writes can both pass there: measured 1 double win in 15 rounds. The
+# race is a property of the server, not of the lease store, so this test runs where conditional
+# writes are atomic, as they are in DynamoDB.
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "moto"], indirect=True)
 async def test_exactly_one_of_20_concurrent_acquirers_wins(make_store, writer):
     [pk] = await started(writer, "contested")
     stores = [make_store(f"worker-{n}") for n in range(20)]
@@ -137,9 +151,12 @@ async def test_paused_holder_can_neither_renew_checkpoint_nor_release(make_store
     # ...a renewal opens a new session instead of reviving the old one...
     assert await holder.session.renew() is False
     assert holder.session.version != old_version
-    # ...and the fence stops the old lease's writes even from the new, live session.
-    with pytest.raises(LeaseLost) as lost:
+    # ...the new session does not vouch for a lease of the old one...
+    with pytest.raises(SessionLost):
         await holder.connections.checkpoint(lease, 6)
+    # ...and even a write that claims the new session is stopped by the fence in DynamoDB.
+    with pytest.raises(LeaseLost) as lost:
+        await holder.connections.checkpoint(as_current(lease, holder), 6)
     assert lost.value.holder == "taker"
     with pytest.raises(LeaseLost):
         await holder.connections.release(lease)
@@ -163,7 +180,7 @@ async def test_fencing_holds_even_when_a_clock_runs_ahead_beyond_the_skew(make_s
         await holder.session.renew()
     await holder.session.open()
     with pytest.raises(LeaseLost):
-        await holder.connections.checkpoint(lease, 1)
+        await holder.connections.checkpoint(as_current(lease, holder), 1)
 
 
 async def test_release_makes_the_connection_claimable_at_once(make_store, writer):
@@ -225,7 +242,8 @@ async def test_ended_sessions_without_connections_are_forgotten(make_store):
     clock = ShiftableClock()
     gone, finder = make_store("gone", clock), make_store("finder", clock)
     await gone.session.open()
-    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    # Forgotten only a lease after it became takeable: the by-owner index may lag that long.
+    clock.advance(2 * (TIMING.lease_seconds + TIMING.max_clock_skew_seconds) + 0.1)
     await finder.session.open()
 
     assert await finder.orphans.find(10) == []
@@ -345,5 +363,7 @@ async def test_a_stopped_row_of_a_dead_owner_is_cleared_and_its_session_forgotte
     item = await finder.connections.read(pk)
     assert item[model.DESIRED_STATE] == "STOPPED"
     assert model.LEASE_OWNER not in item and model.STOP_REQUESTED_FOR not in item
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds)
+    await finder.session.renew()
     await finder.orphans.find(10)
-    assert [s.owner for s in await finder.directory.list()] == ["finder"]
+    assert "dead" not in {s.owner for s in await finder.directory.list()}

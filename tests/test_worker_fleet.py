@@ -31,9 +31,12 @@ RECOVERY_BOUND = 4 * LEASE_SECONDS  # correctness bound for a test run on a busy
 
 
 @pytest.fixture
-async def fleet(moto, tmp_path) -> AsyncIterator[Fleet]:
+async def fleet(moto, servers, tmp_path, monkeypatch) -> AsyncIterator[Fleet]:
+    # DynamoDB on dynalite: moto's server does not serialise concurrent conditional writes
+    # (see the conformance suite), and the fleet's safety rests on them. SQS stays on moto.
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers["dynalite"].endpoint)
     async with FakeUpstream(rate=20, keepalive_seconds=0.3) as upstream:
-        fleet = Fleet(endpoint=moto.endpoint, upstream=upstream, tmp=tmp_path)
+        fleet = Fleet(endpoint=servers["dynalite"].endpoint, upstream=upstream, tmp=tmp_path)
         try:
             yield fleet
         finally:
@@ -187,8 +190,10 @@ async def test_stop_closes_the_stream_found_by_the_stopped_query(fleet: Fleet):
     worker.signal(signal.SIGTERM)
     assert worker.process.wait(timeout=10) == 0
     [stopped] = worker.events("worker_stopped")
-    # Found by the one stopped-connections query per interval, never by reading each row.
-    assert stopped["dynamodb_requests"].get("get_item", 0) == 0
+    # Found by the one stopped-connections query per interval, never by reading each row: the
+    # only single reads are the ones a contested claim makes (dynalite returns no ALL_OLD).
+    gained = len(worker.events("lease_gained"))
+    assert stopped["dynamodb_requests"].get("get_item", 0) <= gained
     assert stopped["dynamodb_requests"]["query"] >= 1
     first_release = worker.events("lease_released")[0]
     assert (first_release["pk"], first_release["reason"]) == (

@@ -14,6 +14,7 @@ from typing import Any
 from . import model
 from .aws import AsyncClient
 from .clock import SYSTEM_CLOCK, Clock
+from .lease.connections import Lease
 from .lease.dynamo import from_item, is_condition_failure, names, retry_until, to_attr
 
 STARTED = model.DesiredState.STARTED.value
@@ -136,14 +137,22 @@ class DesiredStateWriter:
             current = await self.read(pk)
         raise RuntimeError(f"{pk}: STOP kept racing with other writers")
 
-    async def refuse(self, pk: str, reason: str) -> None:
-        """Mark a connection a worker will not dial (its URL is not allowed), and stop it."""
+    async def refuse(self, lease: Lease, reason: str) -> None:
+        """Mark a connection its owner will not dial (its URL is not allowed), and stop it.
+
+        Fenced like every holder's write: after a takeover it changes nothing.
+        """
         await self._write(
-            pk,
+            lease.pk,
             update="SET #desired_state = :stopped, #refused_reason = :reason, "
             "#updated_at_ms = :now REMOVE #awaiting_owner, #stop_requested_for",
-            condition="attribute_exists(#pk)",
-            values={":stopped": to_attr(STOPPED), ":reason": to_attr(reason)},
+            condition="#lease_owner = :owner AND #lease_version = :lease_version",
+            values={
+                ":stopped": to_attr(STOPPED),
+                ":reason": to_attr(reason),
+                ":owner": to_attr(lease.owner),
+                ":lease_version": to_attr(lease.lease_version),
+            },
         )
 
     async def read(self, pk: str) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from .dynamo import (
     retry_until,
     to_attr,
 )
-from .errors import LeaseLost
+from .errors import LeaseLost, SessionLost
 from .sessions import SessionDirectory, SessionKeeper
 
 STARTED = model.DesiredState.STARTED.value
@@ -105,7 +105,8 @@ class ConnectionLeases:
                 continue
             version = int(current[model.LEASE_SESSION])
             if owner == self.worker_id and version == self.session.version:
-                return None  # already ours
+                # Ours already: an earlier attempt was applied but its answer was lost.
+                return Lease.from_item(current)
             if not await self._owner_is_gone(owner, version):
                 return None
             candidate = Claimable(pk, owner, version)
@@ -192,8 +193,10 @@ class ConnectionLeases:
         return {":me": to_attr(lease.owner), ":lease_version": to_attr(lease.lease_version)}
 
     async def checkpoint(self, lease: Lease, last_seq: int) -> None:
-        """Record that every message up to ``last_seq`` is stored. Raises :class:`LeaseLost`."""
-        self.session.require_live()
+        """Record that every message up to ``last_seq`` is stored. Raises :class:`LeaseLost`,
+        or :class:`SessionLost` when the lease belongs to a session that is over."""
+        if self.session.require_live() != lease.session_version:
+            raise SessionLost(f"{lease.pk}: held under session {lease.session_version}, now over")
         await self._fenced_update(
             lease,
             update="SET #last_seq = :seq, #updated_at_ms = :now",

@@ -45,12 +45,19 @@ class OrphanFinder:
             if not await self.directory.fence(session):
                 continue  # it was renewed after all
             owned = await self._owned_by(session, limit - len(found))
-            if not owned:
+            if not owned and self._long_gone(session):
                 await self.directory.forget(session)
             found.extend(owned)
         if len(found) < limit:
             found.extend(await self._unowned(limit - len(found)))
         return found[:limit]
+
+    def _long_gone(self, session: SessionInfo) -> bool:
+        """Expired for a whole lease more: the by-owner index has caught up with any
+        acquisition the session made, so an empty answer means it really owns nothing."""
+        timing = self.directory.timing
+        grace_ms = timing.lease_ms + timing.max_clock_skew_ms
+        return session.expires_at_ms + grace_ms < self.directory.clock.wall_ms()
 
     async def _owned_by(self, session: SessionInfo, limit: int) -> list[Claimable]:
         items = await query_all(

@@ -143,15 +143,29 @@ class SessionKeeper:
                 ExpressionAttributeNames=names(model.PK),
             )
 
-        await retry_until(
-            put,
-            deadline=self.clock.monotonic() + self.timing.lease_seconds,
-            clock=self.clock,
-            what=f"open session of {self.worker_id}",
-        )
+        try:
+            await retry_until(
+                put,
+                deadline=self.clock.monotonic() + self.timing.lease_seconds,
+                clock=self.clock,
+                what=f"open session of {self.worker_id}",
+            )
+        except Exception as exc:
+            # A retry whose first attempt was applied finds the item there: ours, not a clash.
+            if not is_condition_failure(exc) or not await self._exists(version):
+                raise
         self.version = version
         self.deadline = self.timing.holder_deadline(sent_at)
         return version
+
+    async def _exists(self, version: int) -> bool:
+        response = await self._dynamodb.call(
+            "get_item",
+            TableName=self._table,
+            Key={model.PK: to_attr(model.session_pk(self.worker_id, version))},
+            ConsistentRead=True,
+        )
+        return "Item" in response
 
     async def renew(self, *, load: int = 0) -> bool:
         """Extend the session. ``True``: same session renewed; ``False``: a new one was opened.
@@ -170,9 +184,9 @@ class SessionKeeper:
         pk = self.pk
         sent_at = self.clock.monotonic()
 
+        # The deadline counts from the first attempt: a retried renewal may be applied after a
+        # later one, leaving the older expiry in the table.
         async def update() -> dict[str, Any]:
-            nonlocal sent_at
-            sent_at = self.clock.monotonic()
             return await self._dynamodb.call(
                 "update_item",
                 TableName=self._table,

@@ -41,6 +41,7 @@ class EndReason(StrEnum):
     LOST = "lease_lost"  # someone else owns it: close now, write nothing
     REFUSED = "refused"  # URL not allowed: mark the row, release
     STORAGE_FAILED = "storage_failed"  # messages could not be stored: release for a retry
+    FAILED = "failed"  # anything unexpected: release so that a peer (or this worker) retries
 
 
 _FLUSHES = {EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.HANDOFF}
@@ -49,6 +50,7 @@ _OFFERS = {
     EndReason.HANDOFF,
     EndReason.DEADLINE,
     EndReason.STORAGE_FAILED,
+    EndReason.FAILED,
 }
 
 
@@ -92,6 +94,8 @@ class Connection:
         self._context = context
         self._on_finished = on_finished
         self._unstored = 0
+        self._started = False
+        self._storage_failed = False
         self._refusal = ""
         self._drained = asyncio.Event()
         self._drained.set()
@@ -99,11 +103,19 @@ class Connection:
 
     # -- control ------------------------------------------------------------------------------
 
+    @property
+    def session_version(self) -> int:
+        """The session this connection's lease belongs to."""
+        return self.lease.session_version
+
     def end(self, reason: EndReason) -> None:
         """End the connection for ``reason``; the first reason wins, later ones are ignored."""
         if self.end_reason is None and not self.task.done():
             self.end_reason = reason
-            self.task.cancel()
+            # A task cancelled before its first step would never run its cleanup: until it
+            # has started, the reason alone is enough (it checks it first thing).
+            if self._started:
+                self.task.cancel()
 
     # -- sink callbacks -----------------------------------------------------------------------
 
@@ -114,14 +126,18 @@ class Connection:
             self._drained.set()
 
     def storage_failed(self, error: Exception) -> None:
+        # Whatever ends the connection, no checkpoint may pass these lost messages now.
+        self._storage_failed = True
         reason = EndReason.DEADLINE if isinstance(error, SessionLost) else EndReason.STORAGE_FAILED
         self.end(reason)
 
     # -- the task -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        self._started = True
         try:
-            await self._stream()
+            if self.end_reason is None:
+                await self._stream()
         except asyncio.CancelledError:
             if self.end_reason is None:
                 self.end_reason = EndReason.SHUTDOWN
@@ -130,6 +146,11 @@ class Connection:
             self._refusal = str(refused)
         except LeaseLost:
             self.end_reason = EndReason.LOST
+        except SessionLost:
+            self.end_reason = EndReason.DEADLINE
+        except Exception as exc:  # never leave a lease owned by a task that is gone
+            self._context.log("connection_failed", pk=self.pk, error=repr(exc))
+            self.end_reason = self.end_reason or EndReason.FAILED
         finally:
             self.connected = False
         try:
@@ -148,11 +169,11 @@ class Connection:
             resume_from = None if first is None else first - 1
         attempt = 0
         while True:
-            host, port = await context.policy.resolve(self.lease.ws_url)
             if self.last_received_seq > (resume_from or 0):
                 resume_from = self.last_received_seq  # a redial within this lease
             url = context.protocol.resume_url(self.lease.ws_url, resume_from)
             try:
+                host, port = await context.policy.resolve(self.lease.ws_url)
                 async with connect(
                     url,
                     host=host,
@@ -167,6 +188,8 @@ class Connection:
                     self.connected = True
                     attempt = 0
                     async for frame in upstream:
+                        if resume_from is None:
+                            resume_from = await self._record_origin(frame)
                         self._receive(frame)
                         if self._unstored >= context.max_buffered_messages:
                             self._drained.clear()
@@ -178,6 +201,17 @@ class Connection:
                 full_jitter(attempt, context.reconnect_base_seconds, context.reconnect_cap_seconds)
             )
             attempt += 1
+
+    async def _record_origin(self, frame: str | bytes) -> int | None:
+        """A stream taken up live starts at its first message: checkpoint the seq before it,
+        before anything is stored, so a successor always knows where this owner began."""
+        try:
+            first = self._context.protocol.parse(frame).seq
+        except ProtocolError:
+            return None
+        await self._context.leases.checkpoint(self.lease, first - 1)
+        self.checkpointed_seq = self.stored_seq = self.last_received_seq = first - 1
+        return first - 1
 
     def _receive(self, frame: str | bytes) -> None:
         try:
@@ -198,7 +232,7 @@ class Connection:
     async def checkpoint(self) -> None:
         """Record the stored position, if it moved. Ends the connection if the lease is lost."""
         seq = self.stored_seq
-        if seq <= self.checkpointed_seq or self.end_reason is not None:
+        if seq <= self.checkpointed_seq or self.end_reason is not None or self._storage_failed:
             return
         try:
             await self._context.leases.checkpoint(self.lease, seq)
@@ -213,11 +247,11 @@ class Connection:
         try:
             if reason in _FLUSHES:
                 await context.sink.flush()
-                if self.stored_seq > self.checkpointed_seq:
+                if self.stored_seq > self.checkpointed_seq and not self._storage_failed:
                     await context.leases.checkpoint(self.lease, self.stored_seq)
                     self.checkpointed_seq = self.stored_seq
             if reason is EndReason.REFUSED:
-                await context.desired_state.refuse(self.pk, self._refusal)
+                await context.desired_state.refuse(self.lease, self._refusal)
             if reason is EndReason.LOST:
                 context.counters.leases_lost += 1
                 context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
@@ -231,9 +265,11 @@ class Connection:
             # Nothing more can be written; the lease expires with the session.
             context.log("lease_abandoned", pk=self.pk, reason=str(reason), error=str(exc))
             return
-        if offered and reason in _OFFERS:
+        if offered:
+            # Also after a STOP that a new START overtook: nobody else announces it.
             with contextlib.suppress(Exception):
                 await context.notifier.notify(self.pk)
+        if offered and reason in _OFFERS:
             context.counters.handoffs += 1
             context.log("lease_handed_over", pk=self.pk, reason=str(reason))
         else:

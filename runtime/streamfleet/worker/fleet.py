@@ -111,7 +111,7 @@ class Worker:
         )
         self.connections: dict[str, Connection] = {}
         self.fleet: list[SessionInfo] = []
-        self._claiming = 0
+        self._claims_in_flight: set[str] = set()
         self._recently_shed: dict[str, float] = {}
         self._capacity_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -186,7 +186,7 @@ class Worker:
     def free_slots(self) -> int:
         if self.draining:
             return 0
-        return self.config.max_connections - len(self.connections) - self._claiming
+        return self.config.max_connections - len(self.connections) - len(self._claims_in_flight)
 
     def _skip(self, pk: str) -> bool:
         shed_at = self._recently_shed.get(pk)
@@ -197,21 +197,35 @@ class Worker:
         return pk in self.connections
 
     async def _claim(self, candidate: Claimable, via: str) -> None:
-        if self._stopping.is_set() or self._skip(candidate.pk) or self.free_slots() <= 0:
+        pk = candidate.pk
+        if (
+            self._stopping.is_set()
+            or self._skip(pk)
+            or pk in self._claims_in_flight  # intake and reconcile may both find it
+            or self.free_slots() <= 0
+        ):
             return
-        self._claiming += 1
+        self._claims_in_flight.add(pk)
         try:
             leases = self.store.connections
             if candidate.owner is None:
-                lease = await leases.acquire(candidate.pk)
+                lease = await leases.acquire(pk)
             else:
                 lease = await leases.claim(candidate)
-        except (SessionLost, StoreUnavailable) as exc:
-            self.log("claim_failed", pk=candidate.pk, error=str(exc))
+        except Exception as exc:  # one bad candidate must not stop intake or reconcile
+            self.log("claim_failed", pk=pk, error=str(exc))
             return
         finally:
-            self._claiming -= 1
+            self._claims_in_flight.discard(pk)
         if lease is None:
+            return
+        session = self.store.session
+        if lease.session_version != session.version or session.deadline_passed():
+            # The claim landed after the session it was made under ended: give it back.
+            with contextlib.suppress(Exception):
+                if await leases.release(lease):
+                    await self.context.notifier.notify(lease.pk)
+            self.log("claim_too_late", pk=lease.pk, session_version=lease.session_version)
             return
         if candidate.owner is not None:
             self.log("lease_taken_over", pk=lease.pk, previous_owner=candidate.owner)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from .. import model
 from ..aws import AsyncClient
-from ..lease import SessionKeeper
+from ..lease import SessionKeeper, SessionLost
 from ..lease.dynamo import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
@@ -33,6 +33,7 @@ class MessageOwner(Protocol):
     """The connection a message came from, told when its messages are stored or lost."""
 
     pk: str
+    session_version: int
 
     def stored(self, count: int, up_to_seq: int) -> None: ...
 
@@ -95,6 +96,12 @@ class MessageSink:
         """Write everything queued so far; returns once it is stored (or has failed)."""
         async with self._lock:
             batch, self._queue = self._queue, []
+            current = self._session.version
+            stale = {id(p.owner): p.owner for p in batch if p.owner.session_version != current}
+            if stale:  # held under a session that is over: write nothing of theirs
+                batch = [p for p in batch if id(p.owner) not in stale]
+                for owner in stale.values():
+                    owner.storage_failed(SessionLost(f"{owner.pk}: its session is over"))
             if not batch:
                 return
             try:
