@@ -367,3 +367,22 @@ async def test_a_stopped_row_of_a_dead_owner_is_cleared_and_its_session_forgotte
     await finder.session.renew()
     await finder.orphans.find(10)
     assert "dead" not in {s.owner for s in await finder.directory.list()}
+
+
+async def test_a_worker_lists_exactly_the_rows_its_current_session_owns(make_store, writer):
+    mine, theirs, other = await started(writer, "mine", "theirs", "other")
+    clock = ShiftableClock()
+    store, peer = make_store("w1", clock), make_store("w2", clock)
+    await store.session.open()
+    await peer.session.open()
+    lease = await store.connections.acquire(mine)
+    await peer.connections.acquire(theirs)
+
+    assert [(held.pk, held.lease_version) for held in await store.connections.mine()] == [
+        (mine, lease.lease_version)
+    ]
+    # A row of this worker's previous session is not "mine" any more: it is an orphan.
+    assert other not in {held.pk for held in await peer.connections.mine()}
+    clock.advance(TIMING.lease_seconds)
+    await store.session.renew()
+    assert await store.connections.mine() == []

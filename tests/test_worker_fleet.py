@@ -315,3 +315,39 @@ async def test_an_operator_drains_a_worker_and_lists_the_fleet(fleet: Fleet):
     assert set(loads) == {drained.worker_id, other.worker_id}
     bad = await asyncio.to_thread(cli, fleet, "drain", "no-such-worker")
     assert bad.returncode == 1 and "no live session" in bad.stderr
+
+
+async def test_a_row_owned_but_not_run_is_given_back_by_the_audit(fleet: Fleet):
+    """A release that failed while the session stayed live leaves a row owned by a worker that
+    does not run it; the worker's periodic audit of its own rows must give it back."""
+    worker = fleet.start_worker()
+    [session] = await eventually(
+        lambda: worker.events("session_opened"), timeout=15, what="the worker's session"
+    )
+    await fleet.start_streams("stuck")
+    await eventually(lambda: fleet.all_live(["stuck"]), timeout=15, what="stuck live")
+    # Make the table say the worker owns a second row it has never heard of.
+    await fleet.writer.start("ghost", fleet.upstream.url_for("ghost"))
+    fleet.dynamodb.update_item(
+        TableName=fleet.lease_table,
+        Key={model.PK: {"S": model.connection_pk("ghost")}},
+        UpdateExpression="SET #o = :o, #s = :s, #v = :v REMOVE #a",
+        ExpressionAttributeNames={
+            "#o": model.LEASE_OWNER,
+            "#s": model.LEASE_SESSION,
+            "#v": model.LEASE_VERSION,
+            "#a": model.AWAITING_OWNER,
+        },
+        ExpressionAttributeValues={
+            ":o": {"S": worker.worker_id},
+            ":s": {"N": str(session["session_version"])},
+            ":v": {"N": "1"},
+        },
+    )
+
+    await eventually(
+        lambda: fleet.all_live(["stuck", "ghost"]), timeout=20, what="the ghost row run"
+    )
+    audited = [e for e in worker.events("lease_released") if e.get("reason") == "audit"]
+    assert [e["pk"] for e in audited] == [model.connection_pk("ghost")]
+    fleet.assert_single_client_ever()

@@ -320,6 +320,30 @@ class ConnectionLeases:
         )
         return {item[model.PK]: item for item in items}
 
+    async def mine(self) -> list[Lease]:
+        """Every connection the table says this session owns: one ``by-owner`` query.
+
+        The worker compares it with what it runs, to release rows it holds but does not run
+        (a release that failed while the session stayed live). The index may lag a little.
+        """
+        version = self.session.require_live()
+        items = await query_all(
+            self._dynamodb,
+            clock=self.session.clock,
+            deadline=self.session.clock.monotonic() + self.session.timing.heartbeat_seconds,
+            what="query own connections",
+            TableName=self._table,
+            IndexName=model.OWNER_INDEX.name,
+            KeyConditionExpression="#lease_owner = :me",
+            FilterExpression="#lease_session = :version",
+            ExpressionAttributeNames=names(model.LEASE_OWNER, model.LEASE_SESSION),
+            ExpressionAttributeValues={
+                ":me": to_attr(self.worker_id),
+                ":version": to_attr(version),
+            },
+        )
+        return [Lease.from_item(item) for item in items]
+
     async def stop_requested(self) -> list[str]:
         """Keys of the connections this worker was asked to stop: one index query.
 

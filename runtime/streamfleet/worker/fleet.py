@@ -28,7 +28,7 @@ from .. import model
 from ..aws import AsyncClient, ClientSettings
 from ..clock import SYSTEM_CLOCK, Clock
 from ..desired_state import DesiredStateWriter
-from ..lease import Claimable, LeaseStore, SessionInfo, SessionLost, StoreUnavailable
+from ..lease import Claimable, LeaseLost, LeaseStore, SessionInfo, SessionLost, StoreUnavailable
 from .config import WorkerConfig
 from .connection import Connection, ConnectionContext, EndReason
 from .health import serve_health
@@ -41,6 +41,8 @@ SQS_VISIBILITY_SECONDS = 30
 SHUTDOWN_BUDGET_SECONDS = 10.0
 CHECKPOINT_PARALLELISM = 32
 ERROR_PAUSE_SECONDS = 0.5
+# Once a minute at the default interval: one query of this worker's own rows.
+AUDIT_EVERY_RECONCILES = 6
 
 
 def jittered(seconds: float) -> float:
@@ -356,10 +358,14 @@ class Worker:
 
     async def _reconcile_loop(self) -> None:
         delay = jittered(self.config.reconcile_every)
+        runs = 0
         while True:
             await asyncio.sleep(delay)
             delay = jittered(self.config.reconcile_every)
+            runs += 1
             try:
+                if runs % AUDIT_EVERY_RECONCILES == 0:
+                    await self._audit_own_rows()
                 self.fleet = await self.store.directory.list()
                 delay = min(delay, self._until_a_peer_expires())
                 free = self.free_slots()
@@ -369,6 +375,21 @@ class Worker:
                 await asyncio.gather(*(self._claim(c, "reconcile") for c in found))
             except (StoreUnavailable, SessionLost) as exc:
                 self.log("reconcile_failed", error=str(exc))
+
+    async def _audit_own_rows(self) -> None:
+        """Release rows this session owns in the table but does not run (a release that failed
+        while the session stayed live would otherwise keep them owned until the worker exits)."""
+        for lease in await self.store.connections.mine():
+            if lease.pk in self.connections or lease.pk in self._claims_in_flight:
+                continue
+            try:
+                offered = await self.store.connections.release(lease)
+            except (LeaseLost, StoreUnavailable, SessionLost):
+                continue  # the index lagged, or it moved on: nothing to give back
+            if offered:
+                with contextlib.suppress(Exception):
+                    await self.context.notifier.notify(lease.pk)
+            self.log("lease_released", pk=lease.pk, reason="audit")
 
     def _until_a_peer_expires(self) -> float:
         """Seconds until the first peer session (as last read) becomes takeable, plus a little.
