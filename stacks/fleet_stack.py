@@ -7,11 +7,10 @@ role. Stacks only wire constructs; every decision with a reason lives in a const
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from aws_cdk import Annotations, App, CfnOutput, Duration, Environment, Fn, Stack
+from aws_cdk import Annotations, App, CfnOutput, Duration, Fn, Stack
 from constructs import Construct
 
+from stacks.regional import Placement, Role
 from streamfleet_cdk.config import AppConfig
 from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.tables import FleetTableReplicas, FleetTables, FleetTablesProps
@@ -19,13 +18,6 @@ from streamfleet_cdk.worker_fleet import VPC_AZS, WorkerFleet, WorkerFleetProps
 
 PRIMARY_STACK_NAME = "StreamFleet-Primary"
 SECONDARY_STACK_NAME = "StreamFleet-Secondary"
-
-
-class Role(StrEnum):
-    """What a Region's stack does with the global tables."""
-
-    PRIMARY = "primary"  # declares them, with a replica in the secondary Region
-    SECONDARY = "secondary"  # references its local replica by name
 
 
 class FleetStack(Stack):
@@ -46,17 +38,13 @@ class FleetStack(Stack):
     def __init__(
         self, scope: Construct, construct_id: str, *, config: AppConfig, role: str
     ) -> None:
-        try:
-            self.role = Role(role)
-        except ValueError:
-            choices = ", ".join(repr(r.value) for r in Role)
-            raise ValueError(f"role: expected one of {choices}, got {role!r}") from None
-        primary = self.role is Role.PRIMARY
-        region = config.primary_region if primary else config.secondary_region
+        placement = Placement.of(config, role)
+        self.role = placement.role
+        primary = placement.primary
         super().__init__(
             scope,
             construct_id,
-            env=Environment(account=config.account, region=region),
+            env=placement.env,
             description=f"StreamFleet ({self.role.value} Region): leased WebSocket worker fleet",
         )
         self.active = primary or config.secondary_active

@@ -10,12 +10,12 @@ records share one name in one hosted zone, so neither stack needs a value from t
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, App, CfnOutput, Environment, Stack
+from aws_cdk import Annotations, App, CfnOutput, Stack
 from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_route53 as route53
 from constructs import Construct
 
-from stacks.fleet_stack import Role
+from stacks.regional import Placement, Role
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
 from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
 from streamfleet_cdk.failover_dns import FailoverRecords, FailoverRecordsProps, FailoverTarget
@@ -51,17 +51,13 @@ class WebSocketApiStack(Stack):
     def __init__(
         self, scope: Construct, construct_id: str, *, config: AppConfig, role: str
     ) -> None:
-        try:
-            self.role = Role(role)
-        except ValueError:
-            choices = ", ".join(repr(r.value) for r in Role)
-            raise ValueError(f"role: expected one of {choices}, got {role!r}") from None
-        primary = self.role is Role.PRIMARY
-        region = config.primary_region if primary else config.secondary_region
+        placement = Placement.of(config, role)
+        self.role = placement.role
+        primary = placement.primary
         super().__init__(
             scope,
             construct_id,
-            env=Environment(account=config.account, region=region),
+            env=placement.env,
             description=f"StreamFleet ({self.role.value} Region): client-facing WebSocket API",
         )
         tables = WebSocketTables(

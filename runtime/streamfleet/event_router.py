@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from . import model
+from . import model, strict_json
 from .aws import AsyncClient, ClientSettings
 from .control import ControlPlane
 from .desired_state import Outcome
@@ -156,18 +156,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python-only extensions
 
 
-def _json_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, dict):  # _DuplicateKeys included
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    return "string" if isinstance(value, str) else "null"
-
-
 def _field_error(field: str, exc: ValueError) -> BadRequest:
     """Turn a ``ValueError("<field>: <message>")`` from the shared checks into a BadRequest."""
     prefix = f"{field}: "
@@ -180,7 +168,7 @@ def _string(payload: dict[str, Any], field: str) -> str:
         raise BadRequest(field, "required")
     value = payload[field]
     if not isinstance(value, str):
-        raise BadRequest(field, f"expected a string, got {_json_type(value)}")
+        raise BadRequest(field, f"expected a string, got {strict_json.json_type(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:  # a JSON escape of a lone surrogate: not storable in DynamoDB
@@ -232,7 +220,7 @@ def parse_event(body_text: str, policy: UpstreamPolicy) -> StartEvent | StopEven
     except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         raise BadRequest("body", "not valid JSON") from None
     if not isinstance(payload, dict):
-        raise BadRequest("body", f"expected a JSON object, got {_json_type(payload)}")
+        raise BadRequest("body", f"expected a JSON object, got {strict_json.json_type(payload)}")
     if isinstance(payload, _DuplicateKeys):
         raise BadRequest(payload.duplicate, "appears more than once")
     event_type = _string(payload, EVENT_TYPE)

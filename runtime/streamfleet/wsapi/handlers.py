@@ -46,7 +46,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import model
+from .. import model, strict_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
 from ..validation import ID_CHARSET_DOC, ID_PATTERN
@@ -188,38 +188,10 @@ def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
         raise BadMessage("body", "not valid UTF-8 (binary frames are not accepted)") from None
 
 
-class _Duplicate(Exception):
-    pass
-
-
-def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Duplicate(key)
-        result[key] = value
-    return result
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def json_type(value: object) -> str:
-    """The JSON name of a decoded value's type, for error messages."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
-
-
 def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
     value = payload[field]
     if not isinstance(value, str):
-        raise BadMessage(field, f"expected a string, got {json_type(value)}")
+        raise BadMessage(field, f"expected a string, got {strict_json.json_type(value)}")
     if not value:
         raise BadMessage(field, "must not be empty")
     if len(value) > max_chars:
@@ -232,7 +204,7 @@ def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
 def _amount(payload: Mapping[str, Any]) -> int:
     value = payload["amount"]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadMessage("amount", f"expected a whole number, got {json_type(value)}")
+        raise BadMessage("amount", f"expected a whole number, got {strict_json.json_type(value)}")
     if isinstance(value, float):
         if not value.is_integer():
             raise BadMessage("amount", "expected a whole number, got a fraction")
@@ -249,13 +221,13 @@ def parse_message(text: str) -> Message:
     instead of a silently missing value.
     """
     try:
-        payload = json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant)
-    except _Duplicate as dup:
-        raise BadMessage(str(dup.args[0]), "appears more than once") from None
+        payload = strict_json.loads(text)
+    except strict_json.DuplicateMember as dup:
+        raise BadMessage(dup.member, "appears more than once") from None
     except (ValueError, RecursionError):
         raise BadMessage("body", "not valid JSON") from None
     if not isinstance(payload, dict):
-        raise BadMessage("body", f"expected a JSON object, got {json_type(payload)}")
+        raise BadMessage("body", f"expected a JSON object, got {strict_json.json_type(payload)}")
     request_id = None
     if "requestId" in payload:
         request_id = _identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
@@ -264,7 +236,7 @@ def parse_message(text: str) -> Message:
             raise BadMessage("action", "required")
         action = payload["action"]
         if not isinstance(action, str):
-            raise BadMessage("action", f"expected a string, got {json_type(action)}")
+            raise BadMessage("action", f"expected a string, got {strict_json.json_type(action)}")
         if action not in FIELDS:
             shown = action[:40]
             raise BadMessage("action", f"unknown action {shown!r} (expected {', '.join(FIELDS)})")

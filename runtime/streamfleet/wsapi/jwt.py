@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import strict_json
+
 RS256 = "RS256"
 ES256 = "ES256"
 HS256 = "HS256"
@@ -114,31 +116,12 @@ def b64url_decode(text: str) -> bytes:
         raise ValueError("not unpadded base64url") from None
 
 
-class _Duplicate(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Duplicate(key)
-        result[key] = value
-    return result
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _json_object(segment: str, what: str) -> dict[str, Any]:
     try:
         raw = b64url_decode(segment)
-        value = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
-    except _Duplicate as dup:
-        raise MalformedToken(f"{what}: member {dup.args[0]!r} appears more than once") from None
+        value = strict_json.loads(raw.decode("utf-8"))
+    except strict_json.DuplicateMember as dup:
+        raise MalformedToken(f"{what}: member {dup.member!r} appears more than once") from None
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise MalformedToken(f"{what}: not base64url-encoded JSON") from None
     if not isinstance(value, dict):
