@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest local synth worker upstream bench chaos drill clean
+.PHONY: help setup test lint format pytest local cli synth worker upstream bench chaos drill clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -42,7 +42,10 @@ test: lint pytest ## Everything CI runs: lint, then the whole test suite against
 local: setup ## The whole fleet on this machine with a live view (type k N to kill -9 worker N)
 	$(PYTHON) -m streamfleet.local.mode --workers 3 --streams 12
 
-synth: setup ## Synthesize both stacks into cdk.out (no AWS credentials, no Docker)
+cli: setup ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
+	$(PYTHON) -m streamfleet.cli $(ARGS)
+
+synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no Docker)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
 

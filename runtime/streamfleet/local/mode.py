@@ -255,7 +255,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                         "QUEUE_URL": fleet.queue_url,
                     }.items()
                 )
-                + f"\n# event API: {mode.api_url}/events   then: python -m streamfleet.cli workers",
+                + f'\n# event API: {mode.api_url}/events   then: make cli ARGS="workers"',
                 title="local fleet: use the operator CLI from another terminal with",
             )
         )
