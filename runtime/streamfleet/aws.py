@@ -13,8 +13,8 @@ code talks to AWS, moto's server or dynalite.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -56,12 +56,25 @@ class AsyncClient:
         # Requests sent, by operation: what the benchmarks turn into cost per connection-minute.
         self.requests: Counter[str] = Counter()
 
-    async def call(self, operation: str, **params: Any) -> dict[str, Any]:
-        """Run ``client.<operation>(**params)`` without blocking the event loop."""
+    async def call(
+        self, operation: str, *, guard: Callable[[], object] | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """Run ``client.<operation>(**params)`` without blocking the event loop.
+
+        ``guard`` runs in the pool thread right before the request is sent and may raise to
+        cancel it: a check made earlier on the event loop can be stale by then (a queue wait,
+        or a process frozen between the check and the send).
+        """
         self.requests[operation] += 1
         loop = asyncio.get_running_loop()
         method = getattr(self.client, operation)
-        return await loop.run_in_executor(self._executor, functools.partial(method, **params))
+
+        def send() -> dict[str, Any]:
+            if guard is not None:
+                guard()
+            return method(**params)
+
+        return await loop.run_in_executor(self._executor, send)
 
     def close(self) -> None:
         """Stop the executor; calls still running finish in the background."""

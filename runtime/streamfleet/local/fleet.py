@@ -207,12 +207,19 @@ class Fleet:
         )
         return [int(item[model.SEQ]["N"]) for page in pages for item in page["Items"]]
 
-    def stored_by(self, worker_id: str) -> int:
+    def stored_by(self, worker_id: str, received_after_ms: int = 0) -> int:
+        """How many stored messages ``worker_id`` wrote (of those it received after the time)."""
         pages = self.dynamodb.get_paginator("scan").paginate(
             TableName=self.messages_table,
-            FilterExpression="#w = :w",
-            ExpressionAttributeNames={"#w": model.MESSAGE_WORKER},
-            ExpressionAttributeValues={":w": {"S": worker_id}},
+            FilterExpression="#w = :w AND #r > :after",
+            ExpressionAttributeNames={
+                "#w": model.MESSAGE_WORKER,
+                "#r": model.MESSAGE_RECEIVED_AT_MS,
+            },
+            ExpressionAttributeValues={
+                ":w": {"S": worker_id},
+                ":after": {"N": str(received_after_ms)},
+            },
         )
         return sum(page["Count"] for page in pages)
 

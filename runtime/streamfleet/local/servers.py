@@ -30,11 +30,14 @@ def free_port() -> int:
 
 
 def dynalite_command() -> list[str]:
-    """How to run dynalite: ``DYNALITE_BIN`` or the copy ``npm ci`` put in ``node_modules``."""
-    binary = os.environ.get("DYNALITE_BIN") or str(REPO_ROOT / "node_modules" / ".bin" / "dynalite")
-    if not Path(binary).exists():
-        raise FileNotFoundError(f"DYNALITE_BIN: {binary} not found (run `npm ci` or `make venv`)")
-    return [binary]
+    """How to run dynalite: ``DYNALITE_BIN``, or ``tools/dynalite-server.js`` (dynalite from
+    ``node_modules``, wrapped so that a client killed mid-request does not crash the server)."""
+    if os.environ.get("DYNALITE_BIN"):
+        return [os.environ["DYNALITE_BIN"]]
+    script = REPO_ROOT / "tools" / "dynalite-server.js"
+    if not (REPO_ROOT / "node_modules" / "dynalite").exists():
+        raise FileNotFoundError("node_modules/dynalite not found (run `npm ci` or `make setup`)")
+    return ["node", str(script)]
 
 
 @dataclass
@@ -84,18 +87,7 @@ class LocalServer:
     def _port_args(self) -> list[str]:
         if self.kind == "moto":
             return ["-H", "127.0.0.1", "-p", str(self.port)]
-        return [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--createTableMs",
-            "0",
-            "--deleteTableMs",
-            "0",
-            "--updateTableMs",
-            "0",
-        ]
+        return ["--host", "127.0.0.1", "--port", str(self.port)]
 
     def _answers(self) -> bool:
         try:

@@ -166,10 +166,12 @@ class MessageSink:
         attempt = 0
         async with self._parallel:
             while requests:
-                self._session.require_live()  # never write past the holder's deadline
+                self._session.require_live()  # never write past the holder's deadline...
                 response = await retry_until(
                     lambda requests=requests: self._dynamodb.call(
-                        "batch_write_item", RequestItems={self._table: requests}
+                        "batch_write_item",
+                        RequestItems={self._table: requests},
+                        guard=self._session.require_live,  # ...checked again at the send
                     ),
                     deadline=self._session.deadline,
                     clock=self._session.clock,

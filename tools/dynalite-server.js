@@ -1,0 +1,35 @@
+// dynalite as the tests and the local mode run it.
+//
+// dynalite's request handler rethrows a request's 'error' event, so a client that dies in the
+// middle of a request (exactly what kill -9 of a worker does) takes the whole server down with
+// ECONNRESET. A real DynamoDB shrugs that off; so does this wrapper: such errors end only that
+// request. Any other uncaught error still stops the process.
+//
+// Usage: node tools/dynalite-server.js --host 127.0.0.1 --port 4567 [--path DIR]
+"use strict";
+
+const dynalite = require("dynalite");
+
+function option(name, fallback) {
+  const index = process.argv.indexOf(`--${name}`);
+  return index >= 0 && index + 1 < process.argv.length ? process.argv[index + 1] : fallback;
+}
+
+const CLIENT_GONE = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED"]);
+process.on("uncaughtException", (err) => {
+  if (err && (CLIENT_GONE.has(err.code) || err.message === "aborted")) {
+    return; // a client went away mid-request: that request is over, the server is not
+  }
+  console.error(err);
+  process.exit(1);
+});
+
+const server = dynalite({
+  path: option("path", undefined),
+  createTableMs: 0,
+  deleteTableMs: 0,
+  updateTableMs: 0,
+});
+const host = option("host", "127.0.0.1");
+const port = Number(option("port", "4567"));
+server.listen(port, host, () => console.log(`dynalite listening at http://${host}:${port}`));
