@@ -7,10 +7,10 @@ role. Stacks only wire constructs; every decision with a reason lives in a const
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, App, CfnOutput, Duration, Fn, Stack
+from aws_cdk import Annotations, App, CfnOutput, Duration, Fn
 from constructs import Construct
 
-from stacks.regional import Placement, Role
+from stacks.regional import RegionalStack, Role
 from streamfleet_cdk.config import AppConfig
 from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.tables import FleetTableReplicas, FleetTables, FleetTablesProps
@@ -20,7 +20,7 @@ PRIMARY_STACK_NAME = "StreamFleet-Primary"
 SECONDARY_STACK_NAME = "StreamFleet-Secondary"
 
 
-class FleetStack(Stack):
+class FleetStack(RegionalStack):
     """The fleet's resources in one Region.
 
     The ``env`` is always explicit (``config.account`` and the role's Region): global table
@@ -38,15 +38,10 @@ class FleetStack(Stack):
     def __init__(
         self, scope: Construct, construct_id: str, *, config: AppConfig, role: str
     ) -> None:
-        placement = Placement.of(config, role)
-        self.role = placement.role
-        primary = placement.primary
         super().__init__(
-            scope,
-            construct_id,
-            env=placement.env,
-            description=f"StreamFleet ({self.role.value} Region): leased WebSocket worker fleet",
+            scope, construct_id, config=config, role=role, purpose="leased WebSocket worker fleet"
         )
+        primary = self.primary
         self.active = primary or config.secondary_active
         tables = self._build_tables(config)
         self.lease_table = tables.lease_table

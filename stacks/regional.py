@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from aws_cdk import Environment
+from aws_cdk import Environment, Stack
+from constructs import Construct
 
 from streamfleet_cdk.config import AppConfig
 
@@ -38,3 +39,24 @@ class Placement:
             raise ValueError(f"role: expected one of {choices}, got {role!r}") from None
         region = config.primary_region if parsed is Role.PRIMARY else config.secondary_region
         return cls(parsed, Environment(account=config.account, region=region))
+
+
+class RegionalStack(Stack):
+    """A stack in the primary or the secondary Region, always with an explicit ``env``:
+    global table replicas and Availability Zones need a concrete Region at synth time."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: AppConfig, role: str, purpose: str
+    ) -> None:
+        placement = Placement.of(config, role)
+        self.role = placement.role
+        super().__init__(
+            scope,
+            construct_id,
+            env=placement.env,
+            description=f"StreamFleet ({self.role.value} Region): {purpose}",
+        )
+
+    @property
+    def primary(self) -> bool:
+        return self.role is Role.PRIMARY

@@ -10,12 +10,12 @@ records share one name in one hosted zone, so neither stack needs a value from t
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, App, CfnOutput, Stack
+from aws_cdk import Annotations, App, CfnOutput
 from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_route53 as route53
 from constructs import Construct
 
-from stacks.regional import Placement, Role
+from stacks.regional import RegionalStack, Role
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
 from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
 from streamfleet_cdk.failover_dns import FailoverRecords, FailoverRecordsProps, FailoverTarget
@@ -36,7 +36,7 @@ PLACEHOLDER_JWT = "streamfleet:ws-placeholder-jwt"
 NO_CANARY_TOKEN = "streamfleet:ws-canary-without-token"
 
 
-class WebSocketApiStack(Stack):
+class WebSocketApiStack(RegionalStack):
     """The WebSocket API's resources in one Region.
 
     Attributes:
@@ -51,15 +51,10 @@ class WebSocketApiStack(Stack):
     def __init__(
         self, scope: Construct, construct_id: str, *, config: AppConfig, role: str
     ) -> None:
-        placement = Placement.of(config, role)
-        self.role = placement.role
-        primary = placement.primary
         super().__init__(
-            scope,
-            construct_id,
-            env=placement.env,
-            description=f"StreamFleet ({self.role.value} Region): client-facing WebSocket API",
+            scope, construct_id, config=config, role=role, purpose="client-facing WebSocket API"
         )
+        primary = self.primary
         tables = WebSocketTables(
             self,
             "Tables",
