@@ -1,6 +1,7 @@
 """``make local``: the whole fleet on this machine, with a live view you can poke at.
 
-Starts the local DynamoDB/SQS server (moto's server mode; ``--dynamodb dynalite`` for dynalite),
+Starts the local servers (dynalite for DynamoDB, moto's server mode for SQS; ``--dynamodb moto``
+puts DynamoDB on moto too),
 creates the tables and queue from :mod:`streamfleet.model`, serves the event REST API through
 the real event-router handler, starts the fake upstream and N worker processes, STARTs a set of
 streams through that API, and shows workers, streams and lease events live.
@@ -350,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--streams", type=int, default=12)
     parser.add_argument("--rate", type=float, default=2.0, help="upstream messages per second")
-    parser.add_argument("--dynamodb", choices=("moto", "dynalite"), default="moto")
+    # dynalite by default: moto's server does not serialise concurrent conditional writes.
+    parser.add_argument("--dynamodb", choices=("moto", "dynalite"), default="dynalite")
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until quit")
     parser.add_argument("--summary", action="store_true", help="print a JSON summary at the end")
     args = parser.parse_args(argv)
