@@ -31,15 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from streamfleet.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
-from streamfleet.local.servers import LocalServer, dynalite_server, moto_server
+from streamfleet.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet.upstream.fake import FakeUpstream
 
-LOCAL_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "local",
-    "AWS_SECRET_ACCESS_KEY": "local",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-}
 PRODUCTION_TIMING = {
     "LEASE_SECONDS": "20",
     "HEARTBEAT_EVERY": "5",

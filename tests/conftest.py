@@ -15,16 +15,11 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from streamfleet.local.servers import LocalServer, dynalite_server, moto_server
+from streamfleet.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
+from tests.wsapi_support import gateway, tables  # noqa: F401 - fixtures of the WebSocket API tests
 
 USE_AWS = os.environ.get("STREAMFLEET_TEST_AWS") == "1"
 BACKENDS = ["moto", "dynalite", *(["aws"] if USE_AWS else [])]
-LOCAL_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "local",
-    "AWS_SECRET_ACCESS_KEY": "local",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from streamfleet.local.chaos import LOCAL_AWS_ENV, ChaosPlan, run_chaos
+from streamfleet.local.chaos import ChaosPlan, run_chaos
+from streamfleet.local.servers import LOCAL_AWS_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 
 import boto3
 import pytest
@@ -21,7 +20,6 @@ from streamfleet.aws import AsyncClient
 from streamfleet.client import Endpoint
 from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.canary import (
     Canary,
     CanaryConfig,
@@ -35,19 +33,13 @@ from streamfleet.wsapi.canary import (
     probe,
     token_source_from_env,
 )
-from streamfleet.wsapi.handlers import make_dynamodb_client
 from streamfleet.wsapi.local_gateway import (
     FailureMode,
     GatewaySettings,
     LocalGateway,
-    wsapi_gateway,
 )
-from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer  # noqa: F401
 
-REGION = "us-east-1"
-ISSUER = "https://issuer.test"
-AUDIENCE = "wsapi-test"
-KEY = jwt.generate_signing_key(jwt.HS256, kid="canary")
 TOKENS = MintedToken(KEY, ISSUER, AUDIENCE, subject="canary")
 
 
@@ -114,30 +106,6 @@ def test_hysteresis_matches_its_specification(probes: list[bool], recover: int, 
 
 
 # --- Against a gateway --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tables(moto) -> Iterator[tuple[str, str]]:
-    suffix = uuid.uuid4().hex[:10]
-    state, connections = f"test-castate-{suffix}", f"test-caconn-{suffix}"
-    client = make_dynamodb_client(REGION)
-    create_wsapi_tables(client, state_table=state, connections_table=connections)
-    yield state, connections
-    delete_wsapi_tables(client, state_table=state, connections_table=connections)
-
-
-@pytest.fixture
-async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
-    state, connections = tables
-    keys = json.dumps(jwt.jwks_document([KEY]))
-    auth = Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
-    async with wsapi_gateway(
-        GatewaySettings(region=REGION),
-        authorizer=auth,
-        state_table=state,
-        connections_table=connections,
-    ) as running:
-        yield running
 
 
 async def test_probe_outcomes(gateway: LocalGateway) -> None:

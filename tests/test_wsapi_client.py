@@ -7,11 +7,9 @@ about a second.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import boto3
@@ -31,20 +29,12 @@ from streamfleet.client import (
     backoff_delay,
 )
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
-from streamfleet.wsapi.handlers import make_dynamodb_client
 from streamfleet.wsapi.local_gateway import (
     FailureMode,
-    GatewaySettings,
     LocalGateway,
-    wsapi_gateway,
 )
-from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer  # noqa: F401
 
-REGION = "us-east-1"
-ISSUER = "https://issuer.test"
-AUDIENCE = "wsapi-test"
-KEY = jwt.generate_signing_key(jwt.HS256, kid="test")
 WRONG_KEY = jwt.generate_signing_key(jwt.HS256, kid="test")
 FAST = ClientConfig(
     heartbeat_interval=0.3,
@@ -93,30 +83,6 @@ class Tokens:
         token = jwt.sign(claims, key) if self.with_token else None
         self.tokens.append(token)
         return Endpoint(self.gateway.url, token, self.transport)
-
-
-@pytest.fixture
-def tables(moto) -> Iterator[tuple[str, str]]:
-    suffix = uuid.uuid4().hex[:10]
-    state, connections = f"test-clstate-{suffix}", f"test-clconn-{suffix}"
-    client = make_dynamodb_client(REGION)
-    create_wsapi_tables(client, state_table=state, connections_table=connections)
-    yield state, connections
-    delete_wsapi_tables(client, state_table=state, connections_table=connections)
-
-
-@pytest.fixture
-async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
-    state, connections = tables
-    keys = json.dumps(jwt.jwks_document([KEY]))
-    auth = Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
-    async with wsapi_gateway(
-        GatewaySettings(region=REGION),
-        authorizer=auth,
-        state_table=state,
-        connections_table=connections,
-    ) as running:
-        yield running
 
 
 async def eventually(predicate, timeout: float = 5.0) -> None:

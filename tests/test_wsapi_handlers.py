@@ -21,7 +21,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from streamfleet import model
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.handlers import (
     BadMessage,
     GetState,
@@ -37,32 +36,14 @@ from streamfleet.wsapi.handlers import (
 from streamfleet.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 from tests.conftest import LOCAL_AWS_ENV
+from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer
 
-REGION = "us-east-1"
-ISSUER = "https://issuer.test"
-AUDIENCE = "wsapi-test"
-KEY = jwt.generate_signing_key(jwt.HS256, kid="test")  # HS256: fast, and allowed locally
 REPLY_TIMEOUT = 5.0
 
 
 def token(sub: str) -> str:
     now = int(time.time())
     return jwt.sign({"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now + 300}, KEY)
-
-
-def authorizer() -> Authorizer:
-    keys = json.dumps(jwt.jwks_document([KEY]))
-    return Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
-
-
-@pytest.fixture
-def tables(moto) -> Iterator[tuple[str, str]]:
-    suffix = uuid.uuid4().hex[:10]
-    state, connections = f"test-wsstate-{suffix}", f"test-wsconn-{suffix}"
-    client = make_dynamodb_client(REGION)
-    create_wsapi_tables(client, state_table=state, connections_table=connections)
-    yield state, connections
-    delete_wsapi_tables(client, state_table=state, connections_table=connections)
 
 
 @pytest.fixture
@@ -89,18 +70,6 @@ def atomic_tables(servers, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
 @pytest.fixture
 async def atomic_gateway(atomic_tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
     state, connections = atomic_tables
-    async with wsapi_gateway(
-        GatewaySettings(region=REGION),
-        authorizer=authorizer(),
-        state_table=state,
-        connections_table=connections,
-    ) as running:
-        yield running
-
-
-@pytest.fixture
-async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
-    state, connections = tables
     async with wsapi_gateway(
         GatewaySettings(region=REGION),
         authorizer=authorizer(),

@@ -24,14 +24,8 @@ from pathlib import Path
 
 from ..upstream.process import UpstreamProcess
 from .fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
-from .servers import LocalServer, dynalite_server, moto_server
+from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 
-LOCAL_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "local",
-    "AWS_SECRET_ACCESS_KEY": "local",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-}
 FAULTS = ("kill9", "sigterm", "pause", "churn", "dynamodb_outage")
 
 

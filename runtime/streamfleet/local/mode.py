@@ -43,14 +43,8 @@ from rich.table import Table
 from .. import model
 from ..upstream.process import UpstreamProcess
 from .fleet import Fleet, WorkerProcess
-from .servers import LocalServer, dynalite_server, free_port, moto_server
+from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, free_port, moto_server
 
-LOCAL_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "local",
-    "AWS_SECRET_ACCESS_KEY": "local",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-}
 # Slow enough to watch, fast enough that a kill -9 recovers while you look.
 DEMO_TIMING = {
     "LEASE_SECONDS": "4",

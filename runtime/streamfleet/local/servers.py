@@ -17,6 +17,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Credentials and region for local servers: they accept any, but botocore insists on some.
+LOCAL_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "local",
+    "AWS_SECRET_ACCESS_KEY": "local",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+}
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[3]

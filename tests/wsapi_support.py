@@ -1,0 +1,52 @@
+"""What the WebSocket API tests share: one issuer and key, fresh tables, a running gateway.
+
+``conftest.py`` registers the fixtures; test modules import the constants.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
+from streamfleet.wsapi.handlers import make_dynamodb_client
+from streamfleet.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+
+REGION = "us-east-1"
+ISSUER = "https://issuer.test"
+AUDIENCE = "wsapi-test"
+KEY = jwt.generate_signing_key(jwt.HS256, kid="test")  # HS256: fast, and allowed locally
+
+
+def authorizer() -> Authorizer:
+    keys = json.dumps(jwt.jwks_document([KEY]))
+    return Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
+
+
+@pytest.fixture
+def tables(moto) -> Iterator[tuple[str, str]]:
+    """A fresh state table and connections table on the moto server."""
+    suffix = uuid.uuid4().hex[:10]
+    state, connections = f"test-wsstate-{suffix}", f"test-wsconn-{suffix}"
+    client = make_dynamodb_client(REGION)
+    create_wsapi_tables(client, state_table=state, connections_table=connections)
+    yield state, connections
+    delete_wsapi_tables(client, state_table=state, connections_table=connections)
+
+
+@pytest.fixture
+async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
+    """The real handlers and authorizer behind the local API Gateway stand-in."""
+    state, connections = tables
+    async with wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=authorizer(),
+        state_table=state,
+        connections_table=connections,
+    ) as running:
+        yield running
