@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
+export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/devtools:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -40,7 +40,7 @@ pytest: setup
 test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
 
 local: setup ## The whole fleet on this machine with a live view (type k N to kill -9 worker N)
-	$(PYTHON) -m streamfleet.local.mode --workers 3 --streams 12
+	$(PYTHON) -m streamfleet_dev.local.mode --workers 3 --streams 12
 
 cli: setup ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
 	$(PYTHON) -m streamfleet.cli $(ARGS)
@@ -53,16 +53,16 @@ bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/r
 	$(PYTHON) -m bench.fleet_bench
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
-	$(PYTHON) -m streamfleet.local.chaos --duration 180 --workers 5 --streams 60
+	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60
 
 drill: setup ## Regional failover drill of the WebSocket API, locally (two regions, canary, DNS stand-in)
-	$(PYTHON) -m streamfleet.wsapi.drill --markdown
+	$(PYTHON) -m streamfleet_dev.wsapi.drill --markdown
 
 worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
 	$(PYTHON) -m streamfleet.worker
 
 upstream: setup ## Run the fake upstream on port 8765
-	$(PYTHON) -m streamfleet.upstream.fake --port 8765 --rate 5
+	$(PYTHON) -m streamfleet_dev.upstream.fake --port 8765 --rate 5
 
 clean: ## Remove the virtualenv, node_modules and caches
 	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache .hypothesis cdk.out

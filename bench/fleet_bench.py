@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamfleet.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
-from streamfleet.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
-from streamfleet.upstream.fake import FakeUpstream
+from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
+from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
+from streamfleet_dev.upstream.fake import FakeUpstream
 
 PRODUCTION_TIMING = {
     "LEASE_SECONDS": "20",

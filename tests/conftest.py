@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from streamfleet.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
+from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from tests.wsapi_support import gateway, tables  # noqa: F401 - fixtures of the WebSocket API tests
 
 USE_AWS = os.environ.get("STREAMFLEET_TEST_AWS") == "1"
@@ -65,7 +65,7 @@ def moto(servers, monkeypatch: pytest.MonkeyPatch) -> LocalServer:
 @pytest.fixture
 def table_names(backend: str) -> Iterator[tuple[str, str]]:
     """A fresh lease table and messages table, deleted afterwards."""
-    from streamfleet.tables import create_tables
+    from streamfleet_dev.tables import create_tables
 
     suffix = uuid.uuid4().hex[:10]
     lease, messages = f"test-leases-{suffix}", f"test-messages-{suffix}"

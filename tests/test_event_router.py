@@ -29,10 +29,10 @@ from streamfleet.aws import AsyncClient
 from streamfleet.event_router import BadRequest, StartEvent, decode_body, parse_event
 from streamfleet.lease import Lease, LeaseStore, LeaseTiming
 from streamfleet.lease.dynamo import from_item
-from streamfleet.local.http_adapter import make_server, serve_in_thread
-from streamfleet.tables import create_tables
 from streamfleet.validation import check_id
 from streamfleet.worker.upstream_policy import UpstreamPolicy
+from streamfleet_dev.local.http_adapter import make_server, serve_in_thread
+from streamfleet_dev.tables import create_tables
 
 ALLOWED_UPSTREAMS = "ws://127.0.0.1:8765,wss://*.feeds.example.com"
 POLICY = UpstreamPolicy.parse("ALLOWED_UPSTREAMS", ALLOWED_UPSTREAMS)

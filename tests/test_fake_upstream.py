@@ -22,7 +22,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
-from streamfleet.upstream.fake import FakeUpstream, message_data
+from streamfleet_dev.upstream.fake import FakeUpstream, message_data
 from tests.support import ShiftableClock
 
 RATE = 100.0  # messages per second: fast enough to keep the file quick, slow enough to be live
@@ -243,13 +243,16 @@ async def test_head_of_an_unknown_stream_is_404_and_does_not_create_it(
 
 
 def cli_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'runtime'}{os.pathsep}{REPO_ROOT}"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(str(REPO_ROOT / d) for d in ("runtime", "devtools", ".")),
+    }
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 async def test_cli_prints_the_listening_url_and_serves_until_signalled(stop_signal: int) -> None:
     process = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "streamfleet.upstream.fake", "--port", "0", "--rate", "200"],
+        *[sys.executable, "-m", "streamfleet_dev.upstream.fake", "--port", "0", "--rate", "200"],
         stdout=asyncio.subprocess.PIPE,
         env=cli_env(),
     )
@@ -279,7 +282,7 @@ async def test_cli_prints_the_listening_url_and_serves_until_signalled(stop_sign
 )
 async def test_cli_rejects_bad_arguments_with_a_clear_error(args: list[str], message: str) -> None:
     process = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "streamfleet.upstream.fake", *args],
+        *[sys.executable, "-m", "streamfleet_dev.upstream.fake", *args],
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=cli_env(),

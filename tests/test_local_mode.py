@@ -16,10 +16,11 @@ import pytest
 
 from streamfleet import model
 from streamfleet.lease.dynamo import from_item
-from streamfleet.local.fleet import eventually
+from streamfleet_dev.local.fleet import eventually
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
+TOOLS_PATH = os.pathsep.join(str(REPO / d) for d in ("runtime", "devtools"))
 
 
 def owners(table: str) -> dict[str, str | None]:
@@ -34,8 +35,12 @@ def owners(table: str) -> dict[str, str | None]:
 
 def launch(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "streamfleet.local.mode", *args],
-        env={**os.environ, "PYTHONPATH": str(REPO / "runtime"), "COLUMNS": "120"},
+        [sys.executable, "-m", "streamfleet_dev.local.mode", *args],
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{REPO / 'runtime'}:{REPO / 'devtools'}",
+            "COLUMNS": "120",
+        },
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -85,8 +90,8 @@ async def test_local_mode_recovers_from_a_kill_typed_at_its_prompt(monkeypatch):
 
 def test_the_help_lists_every_command():
     result = subprocess.run(
-        [sys.executable, "-m", "streamfleet.local.mode", "--help"],
-        env={**os.environ, "PYTHONPATH": str(REPO / "runtime")},
+        [sys.executable, "-m", "streamfleet_dev.local.mode", "--help"],
+        env={**os.environ, "PYTHONPATH": TOOLS_PATH},
         capture_output=True,
         text=True,
         check=True,

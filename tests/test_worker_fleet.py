@@ -21,9 +21,9 @@ from urllib.request import urlopen
 import pytest
 
 from streamfleet import model
-from streamfleet.local.fleet import LEASE_SECONDS, REPO, Fleet, WorkerProcess, eventually
-from streamfleet.local.servers import free_port
-from streamfleet.upstream.fake import FakeUpstream
+from streamfleet_dev.local.fleet import LEASE_SECONDS, REPO, Fleet, WorkerProcess, eventually
+from streamfleet_dev.local.servers import free_port
+from streamfleet_dev.upstream.fake import FakeUpstream
 
 pytestmark = pytest.mark.slow
 

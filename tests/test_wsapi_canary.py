@@ -33,7 +33,7 @@ from streamfleet.wsapi.canary import (
     probe,
     token_source_from_env,
 )
-from streamfleet.wsapi.local_gateway import (
+from streamfleet_dev.wsapi.local_gateway import (
     FailureMode,
     GatewaySettings,
     LocalGateway,

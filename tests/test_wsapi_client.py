@@ -29,7 +29,7 @@ from streamfleet.client import (
     backoff_delay,
 )
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.local_gateway import (
+from streamfleet_dev.wsapi.local_gateway import (
     FailureMode,
     LocalGateway,
 )

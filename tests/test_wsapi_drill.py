@@ -17,7 +17,8 @@ import pytest
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import from_item, to_item
-from streamfleet.wsapi.drill import (
+from streamfleet.wsapi.handlers import make_dynamodb_client
+from streamfleet_dev.wsapi.drill import (
     DrillConfig,
     FailoverResolver,
     HealthAlarm,
@@ -27,9 +28,8 @@ from streamfleet.wsapi.drill import (
     markdown,
     run_drill,
 )
-from streamfleet.wsapi.handlers import make_dynamodb_client
-from streamfleet.wsapi.local_gateway import FailureMode
-from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+from streamfleet_dev.wsapi.local_gateway import FailureMode
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 from tests.conftest import LOCAL_AWS_ENV
 
 

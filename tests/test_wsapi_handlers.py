@@ -33,8 +33,8 @@ from streamfleet.wsapi.handlers import (
     management_endpoint,
     parse_message,
 )
-from streamfleet.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
-from streamfleet.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 from tests.conftest import LOCAL_AWS_ENV
 from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer
 

@@ -13,7 +13,7 @@ Module map:
   hysteresis;
 * :mod:`.tables` — creates the state and connections tables where there is no CloudFormation;
 * :mod:`.local_gateway` — API Gateway's WebSocket routing and Management API on loopback;
-* :mod:`.drill` — a two-region failover drill (``python -m streamfleet.wsapi.drill``).
+* :mod:`.drill` — a two-region failover drill (``python -m streamfleet_dev.wsapi.drill``).
 
 Nothing here imports ``aws_cdk``.
 """

@@ -1,7 +1,7 @@
 """Chaos against a real local fleet: kill -9, SIGTERM, SIGSTOP past the lease, restarts,
 STOP/START churn and DynamoDB outages, then proof that nothing was lost or doubled.
 
-``python -m streamfleet.local.chaos --duration 180`` is the soak (``make chaos``); the test
+``python -m streamfleet_dev.local.chaos --duration 180`` is the soak (``make chaos``); the test
 suite runs a short one. It prints what it injected and what it checked, and exits non-zero if a
 check failed. The seed (``--seed`` or ``CHAOS_SEED``) makes a run repeatable.
 """
@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..upstream.process import UpstreamProcess
+from streamfleet_dev.upstream.process import UpstreamProcess
+
 from .fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
 from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 

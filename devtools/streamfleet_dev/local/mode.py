@@ -40,8 +40,9 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from .. import model
-from ..upstream.process import UpstreamProcess
+from streamfleet import model
+from streamfleet_dev.upstream.process import UpstreamProcess
+
 from .fleet import Fleet, WorkerProcess
 from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, free_port, moto_server
 
@@ -215,7 +216,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
     router = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "streamfleet.local.http_adapter",
+        "streamfleet_dev.local.http_adapter",
         "--port",
         str(api_port),
         env=router_env,

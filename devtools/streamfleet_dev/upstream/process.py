@@ -20,7 +20,7 @@ START_TIMEOUT_SECONDS = 20.0
 
 
 class UpstreamProcess:
-    """``python -m streamfleet.upstream.fake`` as a child process; same addresses and stats."""
+    """``python -m streamfleet_dev.upstream.fake`` as a child process; same addresses and stats."""
 
     def __init__(
         self,
@@ -40,7 +40,7 @@ class UpstreamProcess:
     def start(self) -> Self:
         stderr = open(self._log_path, "a") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streamfleet.upstream.fake", *self._args],
+            [sys.executable, "-m", "streamfleet_dev.upstream.fake", *self._args],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,

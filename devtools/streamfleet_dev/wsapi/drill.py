@@ -30,7 +30,7 @@ find their state there too.
 Timings are compressed (canary every 0.2 s, heartbeat 0.3 s / 0.4 s, backoff base 0.05 s): the
 same ratios as production (1 min, 30 s / 35 s, 2 s), a few hundred times faster.
 
-Run it: ``python -m streamfleet.wsapi.drill [--clients 8] [--failure throttled|down]
+Run it: ``python -m streamfleet_dev.wsapi.drill [--clients 8] [--failure throttled|down]
 [--backend dynalite|moto] [--markdown]``. Without ``AWS_ENDPOINT_URL_DYNAMODB`` it starts its
 own server: dynalite by default, because moto's server does not serialise concurrent
 conditional writes on one item (two racing first bids can both be accepted there), which is
@@ -56,19 +56,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .. import model
-from ..aws import AsyncClient, ClientSettings
-from ..client.reconnecting import (
+from streamfleet import model
+from streamfleet.aws import AsyncClient, ClientSettings
+from streamfleet.client.reconnecting import (
     ClientConfig,
     ConnectionLost,
     Endpoint,
     NotConnected,
     ReconnectingClient,
 )
-from ..lease.dynamo import from_item, is_condition_failure, names, to_attr
-from . import jwt
-from .authorizer import Authorizer, AuthorizerConfig
-from .canary import (
+from streamfleet.lease.dynamo import from_item, is_condition_failure, names, to_attr
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
+from streamfleet.wsapi.canary import (
     Canary,
     CanaryConfig,
     CloudWatchPublisher,
@@ -76,9 +76,14 @@ from .canary import (
     MetricPublisher,
     MintedToken,
 )
-from .handlers import HandlerConfig, ManagementApiReplier, WsApiHandlers, make_dynamodb_client
-from .local_gateway import FailureMode, GatewaySettings, LocalGateway
-from .tables import create_wsapi_tables, delete_wsapi_tables
+from streamfleet.wsapi.handlers import (
+    HandlerConfig,
+    ManagementApiReplier,
+    WsApiHandlers,
+    make_dynamodb_client,
+)
+from streamfleet_dev.wsapi.local_gateway import FailureMode, GatewaySettings, LocalGateway
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 logger = logging.getLogger(__name__)
 
@@ -949,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     config = DrillConfig(clients=args.clients, failure=FailureMode(args.failure), seed=args.seed)
-    from ..local.servers import dynalite_server, moto_server
+    from streamfleet_dev.local.servers import dynalite_server, moto_server
 
     started = []
     try:

@@ -27,9 +27,9 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item
-from streamfleet.tables import create_tables
-from streamfleet.upstream.fake import FakeUpstream
-from streamfleet.upstream.process import UpstreamProcess
+from streamfleet_dev.tables import create_tables
+from streamfleet_dev.upstream.fake import FakeUpstream
+from streamfleet_dev.upstream.process import UpstreamProcess
 
 REPO = Path(__file__).resolve().parents[3]
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import model
+from streamfleet import model
 
 
 def create_table_request(spec: model.TableSpec, table_name: str) -> dict[str, Any]:

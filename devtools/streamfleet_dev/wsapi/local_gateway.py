@@ -49,7 +49,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from .. import model
+from streamfleet import model
 
 logger = logging.getLogger(__name__)
 
@@ -625,7 +625,7 @@ def wsapi_gateway(
 ) -> LocalGateway:
     """A (not yet started) gateway serving the real handlers, which reply through its own
     Management API with the same boto3 code as in AWS."""
-    from .handlers import HandlerConfig, WsApiHandlers
+    from streamfleet.wsapi.handlers import HandlerConfig, WsApiHandlers
 
     def factory(endpoint: str) -> LambdaFunction:
         config = HandlerConfig(state_table, connections_table, settings.region, endpoint)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import model
-from ..tables import create_table_request
+from streamfleet import model
+from streamfleet_dev.tables import create_table_request
 
 # What global tables need on the replicated table (and what the local replicator reads).
 STATE_TABLE_STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}

@@ -3,7 +3,7 @@
 For local mode and tests only; in AWS, API Gateway does this. Run it with the router's
 environment set (``TABLE_NAME``, ``QUEUE_URL``, ``ALLOWED_UPSTREAMS``, ``AWS_ENDPOINT_URL*``)::
 
-    python -m streamfleet.local.http_adapter --port 8080
+    python -m streamfleet_dev.local.http_adapter --port 8080
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .. import event_router
+from streamfleet import event_router
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 # API Gateway's own payload limit; the router applies its much smaller MAX_BODY_BYTES.

@@ -443,9 +443,9 @@ def _capacity(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m streamfleet.upstream.fake`` command line."""
+    """The ``python -m streamfleet_dev.upstream.fake`` command line."""
     parser = argparse.ArgumentParser(
-        prog="python -m streamfleet.upstream.fake",
+        prog="python -m streamfleet_dev.upstream.fake",
         description="Serve live sequenced WebSocket streams on ws://127.0.0.1:<port>/streams/<id>.",
     )
     parser.add_argument(
