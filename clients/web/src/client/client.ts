@@ -1,0 +1,808 @@
+/**
+ * A WebSocket client that keeps itself connected to the StreamFleet API across region
+ * failovers: the browser counterpart of the Python `ReconnectingClient`
+ * (runtime/streamfleet/client/reconnecting.py).
+ *
+ * - Application heartbeat: every `heartbeatIntervalMs` (30 s) it sends `{"action":"heartbeat"}`
+ *   and expects the text frame `pong` within `heartbeatTimeoutMs` (35 s). After
+ *   `missedPongsBeforeReconnect` (2) consecutive unanswered heartbeats it drops the connection
+ *   and reconnects, even though the socket looks open: a throttled region keeps sockets open
+ *   and answers every message with an error frame, which proves nothing.
+ * - Full-jitter backoff: the n-th consecutive retry waits `random() * min(2000 * 2**n, 20000)` ms.
+ * - Before every attempt it asks the URL provider (the failover name; locally `/resolve`) and
+ *   the token provider; after an attempt that failed before the socket opened, the token
+ *   provider gets `{forceRefresh: true}` (a browser cannot see why a handshake was refused:
+ *   Chromium reports 1006 for a missing, expired or wrong token alike).
+ * - After every (re)connect it sends `getState`; the reply restores the application state and
+ *   marks the connection healthy (which resets the backoff).
+ * - Replies arrive in any order: requests are correlated by `requestId`, each with a timeout.
+ * - Frames over 32 KB are refused locally (API Gateway would close the socket with 1009).
+ */
+
+import { DEFAULT_BACKOFF_BASE_MS, DEFAULT_BACKOFF_CAP_MS, fullJitterBackoff } from './backoff.js';
+import {
+  ClientClosedError,
+  ConnectionLostError,
+  FrameTooLargeError,
+  NotConnectedError,
+  RequestTimeoutError,
+  ServerError,
+  StreamFleetError,
+} from './errors.js';
+import {
+  APP_SUBPROTOCOL,
+  BEARER_SUBPROTOCOL_PREFIX,
+  type BidReply,
+  type ClientMessage,
+  frameBytes,
+  HEARTBEAT_FRAME,
+  isErrorReply,
+  MAX_BID_AMOUNT,
+  MAX_FRAME_BYTES,
+  MAX_REQUEST_ID_CHARS,
+  PONG_FRAME,
+  type Reply,
+  ROUTE_BID,
+  ROUTE_GET_STATE,
+  type StateReply,
+  TOKEN_QUERY_PARAMETER,
+} from './protocol.js';
+import { globalTimers, type Timers } from './timers.js';
+
+/** Where the client is in its connection loop. */
+export type ConnectionStatus = 'idle' | 'connecting' | 'open' | 'backing-off' | 'closed';
+
+/** What a provider is told about the attempt it is asked for. */
+export interface AttemptContext {
+  /** Consecutive failed attempts so far (0 for the first connection). */
+  readonly attempt: number;
+  /** True when the previous attempt failed before its socket opened. */
+  readonly forceRefresh: boolean;
+}
+
+/** The URL to dial for one attempt: a fixed string, or asked before every attempt. */
+export type UrlProvider = string | ((context: AttemptContext) => string | Promise<string>);
+
+/**
+ * A token for one attempt (null: connect without one). Called before EVERY attempt; cache inside
+ * if you like, but honour `forceRefresh`.
+ */
+export type TokenProvider = (
+  context: AttemptContext,
+) => string | null | undefined | Promise<string | null | undefined>;
+
+/** Where the token goes in the handshake. */
+export type TokenTransport = 'subprotocol' | 'query';
+
+/** The part of the browser's WebSocket the client uses (tests pass a fake). */
+export type WebSocketLike = Pick<
+  WebSocket,
+  'readyState' | 'send' | 'close' | 'onopen' | 'onmessage' | 'onclose' | 'onerror'
+>;
+
+export type WebSocketFactory = (url: string, protocols: string[]) => WebSocketLike;
+
+export interface StreamFleetClientOptions {
+  /** The failover name (or a function resolving it before every attempt). */
+  url: UrlProvider;
+  /** Called before every attempt; see {@link TokenProvider}. */
+  token?: TokenProvider;
+  /** `subprotocol` (default: `streamfleet.v1, bearer.<jwt>`, kept out of URLs and logs) or `query`. */
+  tokenTransport?: TokenTransport;
+  /** Default 30 000 ms (the seed article's value). */
+  heartbeatIntervalMs?: number;
+  /** Default 35 000 ms. */
+  heartbeatTimeoutMs?: number;
+  /** Default 2. */
+  missedPongsBeforeReconnect?: number;
+  /** Default 2 000 ms. */
+  backoffBaseMs?: number;
+  /** Default 20 000 ms. */
+  backoffCapMs?: number;
+  /**
+   * Replaces the backoff formula: the delay (ms) before retry number `attempt` (0-based).
+   * Default: `random() * min(backoffBaseMs * 2**attempt, backoffCapMs)`.
+   */
+  reconnectInterval?: (attempt: number) => number;
+  /** A socket that has not opened after this long counts as a failed attempt. Default 10 000 ms. */
+  openTimeoutMs?: number;
+  /** Default per-request timeout. Default 10 000 ms. */
+  requestTimeoutMs?: number;
+  /** Extra fields of the `getState` sent after every connect, e.g. `{auction: 'a1'}`. */
+  getStateFields?: Record<string, unknown> | (() => Record<string, unknown>);
+  /** Frames above this many bytes are refused locally. At most (and default) 32 768. */
+  maxFrameBytes?: number;
+  /** Prefix of request ids (at most 40 characters). Default `web`. */
+  name?: string;
+  /** Default: `new WebSocket(url, protocols)`. */
+  webSocket?: WebSocketFactory;
+  /** Default `Math.random`. */
+  random?: () => number;
+  /** Default: the global timers and `Date.now`. */
+  timers?: Timers;
+}
+
+export interface RequestOptions {
+  timeoutMs?: number;
+}
+
+/** Why a connection ended. */
+export interface DisconnectInfo {
+  code: number | null;
+  reason: string;
+  /** The socket had opened. */
+  opened: boolean;
+  /** Its `getState` had been answered (the backoff restarts from zero). */
+  healthy: boolean;
+  /** The client dropped it (missed pongs, open timeout, `reconnect()`). */
+  forced: boolean;
+}
+
+/** Everything an application shows about the connection, in one object. */
+export interface ClientSnapshot {
+  status: ConnectionStatus;
+  /** Open, and this connection's `getState` reply has arrived. */
+  ready: boolean;
+  /** The region that served the last reply (`null` before the first). */
+  region: string | null;
+  /** The reconnect attempt in progress or scheduled; 0 while healthy. */
+  reconnectAttempt: number;
+  /** Connection attempts since start. */
+  attempts: number;
+  /** Connections that opened. */
+  connections: number;
+  /** Connections dropped because heartbeats went unanswered. */
+  forcedReconnects: number;
+  /** The last backoff delay, in ms. */
+  lastDelayMs: number | null;
+  /** When the scheduled attempt starts (`timers.now()` clock), while backing off. */
+  nextAttemptAt: number | null;
+  /** The last `getState` reply. */
+  state: StateReply | null;
+}
+
+export interface ClientEvents {
+  status: (status: ConnectionStatus, previous: ConnectionStatus) => void;
+  region: (region: string, previous: string | null) => void;
+  /** Every `state` reply (the one after each connect included). */
+  state: (reply: StateReply) => void;
+  /** This connection's state is restored. */
+  ready: (reply: StateReply) => void;
+  /** Every JSON reply. */
+  message: (reply: Reply) => void;
+  pong: () => void;
+  disconnect: (info: DisconnectInfo) => void;
+  /** A retry was scheduled. */
+  reconnecting: (info: { attempt: number; delayMs: number }) => void;
+  /** An attempt failed before any socket existed (a provider threw, a bad URL). */
+  error: (error: unknown) => void;
+  /** Anything in the snapshot changed. */
+  change: (snapshot: ClientSnapshot) => void;
+}
+
+type Listeners = { [E in keyof ClientEvents]: Set<ClientEvents[E]> };
+
+interface Pending {
+  resolve: (reply: Reply) => void;
+  reject: (error: Error) => void;
+  timer: unknown;
+}
+
+const MAX_NAME_CHARS = 40;
+const SOCKET_CLOSING = 2;
+// 4000-4999 are for applications; the server never sees it on a dead connection anyway.
+const CLOSE_FORCED = 4000;
+const CLOSE_NORMAL = 1000;
+
+function positiveMs(name: string, value: number | undefined, fallback: number): number {
+  const ms = value ?? fallback;
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms <= 0) {
+    throw new RangeError(
+      `StreamFleetClient: ${name} must be a finite number of milliseconds above zero, got ${String(value)}`,
+    );
+  }
+  return ms;
+}
+
+function defaultWebSocket(url: string, protocols: string[]): WebSocketLike {
+  if (typeof globalThis.WebSocket !== 'function') {
+    throw new StreamFleetError('no WebSocket implementation here: pass options.webSocket');
+  }
+  return new globalThis.WebSocket(url, protocols);
+}
+
+/** The URL and subprotocols of one handshake. */
+export function handshake(
+  url: string,
+  token: string | null | undefined,
+  transport: TokenTransport = 'subprotocol',
+): { url: string; protocols: string[] } {
+  const protocols = [APP_SUBPROTOCOL];
+  if (token === null || token === undefined || token === '') {
+    return { url, protocols };
+  }
+  if (transport === 'subprotocol') {
+    return { url, protocols: [...protocols, BEARER_SUBPROTOCOL_PREFIX + token] };
+  }
+  const parsed = new URL(url);
+  parsed.searchParams.set(TOKEN_QUERY_PARAMETER, token);
+  return { url: parsed.toString(), protocols };
+}
+
+export class StreamFleetClient {
+  readonly name: string;
+  private readonly options: Required<
+    Pick<
+      StreamFleetClientOptions,
+      | 'heartbeatIntervalMs'
+      | 'heartbeatTimeoutMs'
+      | 'missedPongsBeforeReconnect'
+      | 'backoffBaseMs'
+      | 'backoffCapMs'
+      | 'openTimeoutMs'
+      | 'requestTimeoutMs'
+      | 'maxFrameBytes'
+      | 'tokenTransport'
+    >
+  >;
+  private readonly urlProvider: UrlProvider;
+  private readonly tokenProvider: TokenProvider | undefined;
+  private readonly getStateFields: StreamFleetClientOptions['getStateFields'];
+  private readonly customInterval: ((attempt: number) => number) | undefined;
+  private readonly createSocket: WebSocketFactory;
+  private readonly random: () => number;
+  private readonly timers: Timers;
+  private readonly listeners: Listeners = {
+    status: new Set(),
+    region: new Set(),
+    state: new Set(),
+    ready: new Set(),
+    message: new Set(),
+    pong: new Set(),
+    disconnect: new Set(),
+    reconnecting: new Set(),
+    error: new Set(),
+    change: new Set(),
+  };
+
+  private _status: ConnectionStatus = 'idle';
+  private _region: string | null = null;
+  private _state: StateReply | null = null;
+  private _ready = false;
+  private attempts = 0;
+  private connections = 0;
+  private forcedReconnects = 0;
+  private lastDelayMs: number | null = null;
+  private nextAttemptAt: number | null = null;
+
+  private started = false;
+  private closing = false;
+  /** Increases with every attempt (and on close): callbacks of older attempts are ignored. */
+  private generation = 0;
+  /** Consecutive attempts that did not give a healthy connection. */
+  private failures = 0;
+  private failedBeforeOpen = false;
+  private ws: WebSocketLike | null = null;
+  private opened = false;
+  private healthy = false;
+  private stateRequestId: string | null = null;
+  private ids = 0;
+  private readonly pending = new Map<string, Pending>();
+  private retryTimer: unknown = null;
+  private openTimer: unknown = null;
+  private heartbeatTimer: unknown = null;
+  /** Send times of unanswered heartbeats, oldest first. */
+  private outstanding: number[] = [];
+  private missed = 0;
+  private lastPongAt = -Infinity;
+  private nextHeartbeatAt = 0;
+
+  constructor(options: StreamFleetClientOptions) {
+    if (options === null || typeof options !== 'object') {
+      throw new TypeError('StreamFleetClient: options must be an object');
+    }
+    if (typeof options.url !== 'string' && typeof options.url !== 'function') {
+      throw new TypeError('StreamFleetClient: url must be a string or a function');
+    }
+    if (options.token !== undefined && typeof options.token !== 'function') {
+      throw new TypeError('StreamFleetClient: token must be a function (the token provider)');
+    }
+    const transport = options.tokenTransport ?? 'subprotocol';
+    if (transport !== 'subprotocol' && transport !== 'query') {
+      throw new RangeError(
+        `StreamFleetClient: tokenTransport must be 'subprotocol' or 'query', got ${String(transport)}`,
+      );
+    }
+    const missed = options.missedPongsBeforeReconnect ?? 2;
+    if (!Number.isInteger(missed) || missed < 1) {
+      throw new RangeError(
+        `StreamFleetClient: missedPongsBeforeReconnect must be a whole number >= 1, got ${String(missed)}`,
+      );
+    }
+    const maxFrameBytes = options.maxFrameBytes ?? MAX_FRAME_BYTES;
+    if (!Number.isInteger(maxFrameBytes) || maxFrameBytes < 1 || maxFrameBytes > MAX_FRAME_BYTES) {
+      throw new RangeError(
+        `StreamFleetClient: maxFrameBytes must be a whole number from 1 to ${MAX_FRAME_BYTES} (API Gateway's frame limit), got ${String(maxFrameBytes)}`,
+      );
+    }
+    const name = options.name ?? 'web';
+    if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_CHARS) {
+      throw new RangeError(
+        `StreamFleetClient: name must be 1 to ${MAX_NAME_CHARS} characters (it prefixes request ids of at most ${MAX_REQUEST_ID_CHARS})`,
+      );
+    }
+    this.options = {
+      heartbeatIntervalMs: positiveMs('heartbeatIntervalMs', options.heartbeatIntervalMs, 30000),
+      heartbeatTimeoutMs: positiveMs('heartbeatTimeoutMs', options.heartbeatTimeoutMs, 35000),
+      missedPongsBeforeReconnect: missed,
+      backoffBaseMs: positiveMs('backoffBaseMs', options.backoffBaseMs, DEFAULT_BACKOFF_BASE_MS),
+      backoffCapMs: positiveMs('backoffCapMs', options.backoffCapMs, DEFAULT_BACKOFF_CAP_MS),
+      openTimeoutMs: positiveMs('openTimeoutMs', options.openTimeoutMs, 10000),
+      requestTimeoutMs: positiveMs('requestTimeoutMs', options.requestTimeoutMs, 10000),
+      maxFrameBytes,
+      tokenTransport: transport,
+    };
+    this.name = name;
+    this.urlProvider = options.url;
+    this.tokenProvider = options.token;
+    this.getStateFields = options.getStateFields;
+    this.customInterval = options.reconnectInterval;
+    this.createSocket = options.webSocket ?? defaultWebSocket;
+    this.random = options.random ?? Math.random;
+    this.timers = options.timers ?? globalTimers;
+  }
+
+  // --- What the application sees ----------------------------------------------------------
+
+  get status(): ConnectionStatus {
+    return this._status;
+  }
+
+  get region(): string | null {
+    return this._region;
+  }
+
+  get state(): StateReply | null {
+    return this._state;
+  }
+
+  get ready(): boolean {
+    return this._ready;
+  }
+
+  snapshot(): ClientSnapshot {
+    return {
+      status: this._status,
+      ready: this._ready,
+      region: this._region,
+      reconnectAttempt: this.failures,
+      attempts: this.attempts,
+      connections: this.connections,
+      forcedReconnects: this.forcedReconnects,
+      lastDelayMs: this.lastDelayMs,
+      nextAttemptAt: this.nextAttemptAt,
+      state: this._state,
+    };
+  }
+
+  /** Subscribe; returns the function that unsubscribes. */
+  on<E extends keyof ClientEvents>(event: E, listener: ClientEvents[E]): () => void {
+    const set = this.listeners[event] as Set<ClientEvents[E]>;
+    set.add(listener);
+    return () => set.delete(listener);
+  }
+
+  // --- Lifecycle --------------------------------------------------------------------------
+
+  /** Start connecting (idempotent). */
+  start(): this {
+    if (this.closing) {
+      throw new ClientClosedError('client closed: create a new one');
+    }
+    if (!this.started) {
+      this.started = true;
+      void this.attempt();
+    }
+    return this;
+  }
+
+  /**
+   * Stop reconnecting, close the connection, fail pending requests with
+   * {@link ClientClosedError}, and leave no timer behind. Idempotent.
+   */
+  close(): void {
+    if (this.closing) return;
+    this.closing = true;
+    this.generation += 1;
+    this.clearTimer('retryTimer');
+    this.nextAttemptAt = null;
+    const ws = this.ws;
+    this.teardownSocket();
+    if (ws !== null) closeQuietly(ws, CLOSE_NORMAL, 'client closed');
+    this.failPending(new ClientClosedError('client closed'));
+    this.setStatus('closed');
+  }
+
+  /**
+   * Drop the current connection and connect again after a short jittered pause (e.g. to
+   * follow a fail-back, or ahead of API Gateway's 2-hour connection limit).
+   */
+  reconnect(): void {
+    if (this.ws !== null) {
+      this.endConnection(this.generation, { code: null, reason: 'reconnect requested', forced: true });
+    }
+  }
+
+  // --- Sending ----------------------------------------------------------------------------
+
+  /**
+   * Send one message without waiting for a reply. Throws {@link NotConnectedError} when no
+   * connection is open, {@link FrameTooLargeError} for a frame over the limit.
+   */
+  send(message: ClientMessage): void {
+    const frame = this.encode(message);
+    const ws = this.openSocket();
+    ws.send(frame);
+  }
+
+  /**
+   * Send `message` with a fresh `requestId` and resolve with the reply that echoes it (of any
+   * type, errors included). Rejects with {@link NotConnectedError}, {@link FrameTooLargeError},
+   * {@link RequestTimeoutError}, or {@link ConnectionLostError} if the connection ends first
+   * (the request may or may not have been applied).
+   */
+  request(message: ClientMessage, options: RequestOptions = {}): Promise<Reply> {
+    try {
+      const timeoutMs = positiveMs('timeoutMs', options.timeoutMs, this.options.requestTimeoutMs);
+      const requestId = this.nextId();
+      const frame = this.encode({ ...message, requestId });
+      const ws = this.openSocket();
+      return new Promise<Reply>((resolve, reject) => {
+        const timer = this.timers.setTimeout(() => {
+          if (this.pending.delete(requestId)) reject(new RequestTimeoutError(requestId, timeoutMs));
+        }, timeoutMs);
+        this.pending.set(requestId, { resolve, reject, timer });
+        try {
+          ws.send(frame);
+        } catch (error) {
+          this.settle(requestId)?.reject(new NotConnectedError(`send failed: ${String(error)}`));
+        }
+      });
+    } catch (error) {
+      return Promise.reject(error instanceof Error ? error : new Error(String(error)));
+    }
+  }
+
+  /** `getState`; rejects with {@link ServerError} on an error reply. */
+  async getState(fields: Record<string, unknown> = {}, options?: RequestOptions): Promise<StateReply> {
+    const reply = await this.request({ ...fields, action: ROUTE_GET_STATE }, options);
+    if (isErrorReply(reply)) throw new ServerError(reply);
+    if (reply.type !== 'state') throw new StreamFleetError(`expected a state reply, got ${reply.type}`);
+    return reply as StateReply;
+  }
+
+  /**
+   * Bid `amount` on `auction`. Resolves with the server's verdict (`accepted`, `highest`);
+   * rejects with {@link ServerError} on an error reply, `RangeError` for a bad argument.
+   */
+  async bid(auction: string, amount: number, options?: RequestOptions): Promise<BidReply> {
+    if (typeof auction !== 'string' || auction.length === 0) {
+      throw new RangeError('auction: expected a non-empty string');
+    }
+    if (!Number.isSafeInteger(amount) || amount < 1 || amount > MAX_BID_AMOUNT) {
+      throw new RangeError(`amount: expected a whole number from 1 to ${MAX_BID_AMOUNT}, got ${String(amount)}`);
+    }
+    const reply = await this.request({ action: ROUTE_BID, auction, amount }, options);
+    if (isErrorReply(reply)) throw new ServerError(reply);
+    if (reply.type !== 'bid') throw new StreamFleetError(`expected a bid reply, got ${reply.type}`);
+    return reply as BidReply;
+  }
+
+  private encode(message: ClientMessage): string {
+    if (this.closing) throw new ClientClosedError('client closed');
+    if (message === null || typeof message !== 'object' || typeof message.action !== 'string' || message.action === '') {
+      throw new TypeError('action: every message needs a non-empty string "action" (the route)');
+    }
+    const frame = JSON.stringify(message);
+    const bytes = frameBytes(frame);
+    if (bytes > this.options.maxFrameBytes) {
+      throw new FrameTooLargeError(bytes, this.options.maxFrameBytes);
+    }
+    return frame;
+  }
+
+  private openSocket(): WebSocketLike {
+    if (this.closing) throw new ClientClosedError('client closed');
+    if (this.ws === null || !this.opened) throw new NotConnectedError(`not connected (${this._status})`);
+    return this.ws;
+  }
+
+  private nextId(): string {
+    this.ids += 1;
+    return `${this.name}-${this.ids}`;
+  }
+
+  // --- The connection loop ----------------------------------------------------------------
+
+  private async attempt(): Promise<void> {
+    this.generation += 1;
+    const generation = this.generation;
+    const context: AttemptContext = { attempt: this.failures, forceRefresh: this.failedBeforeOpen };
+    this.attempts += 1;
+    this.nextAttemptAt = null;
+    this.setStatus('connecting');
+    let socket: WebSocketLike;
+    try {
+      const url =
+        typeof this.urlProvider === 'string' ? this.urlProvider : await this.urlProvider(context);
+      const token = this.tokenProvider === undefined ? null : await this.tokenProvider(context);
+      if (generation !== this.generation) return; // closed meanwhile
+      if (typeof url !== 'string' || url === '') {
+        throw new StreamFleetError(`url provider returned ${String(url)}, not a URL`);
+      }
+      if (token !== null && token !== undefined && typeof token !== 'string') {
+        throw new StreamFleetError('token provider returned something other than a string');
+      }
+      const shake = handshake(url, token, this.options.tokenTransport);
+      socket = this.createSocket(shake.url, shake.protocols);
+    } catch (error) {
+      if (generation !== this.generation) return;
+      this.emit('error', error);
+      this.opened = false;
+      this.healthy = false;
+      this.endConnection(generation, { code: null, reason: `attempt failed: ${String(error)}`, forced: false });
+      return;
+    }
+    this.ws = socket;
+    this.opened = false;
+    this.healthy = false;
+    socket.onopen = () => {
+      if (generation === this.generation) this.onOpen(generation);
+    };
+    socket.onmessage = (event: MessageEvent) => {
+      if (generation === this.generation) this.onMessage(generation, event.data);
+    };
+    socket.onclose = (event: CloseEvent) => {
+      if (generation === this.generation) {
+        this.endConnection(generation, { code: event.code, reason: event.reason, forced: false });
+      }
+    };
+    socket.onerror = () => {
+      // A close event follows every error event; the close decides.
+    };
+    this.openTimer = this.timers.setTimeout(() => {
+      this.openTimer = null;
+      if (generation === this.generation && !this.opened) {
+        this.endConnection(generation, { code: null, reason: 'open timed out', forced: true });
+      }
+    }, this.options.openTimeoutMs);
+  }
+
+  private onOpen(generation: number): void {
+    this.clearTimer('openTimer');
+    this.opened = true;
+    this.connections += 1;
+    this.setStatus('open');
+    this.outstanding = [];
+    this.missed = 0;
+    this.lastPongAt = -Infinity;
+    this.nextHeartbeatAt = this.timers.now() + this.options.heartbeatIntervalMs;
+    this.stateRequestId = `${this.name}-state-${++this.ids}`;
+    const fields = typeof this.getStateFields === 'function' ? this.getStateFields() : this.getStateFields;
+    try {
+      this.ws?.send(JSON.stringify({ ...fields, action: ROUTE_GET_STATE, requestId: this.stateRequestId }));
+    } catch (error) {
+      this.endConnection(generation, { code: null, reason: `getState failed: ${String(error)}`, forced: true });
+      return;
+    }
+    this.scheduleHeartbeat(generation);
+  }
+
+  private onMessage(generation: number, data: unknown): void {
+    let text: string;
+    if (typeof data === 'string') {
+      text = data;
+    } else if (data instanceof ArrayBuffer) {
+      text = new TextDecoder().decode(data);
+    } else {
+      return; // Blob: the API sends text frames only
+    }
+    if (text === PONG_FRAME) {
+      this.lastPongAt = this.timers.now();
+      this.emit('pong');
+      return;
+    }
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      return; // not ours to interpret
+    }
+    if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return;
+    const reply = parsed as Reply;
+    let changed = false;
+    if (typeof reply.region === 'string' && reply.region !== this._region) {
+      const previous = this._region;
+      this._region = reply.region;
+      this.emit('region', reply.region, previous);
+      changed = true;
+    }
+    const requestId = typeof reply.requestId === 'string' ? reply.requestId : null;
+    if (requestId !== null) this.settle(requestId)?.resolve(reply);
+    if (reply.type === 'state') {
+      const state = reply as StateReply;
+      this._state = state;
+      changed = true;
+      if (requestId !== null && requestId === this.stateRequestId && generation === this.generation) {
+        this.healthy = true;
+        this._ready = true;
+        this.failures = 0;
+        this.failedBeforeOpen = false;
+        this.emit('ready', state);
+      }
+      this.emit('state', state);
+    }
+    this.emit('message', reply);
+    if (changed) this.emitChange();
+  }
+
+  private scheduleHeartbeat(generation: number): void {
+    const now = this.timers.now();
+    const wake =
+      this.outstanding.length > 0
+        ? Math.min(this.nextHeartbeatAt, this.outstanding[0]! + this.options.heartbeatTimeoutMs)
+        : this.nextHeartbeatAt;
+    this.heartbeatTimer = this.timers.setTimeout(() => {
+      this.heartbeatTimer = null;
+      if (generation === this.generation) this.heartbeatTick(generation);
+    }, Math.max(0, wake - now));
+  }
+
+  private heartbeatTick(generation: number): void {
+    const now = this.timers.now();
+    const { heartbeatIntervalMs, heartbeatTimeoutMs, missedPongsBeforeReconnect } = this.options;
+    if (this.outstanding.length > 0 && this.lastPongAt >= this.outstanding[0]!) {
+      // A pong after a heartbeat answers it and every earlier one: no ids needed.
+      this.outstanding = [];
+      this.missed = 0;
+    }
+    while (this.outstanding.length > 0 && this.outstanding[0]! + heartbeatTimeoutMs <= now) {
+      this.outstanding.shift();
+      this.missed += 1;
+      if (this.missed >= missedPongsBeforeReconnect) {
+        this.forcedReconnects += 1;
+        this.endConnection(generation, {
+          code: null,
+          reason: `${this.missed} heartbeats unanswered`,
+          forced: true,
+        });
+        return;
+      }
+    }
+    if (now >= this.nextHeartbeatAt) {
+      try {
+        this.ws?.send(HEARTBEAT_FRAME);
+      } catch (error) {
+        this.endConnection(generation, { code: null, reason: `heartbeat failed: ${String(error)}`, forced: true });
+        return;
+      }
+      this.outstanding.push(now);
+      this.nextHeartbeatAt = now + heartbeatIntervalMs;
+    }
+    this.scheduleHeartbeat(generation);
+  }
+
+  /** The connection (or attempt) `generation` is over: clean up, then back off and retry. */
+  private endConnection(
+    generation: number,
+    info: { code: number | null; reason: string; forced: boolean },
+  ): void {
+    if (generation !== this.generation || this.closing) return;
+    const ws = this.ws;
+    const opened = this.opened;
+    const healthy = this.healthy;
+    // Nothing of this connection may fire any more.
+    this.generation += 1;
+    this.teardownSocket();
+    // Do not wait for a closing handshake a half-broken region may never finish.
+    if (ws !== null) closeQuietly(ws, info.forced ? CLOSE_FORCED : CLOSE_NORMAL, info.reason);
+    this.failPending(new ConnectionLostError(`connection ended before the reply (${info.reason})`));
+    this.emit('disconnect', { ...info, opened, healthy });
+    // One more failure unless the connection proved healthy, so a server that accepts and
+    // drops at once still backs off exponentially; the first retry after a healthy connection
+    // waits random() * base.
+    this.failures = Math.max(healthy ? 0 : this.failures + 1, 1);
+    this.failedBeforeOpen = !opened;
+    this.scheduleRetry();
+  }
+
+  private scheduleRetry(): void {
+    const attempt = this.failures - 1;
+    let delay = this.customInterval
+      ? this.customInterval(attempt)
+      : fullJitterBackoff(attempt, this.random, this.options.backoffBaseMs, this.options.backoffCapMs);
+    if (typeof delay !== 'number' || !Number.isFinite(delay) || delay < 0) {
+      console.warn(`StreamFleetClient: reconnectInterval returned ${String(delay)}; using the cap`);
+      delay = this.options.backoffCapMs;
+    }
+    this.lastDelayMs = delay;
+    this.nextAttemptAt = this.timers.now() + delay;
+    this.setStatus('backing-off');
+    this.emit('reconnecting', { attempt: this.failures, delayMs: delay });
+    this.retryTimer = this.timers.setTimeout(() => {
+      this.retryTimer = null;
+      if (!this.closing) void this.attempt();
+    }, delay);
+  }
+
+  private teardownSocket(): void {
+    const ws = this.ws;
+    if (ws !== null) {
+      ws.onopen = null;
+      ws.onmessage = null;
+      ws.onclose = null;
+      ws.onerror = null;
+    }
+    this.ws = null;
+    this.opened = false;
+    this._ready = false;
+    this.stateRequestId = null;
+    this.clearTimer('openTimer');
+    this.clearTimer('heartbeatTimer');
+    this.outstanding = [];
+  }
+
+  private clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer'): void {
+    if (this[which] !== null) {
+      this.timers.clearTimeout(this[which]);
+      this[which] = null;
+    }
+  }
+
+  private settle(requestId: string): Pending | undefined {
+    const pending = this.pending.get(requestId);
+    if (pending === undefined) return undefined;
+    this.pending.delete(requestId);
+    this.timers.clearTimeout(pending.timer);
+    return pending;
+  }
+
+  private failPending(error: Error): void {
+    for (const requestId of [...this.pending.keys()]) this.settle(requestId)?.reject(error);
+  }
+
+  // --- Events -----------------------------------------------------------------------------
+
+  private setStatus(status: ConnectionStatus): void {
+    const previous = this._status;
+    if (status === previous) return;
+    this._status = status;
+    this.emit('status', status, previous);
+    this.emitChange();
+  }
+
+  private emitChange(): void {
+    this.emit('change', this.snapshot());
+  }
+
+  private emit<E extends keyof ClientEvents>(event: E, ...args: Parameters<ClientEvents[E]>): void {
+    for (const listener of [...this.listeners[event]]) {
+      try {
+        (listener as (...a: Parameters<ClientEvents[E]>) => void)(...args);
+      } catch (error) {
+        // A failing listener is the application's bug; it must not take the connection down.
+        console.error(`StreamFleetClient: ${event} listener failed`, error);
+      }
+    }
+  }
+}
+
+function closeQuietly(ws: WebSocketLike, code: number, reason: string): void {
+  if (ws.readyState >= SOCKET_CLOSING) return;
+  try {
+    // The close reason is limited to 123 bytes.
+    ws.close(code, reason.slice(0, 100));
+  } catch {
+    // Already closing, or a code the implementation refuses: the socket is abandoned anyway.
+  }
+}

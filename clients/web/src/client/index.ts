@@ -1,0 +1,29 @@
+/** @streamfleet/web-client: the browser client of the StreamFleet WebSocket API. */
+export {
+  StreamFleetClient,
+  handshake,
+  type AttemptContext,
+  type ClientEvents,
+  type ClientSnapshot,
+  type ConnectionStatus,
+  type DisconnectInfo,
+  type RequestOptions,
+  type StreamFleetClientOptions,
+  type TokenProvider,
+  type TokenTransport,
+  type UrlProvider,
+  type WebSocketFactory,
+  type WebSocketLike,
+} from './client.js';
+export { DEFAULT_BACKOFF_BASE_MS, DEFAULT_BACKOFF_CAP_MS, fullJitterBackoff } from './backoff.js';
+export {
+  ClientClosedError,
+  ConnectionLostError,
+  FrameTooLargeError,
+  NotConnectedError,
+  RequestTimeoutError,
+  ServerError,
+  StreamFleetError,
+} from './errors.js';
+export * from './protocol.js';
+export { globalTimers, type Timers } from './timers.js';

@@ -1,0 +1,107 @@
+/**
+ * The wire protocol of the StreamFleet client-facing WebSocket API (API Gateway WebSocket API,
+ * route selection on `$request.body.action`). The contract lives in the repository's README,
+ * section "The client-facing WebSocket API".
+ */
+
+/** The application subprotocol the server selects (never the token entry). */
+export const APP_SUBPROTOCOL = 'streamfleet.v1';
+/** Prefix of the subprotocol entry that carries the JWT: `bearer.<jwt>`. */
+export const BEARER_SUBPROTOCOL_PREFIX = 'bearer.';
+/** Query parameter that carries the JWT when the subprotocol transport is not used. */
+export const TOKEN_QUERY_PARAMETER = 'token';
+
+export const ROUTE_HEARTBEAT = 'heartbeat';
+export const ROUTE_GET_STATE = 'getState';
+export const ROUTE_BID = 'bid';
+
+/** The heartbeat frame: exactly what the seed article's react-use-websocket configuration sends. */
+export const HEARTBEAT_FRAME = JSON.stringify({ action: ROUTE_HEARTBEAT });
+/** The server answers a heartbeat with this TEXT frame (four bytes, not JSON). */
+export const PONG_FRAME = 'pong';
+
+/**
+ * API Gateway's limit per frame. A bigger frame makes API Gateway close the socket (1009) and
+ * lose every reply in flight, so the client refuses to send one.
+ */
+export const MAX_FRAME_BYTES = 32 * 1024;
+/** The server refuses longer request ids. */
+export const MAX_REQUEST_ID_CHARS = 64;
+/** The server refuses bids outside 1..MAX_BID_AMOUNT (kept below 2**53 for JavaScript). */
+export const MAX_BID_AMOUNT = 10 ** 15;
+
+/** A message to the server: `action` selects the route. */
+export interface ClientMessage {
+  action: string;
+  [field: string]: unknown;
+}
+
+/** Every reply other than `pong` is one JSON object naming its type and the serving region. */
+export interface Reply {
+  type: string;
+  region?: string;
+  requestId?: string;
+  [field: string]: unknown;
+}
+
+export interface AuctionView {
+  auction: string;
+  highest: number;
+  highestIsYou: boolean;
+  bids: number;
+}
+
+export interface UserState {
+  lastBid: { auction: string; amount: number; atMs: number | null } | null;
+  bidsAccepted: number;
+  bidsRefused: number;
+  updatedAtMs: number | null;
+}
+
+export interface StateReply extends Reply {
+  type: 'state';
+  user: string;
+  state: UserState;
+  auction?: AuctionView;
+}
+
+export interface BidReply extends Reply {
+  type: 'bid';
+  auction: string;
+  amount: number;
+  accepted: boolean;
+  highest: number;
+  highestIsYou: boolean;
+  reason?: string;
+}
+
+export interface ErrorReply extends Reply {
+  type: 'error';
+  /** A code or a description of what was wrong. */
+  error: string;
+  /** Human text naming the field, when the server gives one. */
+  message?: string;
+  /** The field at fault, when the server names one. */
+  field?: string;
+  /** True when the same request may succeed later (e.g. the state store did not answer). */
+  retryable?: boolean;
+}
+
+export function isStateReply(reply: Reply): reply is StateReply {
+  return reply.type === 'state';
+}
+
+export function isBidReply(reply: Reply): reply is BidReply {
+  return reply.type === 'bid';
+}
+
+export function isErrorReply(reply: Reply): reply is ErrorReply {
+  return reply.type === 'error';
+}
+
+const encoder = new TextEncoder();
+
+/** Size of a text frame on the wire (UTF-8 bytes, which is what API Gateway counts). */
+export function frameBytes(frame: string): number {
+  return encoder.encode(frame).byteLength;
+}
