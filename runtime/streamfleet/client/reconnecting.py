@@ -3,17 +3,26 @@
 What it does, and why:
 
 * **Application heartbeat.** Every ``heartbeat_interval`` (30 s) it sends
-  ``{"action": "heartbeat"}`` and expects ``{"type": "pong"}`` within ``heartbeat_timeout``
+  ``{"action": "heartbeat"}`` and expects the TEXT frame ``pong`` within ``heartbeat_timeout``
   (35 s). Protocol-level pings prove nothing here: API Gateway answers them itself even when the
-  backend Lambda is throttled, and so does a half-broken region. After
-  ``missed_pongs_before_reconnect`` (2) *consecutive* unanswered heartbeats the client closes the
-  connection and reconnects, even though the socket still looks open.
+  backend Lambda is throttled, and so does a half-broken region; and any other frame proves
+  nothing either (a throttled region answers every message with an ``Internal server error``
+  frame). After ``missed_pongs_before_reconnect`` (2) *consecutive* heartbeats without a
+  ``pong`` the client closes the connection and reconnects, even though the socket looks open.
+* **Replies correlated by ``requestId``**, never by order: each message is handled by its own
+  Lambda invocation, so replies arrive in any order. :meth:`ReconnectingClient.request` adds a
+  fresh ``requestId`` and waits for the reply that echoes it.
+* **No frame over 32 KB**: API Gateway closes a socket that receives a bigger frame (1009) and
+  every reply in flight is lost, so :meth:`~ReconnectingClient.send` and
+  :meth:`~ReconnectingClient.request` raise :class:`FrameTooLarge` before sending one.
 * **Exponential backoff with full jitter**: the n-th consecutive retry waits
   ``random(0, min(cap, base * 2**n))`` (base 2 s, cap 20 s), so the thousands of clients dropped
   by a failover do not all hit the surviving region in the same second.
 * **An endpoint provider called before every attempt**: it returns the URL (the failover DNS
   name, re-resolved) and a fresh token, so an expired token or a moved region is picked up by
-  the next attempt.
+  the next attempt. A provider that accepts a ``force_refresh`` keyword gets ``True`` when the
+  previous attempt failed before the socket opened (refused handshake, timeout, connection
+  error): its cached token may be the reason, so it should fetch a new one.
 * **State restore**: ``getState`` is sent after every (re)connect; the reply goes to
   ``on_state``. A connection counts as healthy (and resets the backoff) once that reply came.
 * **Callbacks** for state replies, region changes (every reply names its region), connection
@@ -93,9 +102,23 @@ class Endpoint:
         return urlunsplit(parts._replace(query=urlencode(query))), protocols
 
 
-# ``provider(attempt)``: ``attempt`` counts the consecutive failures so far: 0 for the very first
-# connection, 1 after a connection dropped, +1 for every failed attempt since.
-EndpointProvider = Callable[[int], Endpoint | Awaitable[Endpoint]]
+# ``provider(attempt)`` or ``provider(attempt, force_refresh=...)``: ``attempt`` counts the
+# consecutive failures so far: 0 for the very first connection, 1 after a connection dropped,
+# +1 for every failed attempt since; ``force_refresh`` is True when the previous attempt failed
+# before the socket opened.
+EndpointProvider = Callable[..., Endpoint | Awaitable[Endpoint]]
+
+
+def _accepts_force_refresh(provider: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(provider).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == "force_refresh" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in parameters
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,18 @@ class NotConnected(ClientError):
     """No open connection right now (the client is connecting or backing off)."""
 
 
+class FrameTooLarge(ClientError, ValueError):
+    """A message whose frame would exceed API Gateway's 32 KB frame limit; nothing was sent."""
+
+    def __init__(self, size: int, limit: int = model.WS_MAX_FRAME_BYTES):
+        super().__init__(
+            f"message: {size} bytes as a frame, over the {limit}-byte WebSocket frame limit "
+            "(API Gateway would close the connection with 1009); nothing was sent"
+        )
+        self.size = size
+        self.limit = limit
+
+
 class ConnectionLost(ClientError):
     """The connection ended while a request waited for its reply (it may have been applied)."""
 
@@ -209,8 +244,9 @@ class ReconnectingClient:
         self.on_state = on_state  # (state_reply: dict)
         self.on_region = on_region  # (new_region: str, old_region: str | None)
         self.on_status = on_status  # (status: ClientStatus)
-        self.on_message = on_message  # (message: dict), every message
+        self.on_message = on_message  # (message: dict), every JSON message
         self.name = name
+        self._force_refresh_keyword = _accepts_force_refresh(provider)
         self._rng = rng or random.Random()
         self.status = ClientStatus.IDLE
         self.region: str | None = None
@@ -221,6 +257,8 @@ class ReconnectingClient:
         self.connections = 0
         self.forced_reconnects = 0
         self.auth_failures = 0
+        self.pongs = 0
+        self.forced_refreshes = 0  # provider calls with force_refresh=True
         self.last_delay: float | None = None
         self.delays: list[float] = []
         self._ws: ClientConnection | None = None
@@ -306,12 +344,14 @@ class ReconnectingClient:
     # Sending ---------------------------------------------------------------------------------
 
     async def send(self, message: Mapping[str, Any]) -> None:
-        """Send one message; :class:`NotConnected` when there is no open connection."""
+        """Send one message; :class:`FrameTooLarge` (nothing sent) over 32 KB,
+        :class:`NotConnected` when there is no open connection."""
+        text = _frame(dict(message))
         ws = self._ws
         if ws is None:
             raise NotConnected("not connected")
         try:
-            await ws.send(json.dumps(dict(message), separators=(",", ":")))
+            await ws.send(text)
         except ConnectionClosed:
             raise NotConnected("the connection just closed") from None
 
@@ -320,21 +360,22 @@ class ReconnectingClient:
     ) -> dict[str, Any]:
         """Send ``message`` with a fresh ``requestId`` and wait for the reply that echoes it.
 
+        Replies are matched by ``requestId`` only, so concurrent requests may complete in any
+        order. :class:`FrameTooLarge` (nothing sent) if the message is over 32 KB,
         :class:`NotConnected` if there is no connection, :class:`ConnectionLost` if it ends
         before the reply (the request may or may not have been applied), ``TimeoutError`` if no
         reply comes within ``timeout`` (default ``request_timeout``).
         """
+        request_id = f"{self.name}-{next(self._ids)}"
+        text = _frame({**message, "requestId": request_id})
         ws = self._ws
         if ws is None:
             raise NotConnected("not connected")
-        request_id = f"{self.name}-{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
             try:
-                await ws.send(
-                    json.dumps({**message, "requestId": request_id}, separators=(",", ":"))
-                )
+                await ws.send(text)
             except ConnectionClosed:
                 raise NotConnected("the connection just closed") from None
             return await asyncio.wait_for(future, timeout or self.config.request_timeout)
@@ -353,6 +394,7 @@ class ReconnectingClient:
         failures = 0  # consecutive attempts that did not give a healthy connection
         auth_refusals = 0
         first = True
+        force_refresh = False  # the previous attempt failed before the socket opened
         try:
             while not self._closing:
                 if not first:
@@ -370,8 +412,9 @@ class ReconnectingClient:
                 await self._set_status(ClientStatus.CONNECTING)
                 self.attempts += 1
                 try:
-                    ws = await self._open(failures)
+                    ws = await self._open(failures, force_refresh)
                 except InvalidStatus as exc:
+                    force_refresh = True
                     status = exc.response.status_code
                     failures += 1
                     if status in AUTH_FAILURE_STATUSES:
@@ -385,10 +428,12 @@ class ReconnectingClient:
                     logger.info("%s: handshake refused with HTTP %s", self.name, status)
                     continue
                 except Exception as exc:  # refused, timed out, DNS, provider failure: retry
+                    force_refresh = True
                     failures += 1
                     logger.info("%s: connect failed: %s: %s", self.name, type(exc).__name__, exc)
                     continue
                 auth_refusals = 0
+                force_refresh = False
                 # One more failure unless the session proves healthy (its getState answered),
                 # so a server that accepts and drops at once still backs off exponentially.
                 failures = 0 if await self._session(ws) else failures + 1
@@ -397,8 +442,13 @@ class ReconnectingClient:
         finally:
             self._stopped.set()
 
-    async def _open(self, attempt: int) -> ClientConnection:
-        endpoint = self.provider(attempt)
+    async def _open(self, attempt: int, force_refresh: bool) -> ClientConnection:
+        if force_refresh:
+            self.forced_refreshes += 1
+        if self._force_refresh_keyword:
+            endpoint = self.provider(attempt, force_refresh=force_refresh)
+        else:
+            endpoint = self.provider(attempt)
         if inspect.isawaitable(endpoint):
             endpoint = await endpoint
         url, subprotocols = endpoint.handshake()
@@ -462,6 +512,10 @@ class ReconnectingClient:
     async def _receive(self, ws: ClientConnection) -> None:
         loop = asyncio.get_running_loop()
         async for raw in ws:
+            if raw == model.WS_PONG_FRAME:  # the heartbeat's reply, a bare text frame
+                self.pongs += 1
+                self._last_pong_at = loop.time()
+                continue
             try:
                 message = json.loads(raw)
             except (ValueError, TypeError, RecursionError):
@@ -470,8 +524,6 @@ class ReconnectingClient:
             if not isinstance(message, dict):
                 continue
             kind = message.get("type")
-            if kind == model.WS_REPLY_PONG:
-                self._last_pong_at = loop.time()
             region = message.get("region")
             if isinstance(region, str) and region != self.region:
                 old, self.region = self.region, region
@@ -538,3 +590,12 @@ class ReconnectingClient:
                 await result
         except Exception:
             logger.exception("%s: callback %r failed", self.name, callback)
+
+
+def _frame(message: dict[str, Any]) -> str:
+    """The message as the text of one frame; :class:`FrameTooLarge` over API Gateway's limit."""
+    text = json.dumps(message, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
+    if size > model.WS_MAX_FRAME_BYTES:
+        raise FrameTooLarge(size)
+    return text

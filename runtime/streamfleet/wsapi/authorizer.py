@@ -12,22 +12,44 @@ header on a WebSocket, so the signed JWT travels in one of two places (the clien
 Prefer the subprotocol: query strings end up in access logs and browser history.
 
 Outcomes follow API Gateway's conventions: no token at all raises ``Unauthorized`` (HTTP 401);
-a token that is present but malformed, expired, not yet valid, wrongly signed, for another
-audience or issuer, or ambiguous (two different tokens) gets a Deny policy (HTTP 403); a valid
-token gets an Allow policy with ``principalId = sub`` and ``context = {"sub": ...}``, which API
-Gateway hands to ``$connect`` and to every later route of the connection. Key material that
-cannot be loaded raises an ordinary exception (HTTP 500): the client should retry, not give up.
+a token that is present but malformed, expired, not yet valid, issued in the future, too
+long-lived, of the wrong type, wrongly signed, for another audience, party or issuer, or
+ambiguous (two different tokens) gets a Deny policy (HTTP 403); a valid token gets an Allow
+policy with ``principalId = sub`` and ``context = {"sub", "tokenTransport", "principalKind"}``,
+which API Gateway hands to ``$connect`` and to every later route of the connection. Key material
+that cannot be loaded raises an ordinary exception (HTTP 500): the client should retry.
 
-Configuration (environment):
+**Two identities, two key sets.** Users' tokens are verified with the identity provider's keys
+(``JWT_KEYS`` or ``JWT_JWKS_URL``) against ``JWT_ISSUER``; ``principalKind`` is ``user``. The
+canary's tokens carry ``iss`` = :data:`~streamfleet.model.CANARY_TOKEN_ISSUER` and are verified
+with ``JWT_CANARY_KEYS`` only (the canary's own public key, never published in the identity
+provider's JWKS), live at most 15 minutes; their principal is ``canary:<sub>`` and
+``principalKind`` is ``canary``, which the handlers allow on the ``heartbeat`` route only. So
+the canary's key cannot mint a token for any user, and a user token can never be the canary.
+A user token whose ``sub`` starts with ``canary:`` is refused (the prefix is reserved).
+
+Configuration (environment; names in :data:`streamfleet.model.AUTHORIZER_ENV`):
 
 * ``JWT_ISSUER``, ``JWT_AUDIENCE`` (required): the exact ``iss`` and one ``aud`` to accept;
 * exactly one of ``JWT_KEYS`` (a JWKS document, a single JWK or a PEM public key; an ``oct``
   JWK, i.e. an HS256 shared secret, is accepted here for local use only) or ``JWT_JWKS_URL``
-  (https, or http on loopback; cached ``JWT_JWKS_CACHE_SECONDS``, default 300, refreshed early
-  at most every ``JWT_JWKS_MIN_REFRESH_SECONDS``, default 30, when a token names an unknown
-  ``kid``; a failed refresh keeps serving the old keys for ``JWT_JWKS_STALE_SECONDS``, default
-  600, and no longer);
-* ``JWT_LEEWAY_SECONDS`` (default 30, at most 300): clock skew allowed on ``exp`` and ``nbf``.
+  (https, or http on loopback; fetched without following any redirect; at most 1 MiB; cached
+  ``JWT_JWKS_CACHE_SECONDS``, default 300, refreshed early at most every
+  ``JWT_JWKS_MIN_REFRESH_SECONDS``, default 30, when a token names an unknown ``kid``; a failed
+  refresh keeps serving the old keys for ``JWT_JWKS_STALE_SECONDS``, default 600, no longer);
+* ``JWT_LEEWAY_SECONDS`` (default 30, at most 300): clock skew allowed on ``exp``, ``nbf`` and
+  ``iat``;
+* ``JWT_ALGORITHMS`` (default ``RS256,ES256,HS256``): the algorithms accepted at all;
+* ``JWT_MAX_LIFETIME_SECONDS`` (default 86400): the longest ``exp - iat`` accepted;
+* ``JWT_TOKEN_USE`` / ``JWT_TYP`` (default unset): when set, the ``token_use`` claim (Cognito:
+  ``access``) / the ``typ`` header (RFC 9068: ``at+jwt``) must be exactly this; unset, a token
+  that says what it is must say it is an access token (so ID tokens are refused);
+* ``JWT_AUTHORIZED_PARTIES`` (comma-separated client ids): the ``azp`` values accepted; a token
+  whose ``aud`` lists several audiences must carry one (default: ``JWT_AUDIENCE`` itself);
+* ``JWT_CANARY_KEYS`` (optional): the canary's public key(s), as ``JWT_KEYS``.
+
+Every decision is logged as a structured record (:mod:`.logs`): allow at INFO, deny and
+missing token at WARNING, with the reason; never the token.
 
 The authorizer never calls the other region: each region verifies tokens on its own.
 """
@@ -39,6 +61,7 @@ import logging
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +70,7 @@ from urllib.parse import urlsplit
 
 from .. import model
 from . import jwt
+from .logs import log_event
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +128,20 @@ class AuthorizerConfig:
     jwks_min_refresh_seconds: float = DEFAULT_JWKS_MIN_REFRESH_SECONDS
     jwks_stale_seconds: float = DEFAULT_JWKS_STALE_SECONDS
     jwks_timeout_seconds: float = DEFAULT_JWKS_TIMEOUT_SECONDS
+    algorithms: tuple[str, ...] = jwt.ALGORITHMS
+    max_lifetime_seconds: float = jwt.DEFAULT_MAX_LIFETIME_SECONDS
+    token_use: str | None = None
+    typ: str | None = None
+    authorized_parties: tuple[str, ...] = ()
+    canary_keys: str | None = None
 
     def __post_init__(self) -> None:
         if not self.issuer:
             raise AuthorizerConfigError("JWT_ISSUER: required")
+        if self.issuer == model.CANARY_TOKEN_ISSUER:
+            raise AuthorizerConfigError(
+                f"JWT_ISSUER: {model.CANARY_TOKEN_ISSUER!r} is reserved for the canary"
+            )
         if not self.audience:
             raise AuthorizerConfigError("JWT_AUDIENCE: required")
         if (self.keys is None) == (self.jwks_url is None):
@@ -118,6 +152,39 @@ class AuthorizerConfig:
             raise AuthorizerConfigError(
                 f"JWT_LEEWAY_SECONDS: must be between 0 and {MAX_LEEWAY_SECONDS:g}"
             )
+        bad = [alg for alg in self.algorithms if alg not in jwt.ALGORITHMS]
+        if bad or not self.algorithms:
+            raise AuthorizerConfigError(
+                f"JWT_ALGORITHMS: {', '.join(bad) or 'empty'}; only "
+                f"{', '.join(jwt.ALGORITHMS)} are accepted (never none)"
+            )
+        if not self.max_lifetime_seconds > 0:
+            raise AuthorizerConfigError("JWT_MAX_LIFETIME_SECONDS: must be above zero")
+
+    def policy(self) -> jwt.TokenPolicy:
+        """What a user's token must be."""
+        return jwt.TokenPolicy(
+            issuer=self.issuer,
+            audience=self.audience,
+            leeway_seconds=self.leeway_seconds,
+            max_lifetime_seconds=self.max_lifetime_seconds,
+            token_use=self.token_use,
+            typ=self.typ,
+            authorized_parties=self.authorized_parties,
+            algorithms=self.algorithms,
+        )
+
+    def canary_policy(self) -> jwt.TokenPolicy:
+        """What the canary's token must be: our own issuer and a short life."""
+        return jwt.TokenPolicy(
+            issuer=model.CANARY_TOKEN_ISSUER,
+            audience=self.audience,
+            leeway_seconds=self.leeway_seconds,
+            max_lifetime_seconds=min(
+                self.max_lifetime_seconds, model.CANARY_MAX_TOKEN_LIFETIME_SECONDS
+            ),
+            algorithms=self.algorithms,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AuthorizerConfig:
@@ -136,18 +203,34 @@ class AuthorizerConfig:
                 raise AuthorizerConfigError(f"{name}: must be a finite number, zero or more")
             return value
 
+        def listed(name: str) -> tuple[str, ...]:
+            return tuple(v.strip() for v in env.get(name, "").split(",") if v.strip())
+
+        max_lifetime = seconds(model.ENV_JWT_MAX_LIFETIME_SECONDS, jwt.DEFAULT_MAX_LIFETIME_SECONDS)
         return cls(
-            issuer=env.get("JWT_ISSUER", "").strip(),
-            audience=env.get("JWT_AUDIENCE", "").strip(),
-            keys=env.get("JWT_KEYS", "").strip() or None,
-            jwks_url=env.get("JWT_JWKS_URL", "").strip() or None,
-            leeway_seconds=seconds("JWT_LEEWAY_SECONDS", DEFAULT_LEEWAY_SECONDS),
-            jwks_cache_seconds=seconds("JWT_JWKS_CACHE_SECONDS", DEFAULT_JWKS_CACHE_SECONDS),
-            jwks_min_refresh_seconds=seconds(
-                "JWT_JWKS_MIN_REFRESH_SECONDS", DEFAULT_JWKS_MIN_REFRESH_SECONDS
+            issuer=env.get(model.ENV_JWT_ISSUER, "").strip(),
+            audience=env.get(model.ENV_JWT_AUDIENCE, "").strip(),
+            keys=env.get(model.ENV_JWT_KEYS, "").strip() or None,
+            jwks_url=env.get(model.ENV_JWT_JWKS_URL, "").strip() or None,
+            leeway_seconds=seconds(model.ENV_JWT_LEEWAY_SECONDS, DEFAULT_LEEWAY_SECONDS),
+            jwks_cache_seconds=seconds(
+                model.ENV_JWT_JWKS_CACHE_SECONDS, DEFAULT_JWKS_CACHE_SECONDS
             ),
-            jwks_stale_seconds=seconds("JWT_JWKS_STALE_SECONDS", DEFAULT_JWKS_STALE_SECONDS),
-            jwks_timeout_seconds=seconds("JWT_JWKS_TIMEOUT_SECONDS", DEFAULT_JWKS_TIMEOUT_SECONDS),
+            jwks_min_refresh_seconds=seconds(
+                model.ENV_JWT_JWKS_MIN_REFRESH_SECONDS, DEFAULT_JWKS_MIN_REFRESH_SECONDS
+            ),
+            jwks_stale_seconds=seconds(
+                model.ENV_JWT_JWKS_STALE_SECONDS, DEFAULT_JWKS_STALE_SECONDS
+            ),
+            jwks_timeout_seconds=seconds(
+                model.ENV_JWT_JWKS_TIMEOUT_SECONDS, DEFAULT_JWKS_TIMEOUT_SECONDS
+            ),
+            algorithms=listed(model.ENV_JWT_ALGORITHMS) or jwt.ALGORITHMS,
+            max_lifetime_seconds=max_lifetime,
+            token_use=env.get(model.ENV_JWT_TOKEN_USE, "").strip() or None,
+            typ=env.get(model.ENV_JWT_TYP, "").strip() or None,
+            authorized_parties=listed(model.ENV_JWT_AUTHORIZED_PARTIES),
+            canary_keys=env.get(model.ENV_JWT_CANARY_KEYS, "").strip() or None,
         )
 
 
@@ -178,20 +261,37 @@ class StaticKeys:
     keys: tuple[jwt.VerificationKey, ...]
 
     @classmethod
-    def parse(cls, text: str) -> StaticKeys:
+    def parse(cls, text: str, variable: str = model.ENV_JWT_KEYS) -> StaticKeys:
         try:
             return cls(jwt.parse_key_material(text, allow_symmetric=True))
         except jwt.KeyMaterialError as exc:
-            raise AuthorizerConfigError(f"JWT_KEYS: {exc}") from None
+            raise AuthorizerConfigError(f"{variable}: {exc}") from None
 
     def keys_for(self, token: jwt.UnverifiedToken) -> Sequence[jwt.VerificationKey]:
         return jwt.candidate_keys(token, self.keys)
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect: a JWKS URL is configured exactly, and following a redirect would
+    let whoever controls the response (or a downgrade to http) choose our trusted keys."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[override]
+        raise urllib.error.HTTPError(
+            req.full_url, code, f"JWT_JWKS_URL: redirects are not followed ({code})", headers, fp
+        )
+
+
+# No redirects, and no proxy from the environment either: the keys come from the URL itself.
+_JWKS_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
+
+
 def fetch_jwks(url: str, timeout: float) -> dict[str, Any]:
-    """GET a JWKS document (at most 1 MiB of JSON)."""
+    """GET a JWKS document: at most 1 MiB of JSON, status 200, no redirect followed."""
+    check_jwks_url(url)
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    with _JWKS_OPENER.open(request, timeout=timeout) as response:
+        if response.status != 200:
+            raise ValueError(f"JWT_JWKS_URL: HTTP {response.status}, expected 200")
         body = response.read(MAX_JWKS_BYTES + 1)
     if len(body) > MAX_JWKS_BYTES:
         raise ValueError("JWKS document larger than 1 MiB")
@@ -257,11 +357,13 @@ class JwksCache:
             young_enough = (
                 self._fetched_at is not None and now < self._fetched_at + self.lifetime + self.stale
             )
-            logger.warning(
-                "jwks refresh failed (%s: %s); %s",
-                type(exc).__name__,
-                exc,
-                "using cached keys" if young_enough else "no usable keys",
+            log_event(
+                logger,
+                logging.WARNING,
+                "jwks_refresh",
+                decision="failed",
+                detail=f"{type(exc).__name__}: {exc}",
+                fallback="cached keys" if young_enough else "no usable keys",
             )
             if not young_enough:
                 raise KeysUnavailable(f"JWT_JWKS_URL: no usable keys ({exc})") from None
@@ -345,6 +447,15 @@ def check_subject(claims: Mapping[str, Any]) -> str:
     return sub
 
 
+@dataclass(frozen=True)
+class Principal:
+    """Who a valid token speaks for."""
+
+    id: str  # the principalId and the context's sub
+    kind: str  # model.WS_PRINCIPAL_USER or model.WS_PRINCIPAL_CANARY
+    transport: str
+
+
 # --- The authorizer -----------------------------------------------------------------------------
 
 
@@ -356,9 +467,13 @@ class Authorizer:
         config: AuthorizerConfig,
         keys: KeySource | None = None,
         *,
+        canary_keys: KeySource | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.config = config
+        if canary_keys is None and config.canary_keys is not None:
+            canary_keys = StaticKeys.parse(config.canary_keys, model.ENV_JWT_CANARY_KEYS)
+        self.canary_keys = canary_keys
         if keys is None:
             if config.keys is not None:
                 keys = StaticKeys.parse(config.keys)
@@ -372,66 +487,140 @@ class Authorizer:
                     timeout=config.jwks_timeout_seconds,
                 )
         self.keys = keys
+        if isinstance(self.keys, StaticKeys) and isinstance(self.canary_keys, StaticKeys):
+            shared = [
+                key
+                for key in self.canary_keys.keys
+                if any(jwt.same_key(key, user_key) for user_key in self.keys.keys)
+            ]
+            if shared:
+                raise AuthorizerConfigError(
+                    f"{model.ENV_JWT_CANARY_KEYS}: shares a key with {model.ENV_JWT_KEYS}; the "
+                    "canary needs a key of its own"
+                )
+        self._policy = config.policy()
+        self._canary_policy = config.canary_policy()
         self._clock = clock
 
     def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
         """The Lambda entry point's logic: a policy, or :class:`Unauthorized` raised."""
         resource = str(event.get("methodArn") or "*")
+        secrets = _token_fragments(event)
         try:
-            transport, sub = self.authenticate(event)
+            principal = self.authenticate(event)
         except Denied as denied:
-            _log_decision("deny", event, reason=denied.reason, detail=denied.detail)
+            _log_decision(
+                logging.WARNING,
+                "deny",
+                event,
+                secrets,
+                reason=denied.reason,
+                detail=denied.detail,
+            )
             return policy("anonymous", "Deny", resource)
         except Unauthorized:
-            _log_decision("unauthorized", event, reason="missing_token")
+            _log_decision(logging.WARNING, "unauthorized", event, secrets, reason="missing_token")
             raise
-        _log_decision("allow", event, sub=sub, transport=transport)
-        return policy(sub, "Allow", resource, {"sub": sub, "tokenTransport": transport})
+        except Exception as exc:  # keys unavailable, broken configuration: HTTP 500, retry
+            _log_decision(
+                logging.WARNING,
+                "error",
+                event,
+                secrets,
+                reason=type(exc).__name__,
+                detail=str(exc),
+            )
+            raise
+        _log_decision(
+            logging.INFO,
+            "allow",
+            event,
+            secrets,
+            sub=principal.id,
+            principalKind=principal.kind,
+            transport=principal.transport,
+        )
+        return policy(
+            principal.id,
+            "Allow",
+            resource,
+            {
+                model.WS_CONTEXT_SUB: principal.id,
+                model.WS_CONTEXT_TOKEN_TRANSPORT: principal.transport,
+                model.WS_CONTEXT_PRINCIPAL_KIND: principal.kind,
+            },
+        )
 
-    def authenticate(self, event: Mapping[str, Any]) -> tuple[str, str]:
-        """``(transport, sub)`` of a valid token; :class:`Unauthorized` or :class:`Denied`."""
+    def authenticate(self, event: Mapping[str, Any]) -> Principal:
+        """The principal of a valid token; :class:`Unauthorized` or :class:`Denied`."""
         transport, token = extract_token(event)
         try:
             parsed = jwt.split_token(token)
-            claims = jwt.verify_parsed(
-                parsed,
-                self.keys.keys_for(parsed),
-                issuer=self.config.issuer,
-                audience=self.config.audience,
-                leeway=self.config.leeway_seconds,
-                now=self._clock(),
+            canary = (
+                self.canary_keys is not None
+                and parsed.claims.get("iss") == model.CANARY_TOKEN_ISSUER
             )
+            # The issuer picks the key set; the signature then has to match that set, so a
+            # token cannot choose to be verified by keys other than its issuer's.
+            if canary:
+                assert self.canary_keys is not None
+                claims = jwt.verify_parsed(
+                    parsed,
+                    self.canary_keys.keys_for(parsed),
+                    self._canary_policy,
+                    now=self._clock(),
+                )
+            else:
+                claims = jwt.verify_parsed(
+                    parsed, self.keys.keys_for(parsed), self._policy, now=self._clock()
+                )
         except jwt.JwtError as exc:
             raise Denied(exc.reason, str(exc)) from None
-        return transport, check_subject(claims)
+        sub = check_subject(claims)
+        if canary:
+            return Principal(
+                model.CANARY_PRINCIPAL_PREFIX + sub, model.WS_PRINCIPAL_CANARY, transport
+            )
+        if sub.startswith(model.CANARY_PRINCIPAL_PREFIX):
+            raise Denied(
+                "reserved_subject", f"sub: the prefix {model.CANARY_PRINCIPAL_PREFIX!r} is reserved"
+            )
+        return Principal(sub, model.WS_PRINCIPAL_USER, transport)
 
 
-def _log_decision(decision: str, event: Mapping[str, Any], **fields: Any) -> None:
+def _token_fragments(event: Mapping[str, Any]) -> list[str]:
+    """Everything in the request that is (part of) a bearer token, to keep out of the logs."""
+    name = model.WS_TOKEN_QUERY_PARAMETER
+    values = [str(v) for v in (event.get("multiValueQueryStringParameters") or {}).get(name) or []]
+    single = (event.get("queryStringParameters") or {}).get(name)
+    if single:
+        values.append(str(single))
+    prefix = model.WS_BEARER_SUBPROTOCOL_PREFIX
+    values += [e[len(prefix) :] for e in offered_subprotocols(event) if e.startswith(prefix)]
+    return [*values, *(part for value in values for part in value.split("."))]
+
+
+def _log_decision(
+    level: int, decision: str, event: Mapping[str, Any], secrets: list[str], **fields: Any
+) -> None:
     context = event.get("requestContext") or {}
-    record = {
-        "event": "authorize",
-        "decision": decision,
-        "connectionId": context.get("connectionId"),
-        "apiId": context.get("apiId"),
+    # Never the token itself (a bearer credential): log_event redacts any value containing it.
+    log_event(
+        logger,
+        level,
+        "authorize",
+        secrets=secrets,
+        decision=decision,
+        connectionId=context.get("connectionId"),
+        apiId=context.get("apiId"),
+        sourceIp=(context.get("identity") or {}).get("sourceIp"),
         **fields,
-    }
-    # Never the token itself: it is a bearer credential.
-    logger.info(json.dumps(record, default=str, separators=(",", ":")))
+    )
 
 
 # --- Lambda entry point -------------------------------------------------------------------------
 
-_ENV_NAMES = (
-    "JWT_ISSUER",
-    "JWT_AUDIENCE",
-    "JWT_KEYS",
-    "JWT_JWKS_URL",
-    "JWT_LEEWAY_SECONDS",
-    "JWT_JWKS_CACHE_SECONDS",
-    "JWT_JWKS_MIN_REFRESH_SECONDS",
-    "JWT_JWKS_STALE_SECONDS",
-    "JWT_JWKS_TIMEOUT_SECONDS",
-)
+_ENV_NAMES = model.AUTHORIZER_ENV
 _cached: tuple[tuple[str, ...], Authorizer] | None = None
 _cached_lock = threading.Lock()
 

@@ -1,10 +1,10 @@
 """The canary: probes one region's WebSocket API and publishes ``App/WebSocketHealth``.
 
 Every run (EventBridge, once a minute) it opens a WebSocket to the *regional* endpoint (not the
-failover name: it must judge this region, whatever DNS says), authenticates like a client, sends
-``{"action": "heartbeat"}`` and expects ``{"type": "pong"}`` within ``CANARY_TIMEOUT_SECONDS``.
-Anything else (refused handshake, HTTP 500 because the handler is throttled, API Gateway's
-``Internal server error`` frame, silence) is a failed probe.
+failover name: it must judge this region, whatever DNS says), authenticates with its own
+identity, sends ``{"action": "heartbeat"}`` and expects the TEXT frame ``pong`` within
+``CANARY_TIMEOUT_SECONDS``. Anything else (refused handshake, HTTP 500 because the handler is
+throttled, API Gateway's ``Internal server error`` frame, silence) is a failed probe.
 
 **Fail-back hysteresis.** Route 53 only understands the alarm's plain "2 of 2 datapoints"
 (no M-of-N, no metric math), so the asymmetry the seed recommends (fail over after 2 bad
@@ -26,15 +26,29 @@ alarm at once, unlike EMF's log-ingestion delay): namespace ``App``, dimension `
 raw probe, for dashboards). The alarm must treat missing data as breaching, so a canary that
 stops running also fails the region over.
 
-**Token.** The canary authenticates like any client. Configure one of ``CANARY_TOKEN`` (a
-static token: local use), ``CANARY_SIGNING_KEY`` (a PEM private key or an ``oct`` JWK; a token is
-minted per run for ``CANARY_SUBJECT``, default ``canary``, with ``JWT_ISSUER``/``JWT_AUDIENCE``) or
-``CANARY_SIGNING_KEY_SECRET_ARN`` (the same, read once from Secrets Manager). The authorizer must
-trust the matching public key. ``CANARY_TOKEN_TRANSPORT`` is ``subprotocol`` (default) or
-``query``.
+**Server-driven failover.** A third-party client that counts any frame as "alive" stays on a
+throttled region for ever: API Gateway answers each of its heartbeats with an ``Internal server
+error`` frame. So while the region reports unhealthy (from the run that trips the hysteresis,
+i.e. when the alarm fires and the failover name moves, until fail-back), every run closes every
+client connection of this region through the Management API (``DeleteConnection`` on the ids in
+the connections table; ``GoneException`` means already gone) and deletes their records (the
+``$disconnect`` handler may be throttled too). Clients reconnect through the failover name and
+land in the other region; one that lands here again (DNS caches) is closed again next run.
+``CANARY_DISCONNECT_WHEN_UNHEALTHY=false`` turns it off. The Management API endpoint is the
+https form of ``CANARY_ENDPOINT_URL`` unless ``CANARY_MANAGEMENT_ENDPOINT`` says otherwise.
+
+**Token: the canary's own identity.** The canary's token is signed with its own key and carries
+``iss`` = :data:`~streamfleet.model.CANARY_TOKEN_ISSUER`, ``aud`` = ``JWT_AUDIENCE``; the
+authorizer verifies it only with ``JWT_CANARY_KEYS`` (the canary's public key, which is *not*
+in the identity provider's JWKS) and the handlers let it send ``heartbeat`` only: its key cannot
+mint a token for any user. Configure one of ``CANARY_TOKEN`` (a static token: local use),
+``CANARY_SIGNING_KEY`` (a PEM private key or an ``oct`` JWK; a 5-minute token is minted per run
+for ``CANARY_SUBJECT``, default ``canary``) or ``CANARY_SIGNING_KEY_SECRET_ARN`` (the same, read
+once from Secrets Manager). ``CANARY_TOKEN_TRANSPORT`` is ``subprotocol`` (default) or ``query``.
 
 Other environment: ``CANARY_ENDPOINT_URL`` (``wss://<api id>.execute-api.<region>.amazonaws.com/
-<stage>``), ``CANARY_API_ID``.
+<stage>``), ``CANARY_API_ID``; every name is in :data:`streamfleet.model.CANARY_ENV`. Runs are
+logged as structured records (:mod:`.logs`): INFO for a healthy run, WARNING otherwise.
 """
 
 from __future__ import annotations
@@ -50,6 +64,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -57,8 +72,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from .. import model
 from ..aws import AsyncClient, ClientSettings
 from ..client.reconnecting import Endpoint, TokenTransport
-from ..lease.dynamo import from_item, is_condition_failure, names, to_attr
+from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
 from . import jwt
+from .logs import log_event
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +85,11 @@ DEFAULT_TOKEN_LIFETIME_SECONDS = 300
 DEFAULT_SUBJECT = "canary"
 SAVE_ATTEMPTS = 3
 CLIENT_SETTINGS = ClientSettings(threads=2)
+# DeleteConnection calls in flight at once, and the time a run may spend on them (what is left
+# is closed by the next run, a minute later).
+DISCONNECT_CONCURRENCY = 8
+DEFAULT_DISCONNECT_BUDGET_SECONDS = 20.0
+MANAGEMENT_CLIENT_SETTINGS = ClientSettings(threads=DISCONNECT_CONCURRENCY)
 
 
 class CanaryConfigError(ValueError):
@@ -89,10 +110,17 @@ class CanaryConfig:
     failures_to_trip: int = DEFAULT_FAILURES_TO_TRIP
     state_table: str | None = None
     token_transport: TokenTransport = TokenTransport.SUBPROTOCOL
+    disconnect_when_unhealthy: bool = True
+    management_endpoint: str | None = None  # None: derived from endpoint_url
+    disconnect_budget_seconds: float = DEFAULT_DISCONNECT_BUDGET_SECONDS
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.startswith(("ws://", "wss://")):
             raise CanaryConfigError("CANARY_ENDPOINT_URL: must be a ws:// or wss:// URL")
+        if self.management_endpoint is not None and not self.management_endpoint.startswith(
+            ("http://", "https://")
+        ):
+            raise CanaryConfigError("CANARY_MANAGEMENT_ENDPOINT: must be an http(s):// URL")
         if not self.api_id:
             raise CanaryConfigError("CANARY_API_ID: required")
         if not (math.isfinite(self.timeout_seconds) and self.timeout_seconds > 0):
@@ -120,6 +148,9 @@ class CanaryConfig:
         transport = env.get("CANARY_TOKEN_TRANSPORT", "").strip() or TokenTransport.SUBPROTOCOL
         if transport not in tuple(TokenTransport):
             raise CanaryConfigError("CANARY_TOKEN_TRANSPORT: must be subprotocol or query")
+        raw_disconnect = env.get(model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY, "").strip().lower()
+        if raw_disconnect not in ("", "true", "false"):
+            raise CanaryConfigError(f"{model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY}: true or false")
         return cls(
             endpoint_url=env.get("CANARY_ENDPOINT_URL", "").strip(),
             api_id=env.get("CANARY_API_ID", "").strip(),
@@ -130,7 +161,17 @@ class CanaryConfig:
             failures_to_trip=whole("CANARY_FAILURES_TO_TRIP", DEFAULT_FAILURES_TO_TRIP),
             state_table=env.get("CANARY_STATE_TABLE_NAME", "").strip() or None,
             token_transport=TokenTransport(transport),
+            disconnect_when_unhealthy=raw_disconnect != "false",
+            management_endpoint=env.get(model.ENV_CANARY_MANAGEMENT_ENDPOINT, "").strip() or None,
         )
+
+    def management_url(self) -> str:
+        """Where ``DeleteConnection`` goes: the regional API's own https endpoint."""
+        if self.management_endpoint is not None:
+            return self.management_endpoint
+        parts = urlsplit(self.endpoint_url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
 # --- Probe --------------------------------------------------------------------------------------
@@ -142,7 +183,6 @@ class ProbeResult:
 
     healthy: bool
     latency_seconds: float
-    region: str | None = None
     error: str | None = None
 
 
@@ -154,8 +194,8 @@ async def probe(endpoint: Endpoint, *, timeout: float) -> ProbeResult:
     """
     started = time.monotonic()
 
-    def result(healthy: bool, region: str | None = None, error: str | None = None) -> ProbeResult:
-        return ProbeResult(healthy, time.monotonic() - started, region, error)
+    def result(healthy: bool, error: str | None = None) -> ProbeResult:
+        return ProbeResult(healthy, time.monotonic() - started, error)
 
     url, subprotocols = endpoint.handshake()
     ws = None
@@ -172,13 +212,9 @@ async def probe(endpoint: Endpoint, *, timeout: float) -> ProbeResult:
             )
             await ws.send(json.dumps({"action": model.WS_ROUTE_HEARTBEAT}))
             async for raw in ws:
-                try:
-                    message = json.loads(raw)
-                except (ValueError, TypeError):
-                    continue
-                if isinstance(message, dict) and message.get("type") == model.WS_REPLY_PONG:
-                    region = message.get("region")
-                    return result(True, region if isinstance(region, str) else None)
+                # Exactly the text frame "pong"; API Gateway's error frame does not count.
+                if raw == model.WS_PONG_FRAME:
+                    return result(True)
             return result(False, error="connection closed before the pong")
     except TimeoutError:
         return result(False, error=f"no pong within {timeout:g} s")
@@ -219,10 +255,10 @@ class MintedToken:
     """A short-lived token minted for every run with the canary's own signing key."""
 
     key: jwt.SigningKey
-    issuer: str
     audience: str
     subject: str = DEFAULT_SUBJECT
     lifetime_seconds: int = DEFAULT_TOKEN_LIFETIME_SECONDS
+    issuer: str = model.CANARY_TOKEN_ISSUER
 
     async def token(self) -> str | None:
         now = int(time.time())
@@ -239,18 +275,25 @@ class MintedToken:
 class SecretToken:
     """:class:`MintedToken` whose key is read once from Secrets Manager."""
 
-    def __init__(self, secrets: AsyncClient, secret_arn: str, *, issuer: str, audience: str):
+    def __init__(
+        self,
+        secrets: AsyncClient,
+        secret_arn: str,
+        *,
+        audience: str,
+        subject: str = DEFAULT_SUBJECT,
+    ):
         self._secrets = secrets
         self._arn = secret_arn
-        self._issuer = issuer
         self._audience = audience
+        self._subject = subject
         self._minted: MintedToken | None = None
 
     async def token(self) -> str | None:
         if self._minted is None:
             secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
             key = jwt.signing_key_from_text(secret["SecretString"])
-            self._minted = MintedToken(key, self._issuer, self._audience)
+            self._minted = MintedToken(key, self._audience, self._subject)
         return await self._minted.token()
 
 
@@ -269,21 +312,21 @@ def token_source_from_env(
         return StaticToken(static)
     if not key_text and not secret_arn:
         return StaticToken(None)
-    issuer, audience = env.get("JWT_ISSUER", "").strip(), env.get("JWT_AUDIENCE", "").strip()
-    if not issuer or not audience:
-        raise CanaryConfigError("JWT_ISSUER, JWT_AUDIENCE: required to mint the canary's token")
+    audience = env.get(model.ENV_JWT_AUDIENCE, "").strip()
+    if not audience:
+        raise CanaryConfigError("JWT_AUDIENCE: required to mint the canary's token")
+    subject = env.get("CANARY_SUBJECT", "").strip() or DEFAULT_SUBJECT
     if key_text:
         try:
             key = jwt.signing_key_from_text(key_text)
         except jwt.KeyMaterialError as exc:
             raise CanaryConfigError(f"CANARY_SIGNING_KEY: {exc}") from None
-        subject = env.get("CANARY_SUBJECT", "").strip() or DEFAULT_SUBJECT
-        return MintedToken(key, issuer, audience, subject)
+        return MintedToken(key, audience, subject)
     return SecretToken(
         secrets or AsyncClient("secretsmanager", CLIENT_SETTINGS),
         secret_arn,
-        issuer=issuer,
         audience=audience,
+        subject=subject,
     )
 
 
@@ -443,17 +486,133 @@ class CloudWatchPublisher:
         )
 
 
+# --- Server-driven failover ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one sweep did: connections closed, already gone, failed; whether it ran out of time."""
+
+    closed: int = 0
+    gone: int = 0
+    failed: int = 0
+    incomplete: bool = False
+
+
+class Disconnector(Protocol):
+    """Closes every client connection of the region."""
+
+    async def sweep(self) -> SweepResult:
+        """Close what is open now."""
+
+
+class ConnectionSweeper:
+    """``DeleteConnection`` for every ``WSCONN#<id>`` record of the regional connections table.
+
+    The connection ids come from the table the ``$connect`` handler writes (API Gateway has no
+    "list connections" call). Each closed or already-gone connection's record is deleted, since
+    the ``$disconnect`` handler may be throttled as well. At most ``concurrency`` calls are in
+    flight; after ``budget_seconds`` no new one starts (the next run goes on).
+    """
+
+    def __init__(
+        self,
+        *,
+        dynamodb: AsyncClient,
+        management: AsyncClient,
+        table_name: str,
+        concurrency: int = DISCONNECT_CONCURRENCY,
+        budget_seconds: float = DEFAULT_DISCONNECT_BUDGET_SECONDS,
+    ):
+        self._dynamodb = dynamodb
+        self._management = management
+        self._table = table_name
+        self._concurrency = concurrency
+        self._budget = budget_seconds
+
+    async def connection_ids(self) -> list[str]:
+        """Every connection id recorded now."""
+        ids: list[str] = []
+        params: dict[str, Any] = {
+            "TableName": self._table,
+            "FilterExpression": "begins_with(#pk, :prefix)",
+            "ProjectionExpression": "#pk",
+            "ExpressionAttributeNames": names(model.PK),
+            "ExpressionAttributeValues": {":prefix": to_attr(model.WS_CONNECTION_PREFIX)},
+        }
+        while True:
+            page = await self._dynamodb.call("scan", **params)
+            for item in page.get("Items", []):
+                pk = item[model.PK]["S"]
+                ids.append(pk[len(model.WS_CONNECTION_PREFIX) :])
+            if "LastEvaluatedKey" not in page:
+                return ids
+            params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    async def sweep(self) -> SweepResult:
+        deadline = time.monotonic() + self._budget
+        ids = await self.connection_ids()
+        counts = {"closed": 0, "gone": 0, "failed": 0}
+        incomplete = False
+        semaphore = asyncio.Semaphore(self._concurrency)
+
+        async def close(connection_id: str) -> None:
+            async with semaphore:
+                if time.monotonic() > deadline:
+                    nonlocal incomplete
+                    incomplete = True
+                    return
+                try:
+                    await self._management.call("delete_connection", ConnectionId=connection_id)
+                    outcome = "closed"
+                except Exception as exc:
+                    if error_code(exc) != "GoneException":
+                        counts["failed"] += 1
+                        log_event(
+                            logger,
+                            logging.WARNING,
+                            "canary_disconnect",
+                            decision="error",
+                            connectionId=connection_id,
+                            detail=f"{type(exc).__name__}: {exc}",
+                        )
+                        return
+                    outcome = "gone"
+                counts[outcome] += 1
+                try:
+                    await self._dynamodb.call(
+                        "delete_item",
+                        TableName=self._table,
+                        Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                    )
+                except Exception as exc:  # the next sweep finds it gone and tries again
+                    log_event(
+                        logger,
+                        logging.WARNING,
+                        "canary_disconnect",
+                        decision="error",
+                        reason="delete_record",
+                        connectionId=connection_id,
+                        detail=f"{type(exc).__name__}: {exc}",
+                    )
+
+        await asyncio.gather(*(close(connection_id) for connection_id in ids))
+        return SweepResult(counts["closed"], counts["gone"], counts["failed"], incomplete)
+
+
 # --- The canary ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class CanaryRun:
-    """One run: the probe, the state after hysteresis, and the published value."""
+    """One run: the probe, the state after hysteresis, the published value, and the sweep of
+    client connections (``None`` when the region is not unhealthy or sweeping is off)."""
 
     probe: ProbeResult
     state: HealthState
     value: int
     hysteresis_applied: bool
+    sweep: SweepResult | None = None
 
 
 class Canary:
@@ -466,11 +625,13 @@ class Canary:
         tokens: TokenSource,
         store: HealthStateStore | None,
         publishers: Sequence[MetricPublisher],
+        disconnector: Disconnector | None = None,
     ):
         self.config = config
         self.tokens = tokens
         self.store = store
         self.publishers = tuple(publishers)
+        self.disconnector = disconnector if config.disconnect_when_unhealthy else None
         self.hysteresis = FailbackHysteresis(
             config.healthy_runs_to_recover, config.failures_to_trip
         )
@@ -481,8 +642,7 @@ class Canary:
         try:
             token = await self.tokens.token()
         except Exception as exc:
-            logger.warning("canary could not get a token: %s", exc)
-            result = ProbeResult(False, 0.0, None, f"token: {type(exc).__name__}: {exc}")
+            result = ProbeResult(False, 0.0, f"token: {type(exc).__name__}: {exc}")
         else:
             endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
             result = await probe(endpoint, timeout=self.config.timeout_seconds)
@@ -492,23 +652,45 @@ class Canary:
             try:
                 await publisher.publish(self.config.api_id, value, result.healthy)
             except Exception as exc:
-                logger.warning("canary could not publish: %s: %s", type(exc).__name__, exc)
-        logger.info(
-            json.dumps(
-                {
-                    "event": "canary",
-                    "apiId": self.config.api_id,
-                    "probeHealthy": result.healthy,
-                    "value": value,
-                    "streak": state.healthy_streak,
-                    "latencyMs": round(result.latency_seconds * 1000, 1),
-                    "region": result.region,
-                    "error": result.error,
-                },
-                separators=(",", ":"),
-            )
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "canary_publish",
+                    decision="error",
+                    apiId=self.config.api_id,
+                    detail=f"{type(exc).__name__}: {exc}",
+                )
+        # After publishing: by the time clients reconnect, the alarm has its datapoint.
+        sweep = None
+        if self.disconnector is not None and state.tripped:
+            try:
+                sweep = await self.disconnector.sweep()
+            except Exception as exc:  # e.g. the table does not answer: the next run retries
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "canary_disconnect",
+                    decision="error",
+                    apiId=self.config.api_id,
+                    detail=f"{type(exc).__name__}: {exc}",
+                )
+                sweep = SweepResult(incomplete=True)
+        log_event(
+            logger,
+            logging.INFO if result.healthy and value == 1 else logging.WARNING,
+            "canary",
+            apiId=self.config.api_id,
+            probeHealthy=result.healthy,
+            value=value,
+            tripped=state.tripped,
+            streak=state.healthy_streak,
+            latencyMs=round(result.latency_seconds * 1000, 1),
+            error=result.error,
+            closed=None if sweep is None else sweep.closed,
+            gone=None if sweep is None else sweep.gone,
+            closeFailed=None if sweep is None else sweep.failed,
         )
-        return CanaryRun(result, state, value, applied)
+        return CanaryRun(result, state, value, applied, sweep)
 
     async def _apply_hysteresis(self, probe_healthy: bool) -> tuple[HealthState, bool]:
         if self.store is None:
@@ -520,7 +702,14 @@ class Canary:
                 if await self.store.save(state, previous):
                     return state, True
         except Exception as exc:
-            logger.warning("canary state store failed: %s: %s", type(exc).__name__, exc)
+            log_event(
+                logger,
+                logging.WARNING,
+                "canary_state",
+                decision="error",
+                apiId=self.config.api_id,
+                detail=f"{type(exc).__name__}: {exc}",
+            )
         # Unknown history: report the probe itself rather than guess.
         return HealthState(reported_healthy=probe_healthy), False
 
@@ -529,21 +718,7 @@ class Canary:
 
 _cached: tuple[tuple[str, ...], Canary] | None = None
 _cached_lock = threading.Lock()
-_ENV_NAMES = (
-    "CANARY_ENDPOINT_URL",
-    "CANARY_API_ID",
-    "CANARY_TIMEOUT_SECONDS",
-    "CANARY_HEALTHY_RUNS_TO_RECOVER",
-    "CANARY_FAILURES_TO_TRIP",
-    "CANARY_STATE_TABLE_NAME",
-    "CANARY_TOKEN_TRANSPORT",
-    "CANARY_TOKEN",
-    "CANARY_SIGNING_KEY",
-    "CANARY_SIGNING_KEY_SECRET_ARN",
-    "CANARY_SUBJECT",
-    "JWT_ISSUER",
-    "JWT_AUDIENCE",
-)
+_ENV_NAMES = model.CANARY_ENV
 
 
 def canary_from_env(env: Mapping[str, str] | None = None) -> Canary:
@@ -551,17 +726,29 @@ def canary_from_env(env: Mapping[str, str] | None = None) -> Canary:
     env = os.environ if env is None else env
     config = CanaryConfig.from_env(env)
     store = None
+    disconnector = None
     if config.state_table:
+        dynamodb = AsyncClient("dynamodb", CLIENT_SETTINGS)
         store = DynamoHealthStateStore(
-            AsyncClient("dynamodb", CLIENT_SETTINGS),
-            table_name=config.state_table,
-            api_id=config.api_id,
+            dynamodb, table_name=config.state_table, api_id=config.api_id
         )
+        if config.disconnect_when_unhealthy:
+            disconnector = ConnectionSweeper(
+                dynamodb=dynamodb,
+                management=AsyncClient(
+                    "apigatewaymanagementapi",
+                    MANAGEMENT_CLIENT_SETTINGS,
+                    endpoint_url=config.management_url(),
+                ),
+                table_name=config.state_table,
+                budget_seconds=config.disconnect_budget_seconds,
+            )
     return Canary(
         config,
         tokens=token_source_from_env(env),
         store=store,
         publishers=[CloudWatchPublisher(AsyncClient("cloudwatch", CLIENT_SETTINGS))],
+        disconnector=disconnector,
     )
 
 
@@ -580,6 +767,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "healthyStreak": run.state.healthy_streak,
         "tripped": run.state.tripped,
         "latencyMs": round(run.probe.latency_seconds * 1000, 1),
-        "region": run.probe.region,
         "error": run.probe.error,
+        "closedConnections": None if run.sweep is None else run.sweep.closed,
     }

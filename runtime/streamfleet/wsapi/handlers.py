@@ -7,8 +7,10 @@ One function serves every route; the event names the route in ``requestContext.r
   margin: ``$disconnect`` is best effort, the TTL cleans up what it misses); selects the
   ``streamfleet.v1`` subprotocol when the client offered it (never the ``bearer.`` entry);
 * ``$disconnect``: deletes the connection record;
-* ``heartbeat``: replies ``{"type": "pong", "region": ...}`` without touching DynamoDB (it is sent
-  every 30 s by every client, and what it must prove is that API Gateway and Lambda answer);
+* ``heartbeat``: replies with the TEXT frame ``pong`` (those 4 bytes, not JSON, whatever else the
+  request carried) without touching DynamoDB: it is sent every 30 s by every client, what it
+  must prove is that API Gateway and Lambda answer, and a literal ``pong`` is what third-party
+  heartbeat options match (react-use-websocket's ``returnMessage: 'pong'``);
 * ``getState``: the user's state from the (global) state table, plus one auction's;
 * ``bid``: ``{"action": "bid", "auction": "a1", "amount": 123}`` on a live auction counter. The
   bid is accepted only by a conditional write (``highest < amount``), so of two racing bids the
@@ -20,14 +22,23 @@ One function serves every route; the event names the route in ``requestContext.r
 State is keyed by the verified ``sub`` (``USER#<sub>``), never by connection id, so a client
 that reconnects, to this region or to the other one after a failover, finds its state again.
 
-Every reply names the region that served it and echoes the request's optional ``requestId``.
+**The canary is confined**: a connection whose authorizer context says ``principalKind`` is
+``canary`` (a token signed by the canary's own key, see :mod:`.authorizer`) may send
+``heartbeat`` only; any other message gets an error reply and nothing is read or written, and
+its ``$connect`` writes no connection record.
+
+Every JSON reply is one object with ``type``, the ``region`` that served it and the request's
+``requestId`` echoed (when it had a valid one). No reply frame is larger than API Gateway's
+32 KB frame limit: a reply that would be is replaced by an error reply (``reply_too_large``).
 Replies go through the API Gateway Management API (``post_to_connection``) at the *regional*
 endpoint of this API (a custom domain name would follow the failover DNS and might reach the
 other region), or at ``APIGW_MANAGEMENT_ENDPOINT`` when set (the local stand-in sets it). A
 ``GoneException`` means the client left: its connection record is deleted.
 
 Environment: ``STATE_TABLE_NAME``, ``CONNECTIONS_TABLE_NAME``, ``AWS_REGION`` (set by Lambda),
-optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``.
+optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS`` (names in
+:data:`streamfleet.model.HANDLERS_ENV`). Decisions and errors are logged as structured records
+(:mod:`.logs`) at INFO/WARNING.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from .. import model, strict_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
 from ..validation import ID_CHARSET_DOC, ID_PATTERN
+from .logs import log_event
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +70,7 @@ DISCONNECT = "$disconnect"
 DEFAULT = "$default"
 
 DEFAULT_CONNECTION_TTL_SECONDS = model.WS_MAX_CONNECTION_SECONDS + 10 * 60
-MAX_REQUEST_ID_CHARS = 64
+MAX_REQUEST_ID_CHARS = model.MAX_WS_REQUEST_ID_CHARS
 MAX_AUCTION_ID_CHARS = 128
 MAX_BID_AMOUNT = 10**15  # below 2**53 (JavaScript clients) and BID_AMOUNT_DIGITS digits
 # Retries of a state write whose only failed condition was "newer than the stored version".
@@ -109,7 +121,7 @@ class HandlerConfig:
                 raise HandlerConfigError(f"{name}: required but not set")
             return value
 
-        raw_ttl = env.get("CONNECTION_TTL_SECONDS", "").strip()
+        raw_ttl = env.get(model.ENV_CONNECTION_TTL_SECONDS, "").strip()
         ttl = DEFAULT_CONNECTION_TTL_SECONDS
         if raw_ttl:
             if not raw_ttl.isdigit() or int(raw_ttl) <= 0:
@@ -228,6 +240,13 @@ def parse_message(text: str) -> Message:
         raise BadMessage("body", "not valid JSON") from None
     if not isinstance(payload, dict):
         raise BadMessage("body", f"expected a JSON object, got {strict_json.json_type(payload)}")
+    if payload.get(model.WS_ROUTE_SELECTION_FIELD) == model.WS_ROUTE_HEARTBEAT:
+        # Always a pong, whatever else came with it: a heartbeat only asks "are you there?".
+        try:
+            request_id = _identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
+        except (KeyError, BadMessage):
+            request_id = None
+        return Heartbeat(request_id)
     request_id = None
     if "requestId" in payload:
         request_id = _identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
@@ -243,8 +262,6 @@ def parse_message(text: str) -> Message:
         for key in payload:
             if key not in FIELDS[action]:
                 raise BadMessage(key, f"unknown field for {action}")
-        if action == model.WS_ROUTE_HEARTBEAT:
-            return Heartbeat(request_id)
         if action == model.WS_ROUTE_GET_STATE:
             auction = None
             if "auction" in payload:
@@ -386,24 +403,44 @@ class WsApiHandlers:
         """Record the connection under its verified user; select the application subprotocol."""
         request_context = event.get("requestContext") or {}
         user_id = _authorized_sub(request_context)
+        connection_id = _connection_id(event)
         if user_id is None:
             # No authorizer in front of $connect: a deployment error, never let it through.
-            logger.error("wsapi $connect without an authorizer context; refusing")
+            log_event(
+                logger,
+                logging.ERROR,
+                "wsapi_connect",
+                decision="refuse",
+                reason="no_authorizer_context",
+                connectionId=connection_id,
+            )
             return {"statusCode": 401}
+        response: dict[str, Any] = {"statusCode": 200}
+        if model.WS_APP_SUBPROTOCOL in _offered_subprotocols(event):
+            response["headers"] = {"Sec-WebSocket-Protocol": model.WS_APP_SUBPROTOCOL}
+        kind = _principal_kind(request_context)
+        log_event(
+            logger,
+            logging.INFO,
+            "wsapi_connect",
+            decision="accept",
+            principalKind=kind,
+            sub=user_id,
+            connectionId=connection_id,
+        )
+        if kind == model.WS_PRINCIPAL_CANARY:
+            return response  # the canary owns no state, not even a connection record
         now_ms = self.clock.wall_ms()
         self.dynamodb.put_item(
             TableName=self.config.connections_table,
             Item={
-                model.PK: to_attr(model.ws_connection_pk(_connection_id(event))),
+                model.PK: to_attr(model.ws_connection_pk(connection_id)),
                 model.WS_USER_ID: to_attr(user_id),
                 model.WS_CONNECTED_AT_MS: to_attr(now_ms),
                 model.WS_REGION: to_attr(self.config.region),
                 model.WS_EXPIRES_AT: to_attr(now_ms // 1000 + self.config.connection_ttl_seconds),
             },
         )
-        response: dict[str, Any] = {"statusCode": 200}
-        if model.WS_APP_SUBPROTOCOL in _offered_subprotocols(event):
-            response["headers"] = {"Sec-WebSocket-Protocol": model.WS_APP_SUBPROTOCOL}
         return response
 
     def on_disconnect(self, event: Mapping[str, Any]) -> dict[str, Any]:
@@ -431,7 +468,10 @@ class WsApiHandlers:
             message = parse_message(text)
             request_id = message.request_id
             if isinstance(message, Heartbeat):
-                reply = {"type": model.WS_REPLY_PONG}
+                self.send_pong(request_context, connection_id)
+                return {"statusCode": 200}
+            if _principal_kind(request_context) == model.WS_PRINCIPAL_CANARY:
+                raise _NotAuthorized("the canary identity may send heartbeat only")
             else:
                 user_id = self._user_of(request_context, connection_id)
                 if isinstance(message, GetState):
@@ -440,17 +480,43 @@ class WsApiHandlers:
                     reply = self.place_bid(user_id, message.auction, message.amount)
         except BadMessage as bad:
             request_id = bad.request_id
-            reply = _error(bad.message, bad.field, full=str(bad))
+            reply = _error(bad.message, bad.field, full=str(bad), code="bad_request")
         except _NotAuthorized as exc:
-            reply = _error(str(exc), "authorization")
+            log_event(
+                logger,
+                logging.WARNING,
+                "wsapi_message",
+                decision="refuse",
+                reason="not_authorized",
+                route=request_context.get("routeKey"),
+                principalKind=_principal_kind(request_context),
+                connectionId=connection_id,
+                detail=str(exc),
+            )
+            reply = _error(str(exc), "authorization", code="forbidden")
         except (BotoCoreError, ClientError, StateWriteConflict) as exc:
-            logger.warning("wsapi state store failed: %s", exc)
-            reply = _error("the state store did not answer; retry", None, retryable=True)
+            log_event(
+                logger,
+                logging.WARNING,
+                "wsapi_message",
+                decision="error",
+                reason="state_store",
+                route=request_context.get("routeKey"),
+                connectionId=connection_id,
+                detail=f"{type(exc).__name__}: {exc}",
+            )
+            reply = _error(
+                "the state store did not answer; retry", None, retryable=True, code="unavailable"
+            )
         except Exception:
             logger.exception("wsapi message failed (connection %s)", connection_id)
-            reply = _error("internal error", None, retryable=True)
+            reply = _error("internal error", None, retryable=True, code="internal")
         self.reply(request_context, connection_id, reply, request_id)
         return {"statusCode": 200}
+
+    def send_pong(self, request_context: Mapping[str, Any], connection_id: str) -> bool:
+        """The heartbeat's reply: the TEXT frame ``pong``; ``False`` if the client is gone."""
+        return self._post(connection_id, request_context, model.WS_PONG_FRAME.encode())
 
     def reply(
         self,
@@ -465,6 +531,33 @@ class WsApiHandlers:
         if request_id is not None:
             body["requestId"] = request_id
         data = json.dumps(body, separators=(",", ":")).encode()
+        if len(data) > model.WS_MAX_FRAME_BYTES:
+            # API Gateway would close the client's socket (1009) and lose every reply in flight.
+            log_event(
+                logger,
+                logging.WARNING,
+                "wsapi_reply",
+                decision="replaced",
+                reason="reply_too_large",
+                bytes=len(data),
+                replyType=payload.get("type"),
+                connectionId=connection_id,
+            )
+            body = {
+                **_error(
+                    f"the reply ({len(data)} bytes) exceeds the {model.WS_MAX_FRAME_BYTES}-byte "
+                    "frame limit",
+                    None,
+                    code="reply_too_large",
+                ),
+                "region": self.config.region,
+            }
+            if request_id is not None:
+                body["requestId"] = request_id
+            data = json.dumps(body, separators=(",", ":")).encode()
+        return self._post(connection_id, request_context, data)
+
+    def _post(self, connection_id: str, request_context: Mapping[str, Any], data: bytes) -> bool:
         try:
             self.replier.post(request_context, connection_id, data)
             return True
@@ -472,10 +565,26 @@ class WsApiHandlers:
             try:
                 self._forget_connection(connection_id)
             except (BotoCoreError, ClientError) as exc:
-                logger.warning("wsapi could not delete gone connection %s: %s", connection_id, exc)
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "wsapi_reply",
+                    decision="error",
+                    reason="forget_gone_connection",
+                    connectionId=connection_id,
+                    detail=str(exc),
+                )
             return False
         except Exception as exc:  # the reply is lost; the client's request times out
-            logger.warning("wsapi reply to %s failed: %s", connection_id, exc)
+            log_event(
+                logger,
+                logging.WARNING,
+                "wsapi_reply",
+                decision="error",
+                reason="post_failed",
+                connectionId=connection_id,
+                detail=f"{type(exc).__name__}: {exc}",
+            )
             return False
 
     def _user_of(self, request_context: Mapping[str, Any], connection_id: str) -> str:
@@ -701,9 +810,19 @@ class _NotAuthorized(Exception):
 
 
 def _error(
-    message: str, field: str | None, *, full: str | None = None, retryable: bool = False
+    message: str,
+    field: str | None,
+    *,
+    code: str,
+    full: str | None = None,
+    retryable: bool = False,
 ) -> dict[str, Any]:
-    reply: dict[str, Any] = {"type": model.WS_REPLY_ERROR, "error": full or message}
+    """An error reply: ``error`` is a stable code, ``message`` the human text naming the field."""
+    reply: dict[str, Any] = {
+        "type": model.WS_REPLY_ERROR,
+        "error": code,
+        "message": full or message,
+    }
     if field is not None:
         reply["field"] = field
     if retryable:
@@ -717,8 +836,19 @@ def _connection_id(event: Mapping[str, Any]) -> str:
 
 def _authorized_sub(request_context: Mapping[str, Any]) -> str | None:
     authorizer = request_context.get("authorizer") or {}
-    sub = authorizer.get("sub") or authorizer.get("principalId")
+    sub = authorizer.get(model.WS_CONTEXT_SUB) or authorizer.get("principalId")
     return sub if isinstance(sub, str) and sub else None
+
+
+def _principal_kind(request_context: Mapping[str, Any]) -> str:
+    """``canary`` for the canary's identity, else ``user``. A principal whose id carries the
+    canary prefix counts as the canary even if the kind is missing (fail closed)."""
+    authorizer = request_context.get("authorizer") or {}
+    kind = authorizer.get(model.WS_CONTEXT_PRINCIPAL_KIND)
+    sub = _authorized_sub(request_context) or ""
+    if kind == model.WS_PRINCIPAL_CANARY or sub.startswith(model.CANARY_PRINCIPAL_PREFIX):
+        return model.WS_PRINCIPAL_CANARY
+    return model.WS_PRINCIPAL_USER
 
 
 def _offered_subprotocols(event: Mapping[str, Any]) -> list[str]:
@@ -729,13 +859,7 @@ def _offered_subprotocols(event: Mapping[str, Any]) -> list[str]:
 
 # --- Lambda entry point -------------------------------------------------------------------------
 
-_ENV_NAMES = (
-    model.ENV_STATE_TABLE_NAME,
-    model.ENV_CONNECTIONS_TABLE_NAME,
-    "AWS_REGION",
-    model.ENV_APIGW_MANAGEMENT_ENDPOINT,
-    "CONNECTION_TTL_SECONDS",
-)
+_ENV_NAMES = (*model.HANDLERS_ENV, "AWS_REGION")
 _cached: tuple[tuple[str, ...], WsApiHandlers] | None = None
 _cached_lock = threading.Lock()
 
@@ -754,10 +878,14 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         handlers = _cached[1]
     started = time.monotonic()
     result = handlers(event, context)
-    logger.info(
-        "wsapi %s %s in %.1f ms",
-        (event.get("requestContext") or {}).get("routeKey"),
-        result.get("statusCode"),
-        (time.monotonic() - started) * 1000,
+    request_context = event.get("requestContext") or {}
+    log_event(
+        logger,
+        logging.INFO,
+        "wsapi_invocation",
+        route=request_context.get("routeKey"),
+        status=result.get("statusCode"),
+        connectionId=request_context.get("connectionId"),
+        durationMs=round((time.monotonic() - started) * 1000, 1),
     )
     return result

@@ -1,37 +1,48 @@
-"""JSON Web Tokens, compact serialisation only: verify RS256, ES256 and HS256; sign for tests.
+"""JSON Web Tokens for the authorizer: PyJWT verifies, this module holds the project's policy.
 
-Small on purpose: the authorizer needs exactly "is this token signed by one of our keys, for our
-audience, by our issuer, and valid now?", and every line here is on the path that lets a client
-in. Rules that close the classic holes:
+PyJWT (``jwt`` on PyPI as ``PyJWT``) does the cryptography: JWK parsing (:class:`jwt.PyJWK`),
+signature verification for exactly the algorithm the *key* names, and the registered-claim
+checks it implements well (required claims present, ``iss`` equal, ``aud`` containing ours).
+What stays here is the policy around it, every rule on the path that lets a client in:
 
-* the algorithm is taken from the *key*, never trusted from the token: a token's ``alg`` must
-  equal its key's, so an RSA public key can never be used as an HMAC secret, and ``none`` is
-  never accepted;
-* symmetric (HS256) keys come only from local configuration, never from a JWKS URL, and must be
-  at least 32 bytes (RFC 7518 section 3.2);
-* RSA keys must be at least 2048 bits; ES256 keys must be on P-256;
-* the signature is checked before any claim is looked at; ``exp`` is required, ``nbf`` is
-  honoured, ``iss`` and ``aud`` must match; numeric dates must be numbers;
-* parsing is strict: three unpadded base64url segments, JSON objects without duplicate keys,
-  no ``crit`` header (we understand no extension), a bounded length.
+* **Algorithms** come from the key, never from the token: a key verifies one algorithm
+  (RS256, ES256 or HS256, and only those of ``algorithms`` in the :class:`TokenPolicy`), PyJWT is
+  called with ``algorithms=[key.alg]``, so ``none`` is never accepted and an RSA public key is
+  never used as an HMAC secret (PyJWT also refuses PEM text as a secret).
+* **Keys**: symmetric (HS256) keys only from local configuration, never from a JWKS URL, and at
+  least 32 bytes (RFC 7518 section 3.2); RSA keys at least 2048 bits; ES256 only on P-256; a
+  JWK with ``use`` other than ``sig`` is ignored; keys embedded in a token (``jwk``, ``jku``,
+  ``x5u``, ``x5c`` headers) are never looked at.
+* **Strict parsing before any key is chosen**: at most ``MAX_TOKEN_BYTES``, three unpadded
+  base64url segments, JSON objects without duplicate members (a parser differential between
+  this check and another consumer cannot smuggle a second ``alg`` or ``sub``), no ``crit``
+  header (no extension is understood, which also rules out RFC 7797 unencoded payloads).
+* **Claims** (checked after the signature, on the verified claims): ``exp``, ``iat``, ``sub``,
+  ``iss``, ``aud`` required; ``exp``/``nbf``/``iat`` numbers; expired, not-yet-valid (``nbf``)
+  and **issued in the future** (``iat`` beyond the leeway) refused; a **maximum lifetime**
+  (``exp - iat``); a **token type** check (``typ`` header and ``token_use`` claim, so an ID
+  token is not accepted where an access token is expected); an **authorized party** check
+  (``azp`` required and allowed when ``aud`` names several audiences, per OIDC Core 3.1.3.7).
 
-Asymmetric algorithms use ``cryptography``; HS256 uses only :mod:`hmac` (so a local set-up with a
-shared secret works without it).
+Why the time checks are ours and not PyJWT's: PyJWT reads the wall clock itself and has no way
+to be given "now", and the authorizer's clock must be injectable to test every boundary
+deterministically. They are four comparisons.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import json
 import math
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import jwt as pyjwt
+from jwt import exceptions as pyjwt_errors
 
 from .. import strict_json
 
@@ -43,8 +54,15 @@ ALGORITHMS = (RS256, ES256, HS256)
 MAX_TOKEN_BYTES = 8192
 MIN_RSA_BITS = 2048
 MIN_HMAC_KEY_BYTES = 32
-ES256_SIGNATURE_BYTES = 64
 DEFAULT_LEEWAY_SECONDS = 30.0
+DEFAULT_MAX_LIFETIME_SECONDS = 24 * 60 * 60.0
+DEFAULT_TOKEN_USE = "access"
+REQUIRED_CLAIMS = ("exp", "iat", "sub", "iss", "aud")
+# ``typ`` values that are plain JWTs or access tokens (RFC 7519 5.1, RFC 9068 2.1), compared
+# case-insensitively without an ``application/`` prefix (RFC 7515 4.1.9).
+ACCESS_TOKEN_TYPES = ("jwt", "at+jwt")
+# Header members that would make a verifier fetch or trust a key the token brings itself.
+KEY_BEARING_HEADERS = ("jwk", "jku", "x5u", "x5c")
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 
@@ -80,6 +98,22 @@ class ExpiredToken(JwtError):
 
 class NotYetValid(JwtError):
     reason = "not_yet_valid"
+
+
+class IssuedInFuture(JwtError):
+    reason = "issued_in_future"
+
+
+class LifetimeTooLong(JwtError):
+    reason = "lifetime_too_long"
+
+
+class WrongTokenType(JwtError):
+    reason = "wrong_token_type"
+
+
+class WrongAuthorizedParty(JwtError):
+    reason = "wrong_authorized_party"
 
 
 class WrongIssuer(JwtError):
@@ -151,7 +185,7 @@ class VerificationKey:
 
 @dataclass(frozen=True)
 class SigningKey:
-    """A private key (or HMAC secret) that signs tokens: tests, the local drill, the canary."""
+    """A private key (or HMAC secret) that signs tokens: tests, the local regions, the canary."""
 
     alg: str
     key: Any
@@ -183,19 +217,14 @@ def _check_key_strength(alg: str, key: Any) -> None:
             raise KeyMaterialError("ES256 key: curve must be P-256")
 
 
-def _b64url_int(jwk: dict[str, Any], name: str) -> int:
-    value = jwk.get(name)
-    if not isinstance(value, str) or not value:
-        raise KeyMaterialError(f"jwk.{name}: required base64url string")
-    try:
-        return int.from_bytes(b64url_decode(value), "big")
-    except ValueError:
-        raise KeyMaterialError(f"jwk.{name}: not base64url") from None
+# kty (and crv) -> the only algorithm we accept for it.
+_KTY_ALGORITHMS = {"RSA": RS256, "EC": ES256, "oct": HS256}
 
 
 def key_from_jwk(jwk: dict[str, Any], *, allow_symmetric: bool) -> VerificationKey | None:
-    """One JWK as a verification key; ``None`` for keys not meant for us (``use`` other than
-    ``sig``, an algorithm we do not support). :class:`KeyMaterialError` for broken keys."""
+    """One JWK as a verification key (built by :class:`jwt.PyJWK`); ``None`` for keys not meant
+    for us (``use`` other than ``sig``, a key type or algorithm we do not accept).
+    :class:`KeyMaterialError` for broken or weak keys."""
     if not isinstance(jwk, dict):
         raise KeyMaterialError("jwk: not a JSON object")
     if jwk.get("use", "sig") != "sig":
@@ -203,47 +232,19 @@ def key_from_jwk(jwk: dict[str, Any], *, allow_symmetric: bool) -> VerificationK
     kty, alg, kid = jwk.get("kty"), jwk.get("alg"), jwk.get("kid")
     if kid is not None and not isinstance(kid, str):
         raise KeyMaterialError("jwk.kid: not a string")
-    if kty == "RSA":
-        if alg not in (None, RS256):
-            return None
-        from cryptography.hazmat.primitives.asymmetric import rsa
-
-        numbers = rsa.RSAPublicNumbers(_b64url_int(jwk, "e"), _b64url_int(jwk, "n"))
-        try:
-            public = numbers.public_key()
-        except ValueError as exc:
-            raise KeyMaterialError(f"jwk: invalid RSA key ({exc})") from None
-        return VerificationKey(RS256, public, kid)
-    if kty == "EC":
-        if alg not in (None, ES256):
-            return None
-        if jwk.get("crv") != "P-256":
-            return None
-        from cryptography.hazmat.primitives.asymmetric import ec
-
-        numbers = ec.EllipticCurvePublicNumbers(
-            _b64url_int(jwk, "x"), _b64url_int(jwk, "y"), ec.SECP256R1()
-        )
-        try:
-            public = numbers.public_key()
-        except ValueError as exc:
-            raise KeyMaterialError(f"jwk: invalid P-256 point ({exc})") from None
-        return VerificationKey(ES256, public, kid)
-    if kty == "oct":
-        if not allow_symmetric:
-            # A symmetric key published at a URL would be a shared secret shared with everyone.
-            raise KeyMaterialError("jwk: symmetric (oct) keys are accepted only from local config")
-        if alg not in (None, HS256):
-            return None
-        secret = jwk.get("k")
-        if not isinstance(secret, str):
-            raise KeyMaterialError("jwk.k: required base64url string")
-        try:
-            raw = b64url_decode(secret)
-        except ValueError:
-            raise KeyMaterialError("jwk.k: not base64url") from None
-        return VerificationKey(HS256, raw, kid)
-    return None
+    expected = _KTY_ALGORITHMS.get(kty) if isinstance(kty, str) else None
+    if expected is None or alg not in (None, expected):
+        return None
+    if kty == "EC" and jwk.get("crv") != "P-256":
+        return None
+    if kty == "oct" and not allow_symmetric:
+        # A symmetric key published at a URL would be a shared secret shared with everyone.
+        raise KeyMaterialError("jwk: symmetric (oct) keys are accepted only from local config")
+    try:
+        parsed = pyjwt.PyJWK(jwk, algorithm=expected)
+    except (pyjwt_errors.PyJWTError, ValueError, TypeError) as exc:
+        raise KeyMaterialError(f"jwk: invalid {kty} key ({exc})") from None
+    return VerificationKey(expected, parsed.key, kid)
 
 
 def keys_from_jwks(
@@ -335,7 +336,7 @@ def signing_key_from_text(text: str, *, kid: str | None = None) -> SigningKey:
 
 
 def generate_signing_key(alg: str = RS256, kid: str | None = None) -> SigningKey:
-    """A fresh key pair (or a random 32-byte secret for HS256): tests and the local drill."""
+    """A fresh key pair (or a random 32-byte secret for HS256): tests and the local regions."""
     if alg == HS256:
         import secrets
 
@@ -381,49 +382,65 @@ def _int_b64(value: int) -> str:
     return b64url_encode(value.to_bytes((value.bit_length() + 7) // 8 or 1, "big"))
 
 
+def same_key(a: VerificationKey, b: VerificationKey) -> bool:
+    """Whether two verification keys are the same key material (``kid`` aside)."""
+    return a.alg == b.alg and public_jwk(VerificationKey(a.alg, a.key)) == public_jwk(
+        VerificationKey(b.alg, b.key)
+    )
+
+
 # --- Signing ------------------------------------------------------------------------------------
 
 
 def sign(claims: dict[str, Any], key: SigningKey, *, header: dict[str, Any] | None = None) -> str:
-    """A compact JWS of ``claims`` signed with ``key`` (``header`` adds or overrides members)."""
-    head: dict[str, Any] = {"alg": key.alg, "typ": "JWT"}
+    """A compact JWS of ``claims`` signed with ``key`` by PyJWT (``header`` adds or overrides
+    members). The claims are serialised as given, so tests can sign deliberately bad ones."""
+    head: dict[str, Any] = {}
     if key.kid is not None:
         head["kid"] = key.kid
     head.update(header or {})
-    signing_input = (
-        f"{b64url_encode(_compact_json(head))}.{b64url_encode(_compact_json(claims))}".encode()
-    )
-    return f"{signing_input.decode()}.{b64url_encode(_signature(key, signing_input))}"
-
-
-def _compact_json(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _signature(key: SigningKey, signing_input: bytes) -> bytes:
-    if key.alg == HS256:
-        return hmac.new(key.key, signing_input, hashlib.sha256).digest()
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, padding
-    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-
-    if key.alg == RS256:
-        return key.key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
-    r, s = decode_dss_signature(key.key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
-    return r.to_bytes(32, "big") + s.to_bytes(32, "big")
+    payload = json.dumps(claims, separators=(",", ":")).encode()
+    return pyjwt.PyJWS().encode(payload, key.key, algorithm=key.alg, headers=head or None)
 
 
 # --- Verification -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class UnverifiedToken:
-    """A token split and decoded, *not yet trusted*."""
+class TokenPolicy:
+    """What a token must be to be accepted (besides being signed by one of the given keys).
 
+    ``token_use``/``typ``: ``None`` means "if the token says what it is, it must be an access
+    token" (``token_use`` absent or ``access``; ``typ`` absent, ``JWT`` or ``at+jwt``); a value
+    means the token must carry exactly that ``token_use`` claim / ``typ`` header.
+    ``authorized_parties``: the ``azp`` values accepted; empty means only ``audience`` itself.
+    A token whose ``aud`` names several audiences must carry an accepted ``azp``; a token with
+    one audience and an ``azp`` is checked only when ``authorized_parties`` is configured.
+    """
+
+    issuer: str
+    audience: str
+    leeway_seconds: float = DEFAULT_LEEWAY_SECONDS
+    max_lifetime_seconds: float = DEFAULT_MAX_LIFETIME_SECONDS
+    token_use: str | None = None
+    typ: str | None = None
+    authorized_parties: tuple[str, ...] = ()
+    algorithms: tuple[str, ...] = field(default=ALGORITHMS)
+
+    def __post_init__(self) -> None:
+        unknown = [alg for alg in self.algorithms if alg not in ALGORITHMS]
+        if unknown or not self.algorithms:
+            given = ", ".join(unknown) or "none given"
+            raise ValueError(f"algorithms: {given}; allowed: {', '.join(ALGORITHMS)}")
+
+
+@dataclass(frozen=True)
+class UnverifiedToken:
+    """A token split and decoded strictly, *not yet trusted*."""
+
+    token: str
     header: dict[str, Any]
     claims: dict[str, Any]
-    signing_input: bytes
-    signature: bytes
 
     @property
     def alg(self) -> str:
@@ -446,7 +463,7 @@ def split_token(token: object, *, max_bytes: int = MAX_TOKEN_BYTES) -> Unverifie
     header = _json_object(parts[0], "header")
     claims = _json_object(parts[1], "payload")
     try:
-        signature = b64url_decode(parts[2])
+        b64url_decode(parts[2])
     except ValueError:
         raise MalformedToken("signature: not unpadded base64url") from None
     alg = header.get("alg")
@@ -454,40 +471,12 @@ def split_token(token: object, *, max_bytes: int = MAX_TOKEN_BYTES) -> Unverifie
         raise MalformedToken("header.alg: required string")
     if alg not in ALGORITHMS:
         raise UnsupportedAlgorithm(f"header.alg: {alg[:20]!r} is not accepted")
-    if "crit" in header:
+    if "crit" in header or "b64" in header:
         raise UnsupportedAlgorithm("header.crit: no critical extension is understood")
     kid = header.get("kid")
     if kid is not None and not isinstance(kid, str):
         raise MalformedToken("header.kid: not a string")
-    return UnverifiedToken(header, claims, f"{parts[0]}.{parts[1]}".encode("ascii"), signature)
-
-
-def signature_matches(token: UnverifiedToken, key: VerificationKey) -> bool:
-    """Whether ``key`` (whose algorithm must be the token's) produced the token's signature."""
-    if key.alg != token.alg:
-        return False
-    if key.alg == HS256:
-        expected = hmac.new(key.key, token.signing_input, hashlib.sha256).digest()
-        return hmac.compare_digest(expected, token.signature)
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, padding
-    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-
-    try:
-        if key.alg == RS256:
-            key.key.verify(
-                token.signature, token.signing_input, padding.PKCS1v15(), hashes.SHA256()
-            )
-            return True
-        if len(token.signature) != ES256_SIGNATURE_BYTES:
-            return False
-        r = int.from_bytes(token.signature[:32], "big")
-        s = int.from_bytes(token.signature[32:], "big")
-        key.key.verify(encode_dss_signature(r, s), token.signing_input, ec.ECDSA(hashes.SHA256()))
-        return True
-    except InvalidSignature:
-        return False
+    return UnverifiedToken(token, header, claims)
 
 
 def candidate_keys(
@@ -498,6 +487,83 @@ def candidate_keys(
     if token.kid is None:
         return same_alg
     return [key for key in same_alg if key.kid == token.kid]
+
+
+def verify(
+    token: object,
+    keys: Sequence[VerificationKey],
+    *,
+    issuer: str,
+    audience: str,
+    leeway: float = DEFAULT_LEEWAY_SECONDS,
+    now: float | None = None,
+    **rules: Any,
+) -> dict[str, Any]:
+    """The claims of ``token`` if it is valid; a :class:`JwtError` subclass saying why not.
+
+    ``rules`` are the other :class:`TokenPolicy` fields (``max_lifetime_seconds``,
+    ``token_use``, ``typ``, ``authorized_parties``, ``algorithms``).
+    """
+    policy = TokenPolicy(issuer, audience, leeway_seconds=leeway, **rules)
+    parsed = split_token(token)
+    return verify_parsed(parsed, candidate_keys(parsed, keys), policy, now=now)
+
+
+def verify_parsed(
+    parsed: UnverifiedToken,
+    candidates: Sequence[VerificationKey],
+    policy: TokenPolicy,
+    *,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """:func:`verify` for a token already split, given the keys that may have signed it."""
+    usable = [key for key in candidates if key.alg == parsed.alg and key.alg in policy.algorithms]
+    if not usable:
+        raise UnknownKey("kid: no configured key matches the token's kid and alg")
+    claims: dict[str, Any] | None = None
+    for key in usable:
+        try:
+            claims = pyjwt.decode(
+                parsed.token,
+                key.key,
+                algorithms=[key.alg],  # the key's algorithm, never the token's
+                audience=policy.audience,
+                issuer=policy.issuer,
+                options={
+                    "require": list(REQUIRED_CLAIMS),
+                    # Ours, against the injectable clock (see the module docstring).
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
+            )
+            break
+        except pyjwt_errors.InvalidSignatureError:
+            continue
+        except pyjwt_errors.PyJWTError as exc:
+            raise _translate(exc, parsed) from None
+    if claims is None:
+        raise BadSignature("signature: does not verify with any configured key")
+    check_claims(claims, parsed.header, policy, now=time.time() if now is None else now)
+    return claims
+
+
+def _translate(exc: Exception, parsed: UnverifiedToken) -> JwtError:
+    """A PyJWT error raised *after* the signature verified, as one of ours."""
+    if isinstance(exc, pyjwt_errors.MissingRequiredClaimError):
+        return MissingClaim(f"{exc.claim}: required")
+    if isinstance(exc, pyjwt_errors.InvalidIssuerError):
+        return WrongIssuer("iss: not the expected issuer")
+    if isinstance(exc, pyjwt_errors.InvalidAudienceError):
+        aud = parsed.claims.get("aud")
+        if not (
+            isinstance(aud, str) or (isinstance(aud, list) and all(isinstance(a, str) for a in aud))
+        ):
+            return MalformedToken("aud: expected a string or a list of strings")
+        return WrongAudience("aud: the token is not meant for this API")
+    if isinstance(exc, pyjwt_errors.InvalidAlgorithmError | pyjwt_errors.InvalidKeyError):
+        return UnknownKey(f"key: {exc}")
+    return MalformedToken(f"token: {exc}")
 
 
 def _numeric_date(claims: dict[str, Any], name: str, *, required: bool) -> float | None:
@@ -511,81 +577,64 @@ def _numeric_date(claims: dict[str, Any], name: str, *, required: bool) -> float
     return float(value)
 
 
+def _normalised_typ(value: str) -> str:
+    lowered = value.lower()
+    return lowered.removeprefix("application/")
+
+
 def check_claims(
-    claims: dict[str, Any],
-    *,
-    issuer: str,
-    audience: str,
-    now: float,
-    leeway: float = DEFAULT_LEEWAY_SECONDS,
+    claims: dict[str, Any], header: dict[str, Any], policy: TokenPolicy, *, now: float
 ) -> None:
-    """The registered-claim checks of RFC 7519 section 4.1, for already verified claims."""
+    """The project's rules on verified claims (PyJWT already checked presence, iss and aud)."""
     expires = _numeric_date(claims, "exp", required=True)
+    issued = _numeric_date(claims, "iat", required=True)
     not_before = _numeric_date(claims, "nbf", required=False)
-    _numeric_date(claims, "iat", required=False)
-    if expires is not None and now >= expires + leeway:
+    assert expires is not None and issued is not None
+    leeway = policy.leeway_seconds
+    if now >= expires + leeway:
         raise ExpiredToken("exp: the token has expired")
     if not_before is not None and now + leeway < not_before:
         raise NotYetValid("nbf: the token is not valid yet")
-    if "iss" not in claims:
-        raise MissingClaim("iss: required")
-    if claims["iss"] != issuer:
-        raise WrongIssuer("iss: not the expected issuer")
-    if "aud" not in claims:
-        raise MissingClaim("aud: required")
-    aud = claims["aud"]
-    audiences = [aud] if isinstance(aud, str) else aud
-    if not isinstance(audiences, list) or not all(isinstance(a, str) for a in audiences):
-        raise MalformedToken("aud: expected a string or a list of strings")
-    if audience not in audiences:
-        raise WrongAudience("aud: the token is not meant for this API")
+    if issued > now + leeway:
+        raise IssuedInFuture("iat: the token claims to be issued in the future")
+    if expires - issued > policy.max_lifetime_seconds:
+        raise LifetimeTooLong(
+            f"exp - iat: lifetime longer than {policy.max_lifetime_seconds:g} s is not accepted"
+        )
+    _check_token_type(claims, header, policy)
+    _check_authorized_party(claims, policy)
 
 
-def verify(
-    token: object,
-    keys: Sequence[VerificationKey],
-    *,
-    issuer: str,
-    audience: str,
-    leeway: float = DEFAULT_LEEWAY_SECONDS,
-    now: float | None = None,
-) -> dict[str, Any]:
-    """The claims of ``token`` if it is valid; a :class:`JwtError` subclass saying why not.
-
-    ``keys`` are the candidates (already resolved, e.g. from a JWKS cache); use
-    :func:`split_token` and :func:`candidate_keys` first when the key set depends on the ``kid``.
-    """
-    parsed = split_token(token)
-    return verify_parsed(
-        parsed,
-        candidate_keys(parsed, keys),
-        issuer=issuer,
-        audience=audience,
-        leeway=leeway,
-        now=now,
-    )
+def _check_token_type(claims: dict[str, Any], header: dict[str, Any], policy: TokenPolicy) -> None:
+    typ = header.get("typ")
+    if typ is not None and not isinstance(typ, str):
+        raise MalformedToken("header.typ: not a string")
+    if policy.typ is not None:
+        if typ is None or _normalised_typ(typ) != _normalised_typ(policy.typ):
+            raise WrongTokenType(f"header.typ: expected {policy.typ!r}")
+    elif typ is not None and _normalised_typ(typ) not in ACCESS_TOKEN_TYPES:
+        raise WrongTokenType("header.typ: not an access token")
+    use = claims.get("token_use")
+    if use is not None and not isinstance(use, str):
+        raise MalformedToken("token_use: not a string")
+    if policy.token_use is not None:
+        if use != policy.token_use:
+            raise WrongTokenType(f"token_use: expected {policy.token_use!r}")
+    elif use is not None and use != DEFAULT_TOKEN_USE:
+        raise WrongTokenType(f"token_use: {use[:20]!r} is not an access token")
 
 
-def verify_parsed(
-    parsed: UnverifiedToken,
-    candidates: Sequence[VerificationKey],
-    *,
-    issuer: str,
-    audience: str,
-    leeway: float = DEFAULT_LEEWAY_SECONDS,
-    now: float | None = None,
-) -> dict[str, Any]:
-    """:func:`verify` for a token already split, given the keys that may have signed it."""
-    usable = [key for key in candidates if key.alg == parsed.alg]
-    if not usable:
-        raise UnknownKey("kid: no configured key matches the token's kid and alg")
-    if not any(signature_matches(parsed, key) for key in usable):
-        raise BadSignature("signature: does not verify with any configured key")
-    check_claims(
-        parsed.claims,
-        issuer=issuer,
-        audience=audience,
-        now=time.time() if now is None else now,
-        leeway=leeway,
-    )
-    return parsed.claims
+def _check_authorized_party(claims: dict[str, Any], policy: TokenPolicy) -> None:
+    aud = claims.get("aud")
+    audiences = {aud} if isinstance(aud, str) else set(aud or [])
+    azp = claims.get("azp")
+    if azp is not None and not isinstance(azp, str):
+        raise MalformedToken("azp: not a string")
+    allowed = policy.authorized_parties or (policy.audience,)
+    if len(audiences) > 1:
+        if azp is None:
+            raise MissingClaim("azp: required when aud names several audiences")
+        if azp not in allowed:
+            raise WrongAuthorizedParty("azp: not an authorized party of this API")
+    elif azp is not None and policy.authorized_parties and azp not in allowed:
+        raise WrongAuthorizedParty("azp: not an authorized party of this API")

@@ -1,0 +1,785 @@
+"""Two local regions of the client-facing WebSocket API, with failover, behind one HTTP port.
+
+What :class:`LocalRegions` runs, each piece standing in for its AWS counterpart and running the
+real runtime code (the contract with the browser client: ``/work/notes/wsapi-contract.md``):
+
+* a primary (``us-east-1``) and a secondary (``us-west-2``) region, each a
+  :class:`~.local_gateway.LocalGateway` (API Gateway's WebSocket routing and Management API)
+  calling the real :mod:`~streamfleet.wsapi.authorizer` and :mod:`~streamfleet.wsapi.handlers`,
+  with its own state and connections tables on a local DynamoDB (dynalite unless given one);
+* a :class:`~.replication.Replicator` per direction between the two state tables (a global
+  table: asynchronous, last writer wins);
+* the real :class:`~streamfleet.wsapi.canary.Canary` per region, with its own identity (a key
+  the user tokens never use), its fail-back hysteresis in the connections table, publishing to
+  a :class:`~.failover.HealthAlarm` (and to CloudWatch when an endpoint is given), and closing
+  every client connection of its region while the region reports unhealthy;
+* a :class:`~.failover.FailoverResolver`: the failover name's answer.
+
+And an HTTP server on ``http_url`` (127.0.0.1, a free port unless configured):
+
+* ``GET /resolve`` -> ``{"url": "ws://127.0.0.1:<port>", "region": "us-east-1"}`` (the DNS
+  stand-in: where the failover name points now);
+* ``GET /token?user=<id>[&expires_in=<s>]`` -> ``{"token": ...}``: a development token
+  accepted by both regions (LOCAL ONLY: anyone who can reach the port gets one);
+* ``GET /health`` -> ``{"primary": "healthy", "secondary": "healthy", "serving": "us-east-1",
+  ...}`` (each region's failure mode, plus alarms and URLs);
+* ``POST /fail?mode=throttled|down`` and ``POST /restore``: :meth:`LocalRegions.fail_primary`
+  and :meth:`LocalRegions.restore_primary` from another process;
+* ``GET /<path>``: files from ``static_dir`` (the built demo page), ``/`` is ``index.html``.
+
+Run it on its own: ``python -m streamfleet_dev.wsapi.regions --serve [--static-dir DIR]``
+prints one JSON line ``{"event": "listening", "http_url": ..., "regions": {...}}`` when ready
+and runs until SIGINT/SIGTERM. It refuses any DynamoDB or CloudWatch endpoint but loopback.
+
+Timings are compressed by default (canary every 0.5 s, 2 of 2 datapoints to fail over, 3
+healthy runs to fail back): a failover takes about a second instead of about two minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import mimetypes
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import boto3
+from botocore.config import Config
+
+from streamfleet.aws import AsyncClient, ClientSettings
+from streamfleet.validation import ID_CHARSET_DOC, ID_PATTERN
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
+from streamfleet.wsapi.canary import (
+    Canary,
+    CanaryConfig,
+    CanaryRun,
+    CloudWatchPublisher,
+    ConnectionSweeper,
+    DynamoHealthStateStore,
+    MetricPublisher,
+    MintedToken,
+)
+from streamfleet.wsapi.handlers import HandlerConfig, ManagementApiReplier, WsApiHandlers
+from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
+from streamfleet_dev.wsapi.local_gateway import FailureMode, GatewaySettings, LocalGateway
+from streamfleet_dev.wsapi.replication import ChangeFeed, Replicator, ScanFeed, StreamFeed
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOCAL_CREDENTIALS = {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
+BACKENDS = ("dynalite", "moto")
+MAX_HTTP_HEAD_BYTES = 16 * 1024
+MAX_HTTP_BODY_BYTES = 64 * 1024
+HTTP_READ_TIMEOUT_SECONDS = 10.0
+MAX_TOKEN_SECONDS = 24 * 60 * 60
+MAX_USER_CHARS = 128
+READY_TIMEOUT_SECONDS = 30.0
+_BOTO_CONFIG = Config(
+    connect_timeout=1.0,
+    read_timeout=3.0,
+    retries={"max_attempts": 3, "mode": "standard"},
+    max_pool_connections=16,
+)
+
+
+class RegionsError(RuntimeError):
+    """The local regions could not start (a bad setting, a non-loopback endpoint...)."""
+
+
+# --- Configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegionsSettings:
+    """Names, timings and endpoints of the two local regions."""
+
+    primary: str = "us-east-1"
+    secondary: str = "us-west-2"
+    canary_period: float = 0.5
+    canary_timeout: float = 0.4
+    healthy_runs_to_recover: int = 3
+    alarm_datapoints: int = 2  # "2 of 2": what Route 53's alarm health checks support
+    replication_interval: float = 0.1
+    disconnect_when_unhealthy: bool = True
+    # Which DynamoDB: this endpoint, else AWS_ENDPOINT_URL_DYNAMODB, else a server of `backend`
+    # started (and stopped) by LocalRegions itself.
+    dynamodb_endpoint: str | None = None
+    backend: str = "dynalite"
+    # CloudWatch for the canaries' PutMetricData: this, else AWS_ENDPOINT_URL_CLOUDWATCH, else
+    # none (the local alarm gets the datapoints either way).
+    cloudwatch_endpoint: str | None = None
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    gateway_ports: tuple[int, int] = (0, 0)  # primary, secondary; 0: any free port
+    issuer: str = "https://issuer.local.streamfleet"
+    audience: str = "streamfleet-wsapi"
+    lambda_concurrency: int = 16
+    table_prefix: str = "local"
+
+    def __post_init__(self) -> None:
+        if not self.primary or not self.secondary or self.primary == self.secondary:
+            raise RegionsError("primary, secondary: two different region names are required")
+        for name in ("canary_period", "canary_timeout", "replication_interval"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise RegionsError(f"{name}: must be a number of seconds above zero")
+        if self.canary_timeout >= self.canary_period:
+            raise RegionsError("canary_timeout: must be shorter than canary_period")
+        if self.healthy_runs_to_recover < 1 or self.alarm_datapoints < 1:
+            raise RegionsError("healthy_runs_to_recover, alarm_datapoints: at least 1")
+        if self.backend not in BACKENDS:
+            raise RegionsError(f"backend: one of {', '.join(BACKENDS)}")
+        if self.host not in LOOPBACK_HOSTS:
+            raise RegionsError("host: the local regions listen on loopback only")
+
+
+def check_local_endpoint(value: str, what: str) -> str:
+    """``value`` if it is a loopback URL; :class:`RegionsError` naming ``what`` otherwise (the
+    local regions and the drill must never touch AWS)."""
+    if urlsplit(value).hostname not in LOOPBACK_HOSTS:
+        raise RegionsError(f"{what}: the local regions run only against a loopback endpoint")
+    return value
+
+
+# --- One region ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Region:
+    """One running region and what tests and the drill read from it."""
+
+    name: str
+    api_id: str
+    gateway: LocalGateway
+    canary: Canary
+    alarm: HealthAlarm
+    state_client: AsyncClient
+    dynamodb: Any  # synchronous boto3 client (handlers, table set-up)
+    state_table: str
+    connections_table: str
+    stream_arn: str | None
+    runs: list[CanaryRun] = field(default_factory=list)
+    closed_by_canary: int = 0
+
+    @property
+    def mode(self) -> FailureMode:
+        return self.gateway.mode
+
+
+# --- The two regions ----------------------------------------------------------------------------
+
+
+class LocalRegions:
+    """Both regions, replication, canaries, the failover resolver and the HTTP front.
+
+    ``async with LocalRegions() as regions:`` starts everything (and waits until both canaries
+    reported once, so :meth:`serving_region` means something) and stops it all on exit,
+    deleting the tables it created.
+    """
+
+    def __init__(self, *, settings: RegionsSettings | None = None, static_dir: Path | None = None):
+        self.settings = settings or RegionsSettings()
+        self.static_dir = static_dir.resolve() if static_dir is not None else None
+        if self.static_dir is not None and not self.static_dir.is_dir():
+            raise RegionsError(f"static_dir: {static_dir} is not a directory")
+        self.regions: dict[str, Region] = {}
+        self.resolver: FailoverResolver | None = None
+        self.replicators: list[Replicator] = []
+        self.user_key: jwt.SigningKey | None = None
+        self._canary_key: jwt.SigningKey | None = None
+        self._suffix = uuid.uuid4().hex[:8]
+        self._server_process: Any = None  # a LocalServer we started
+        self._dynamodb_endpoint: str | None = None
+        self._cloudwatch_endpoint: str | None = None
+        self._async_clients: list[AsyncClient] = []
+        self._created_tables: list[tuple[Any, str, str]] = []  # (client, state, connections)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._http: asyncio.Server | None = None
+        self._http_tasks: set[asyncio.Task[Any]] = set()
+        self._clock: Callable[[], float] = time.monotonic
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LocalRegions:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> LocalRegions:
+        """Start everything; returns once both canaries have published a first datapoint."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        self._clock = loop.time
+        self._resolve_endpoints()
+        if self._dynamodb_endpoint is None:
+            await self._start_own_dynamodb()
+        # Key generation is CPU work: off the event loop.
+        self.user_key = await asyncio.to_thread(
+            jwt.generate_signing_key, jwt.RS256, f"local-user-{self._suffix}"
+        )
+        self._canary_key = await asyncio.to_thread(
+            jwt.generate_signing_key, jwt.ES256, f"local-canary-{self._suffix}"
+        )
+        for name, port in zip((s.primary, s.secondary), s.gateway_ports, strict=True):
+            self.regions[name] = await self._start_region(name, port)
+        primary, secondary = self.regions[s.primary], self.regions[s.secondary]
+        self.resolver = FailoverResolver(
+            s.primary,
+            s.secondary,
+            {name: region.gateway.url for name, region in self.regions.items()},
+            {name: region.alarm for name, region in self.regions.items()},
+            self._clock,
+        )
+        self.replicators = [
+            Replicator(
+                feed=self._feed(a),
+                destination=b.state_client,
+                destination_table=b.state_table,
+                destination_region=b.name,
+                interval=s.replication_interval,
+            )
+            for a, b in ((primary, secondary), (secondary, primary))
+        ]
+        self._tasks += [loop.create_task(self._canary_loop(r)) for r in self.regions.values()]
+        self._tasks += [loop.create_task(r.run(self._stop)) for r in self.replicators]
+        self._tasks.append(loop.create_task(self._watch_dns()))
+        self._http = await asyncio.start_server(self._serve_http, s.host, s.http_port)
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not all(region.alarm.has_data for region in self.regions.values()):
+            if time.monotonic() > deadline:
+                raise RegionsError("the canaries published no datapoint in time")
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        """Stop everything (idempotent); delete the tables; stop a server started here."""
+        self._stop.set()
+        if self._http is not None:
+            self._http.close()
+            for task in list(self._http_tasks):
+                task.cancel()
+            await asyncio.gather(*self._http_tasks, return_exceptions=True)
+            self._http = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for region in self.regions.values():
+            await region.gateway.stop()
+        for client in self._async_clients:
+            client.close()
+        self._async_clients.clear()
+        for dynamodb, state_table, connections_table in self._created_tables:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(
+                    delete_wsapi_tables,
+                    dynamodb,
+                    state_table=state_table,
+                    connections_table=connections_table,
+                )
+        self._created_tables.clear()
+        if self._server_process is not None:
+            await asyncio.to_thread(self._server_process.stop)
+            self._server_process = None
+
+    def _resolve_endpoints(self) -> None:
+        s = self.settings
+        dynamodb = s.dynamodb_endpoint or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
+        if dynamodb:
+            self._dynamodb_endpoint = check_local_endpoint(dynamodb, "AWS_ENDPOINT_URL_DYNAMODB")
+        cloudwatch = s.cloudwatch_endpoint or os.environ.get("AWS_ENDPOINT_URL_CLOUDWATCH")
+        if cloudwatch:
+            self._cloudwatch_endpoint = check_local_endpoint(
+                cloudwatch, "AWS_ENDPOINT_URL_CLOUDWATCH"
+            )
+
+    async def _start_own_dynamodb(self) -> None:
+        from streamfleet_dev.local.servers import dynalite_server, moto_server
+
+        factory = dynalite_server if self.settings.backend == "dynalite" else moto_server
+        self._server_process = await asyncio.to_thread(lambda: factory().start())
+        self._dynamodb_endpoint = self._server_process.endpoint
+
+    def _boto(self, service: str, region: str, endpoint: str | None = None) -> Any:
+        return boto3.session.Session().client(
+            service,
+            region_name=region,
+            endpoint_url=endpoint or self._dynamodb_endpoint,
+            config=_BOTO_CONFIG,
+            **LOCAL_CREDENTIALS,
+        )
+
+    def _async(
+        self, service: str, region: str, endpoint: str | None, threads: int = 4
+    ) -> AsyncClient:
+        client = AsyncClient(
+            service,
+            ClientSettings(threads=threads),
+            region_name=region,
+            endpoint_url=endpoint,
+            **LOCAL_CREDENTIALS,
+        )
+        self._async_clients.append(client)
+        return client
+
+    async def _start_region(self, name: str, port: int) -> Region:
+        s = self.settings
+        api_id = f"api-{name}"
+        # Table names include the region: not every local backend keeps regions apart (dynalite
+        # does not), and in AWS each region has its own replica anyway.
+        state_table = f"{s.table_prefix}-wsstate-{name}-{self._suffix}"
+        connections_table = f"{s.table_prefix}-wsconn-{name}-{self._suffix}"
+        dynamodb = await asyncio.to_thread(self._boto, "dynamodb", name)
+        await asyncio.to_thread(
+            create_wsapi_tables,
+            dynamodb,
+            state_table=state_table,
+            connections_table=connections_table,
+            stream=True,
+        )
+        self._created_tables.append((dynamodb, state_table, connections_table))
+        description = await asyncio.to_thread(dynamodb.describe_table, TableName=state_table)
+        assert self.user_key is not None and self._canary_key is not None
+        authorizer = Authorizer(
+            AuthorizerConfig(
+                issuer=s.issuer,
+                audience=s.audience,
+                keys=json.dumps(jwt.jwks_document([self.user_key])),
+                canary_keys=json.dumps(jwt.jwks_document([self._canary_key])),
+            )
+        )
+
+        def management_client(endpoint: str) -> Any:
+            return self._boto("apigatewaymanagementapi", name, endpoint)
+
+        def handlers(endpoint: str) -> WsApiHandlers:
+            return WsApiHandlers(
+                HandlerConfig(state_table, connections_table, name, endpoint),
+                dynamodb=dynamodb,
+                replier=ManagementApiReplier(
+                    region=name, endpoint=endpoint, client_factory=management_client
+                ),
+            )
+
+        gateway = await LocalGateway(
+            GatewaySettings(
+                region=name,
+                api_id=api_id,
+                host=s.host,
+                port=port,
+                lambda_concurrency=s.lambda_concurrency,
+            ),
+            authorizer=authorizer,
+            handler_factory=handlers,
+        ).start()
+        # Creating a boto3 client holds the GIL for a long moment: now, not in the first reply.
+        replier = gateway.handler.replier  # type: ignore[union-attr]
+        await asyncio.to_thread(replier.client_for, {})
+        alarm = HealthAlarm(
+            datapoints=s.alarm_datapoints, period=s.canary_period, clock=self._clock
+        )
+        publishers: list[MetricPublisher] = [alarm]
+        if self._cloudwatch_endpoint:
+            publishers.append(
+                CloudWatchPublisher(self._async("cloudwatch", name, self._cloudwatch_endpoint))
+            )
+        canary_dynamodb = self._async("dynamodb", name, self._dynamodb_endpoint)
+        canary = Canary(
+            CanaryConfig(
+                endpoint_url=gateway.url,
+                api_id=api_id,
+                timeout_seconds=s.canary_timeout,
+                healthy_runs_to_recover=s.healthy_runs_to_recover,
+                failures_to_trip=s.alarm_datapoints,
+                state_table=connections_table,
+                disconnect_when_unhealthy=s.disconnect_when_unhealthy,
+                management_endpoint=gateway.management_endpoint,
+                disconnect_budget_seconds=s.canary_period,
+            ),
+            tokens=MintedToken(self._canary_key, s.audience, subject=f"canary-{name}"),
+            store=DynamoHealthStateStore(
+                canary_dynamodb, table_name=connections_table, api_id=api_id
+            ),
+            publishers=publishers,
+            disconnector=ConnectionSweeper(
+                dynamodb=canary_dynamodb,
+                management=self._async(
+                    "apigatewaymanagementapi", name, gateway.management_endpoint, threads=8
+                ),
+                table_name=connections_table,
+                budget_seconds=s.canary_period,
+            ),
+        )
+        return Region(
+            name=name,
+            api_id=api_id,
+            gateway=gateway,
+            canary=canary,
+            alarm=alarm,
+            state_client=self._async("dynamodb", name, self._dynamodb_endpoint),
+            dynamodb=dynamodb,
+            state_table=state_table,
+            connections_table=connections_table,
+            stream_arn=description["Table"].get("LatestStreamArn"),
+        )
+
+    def _feed(self, region: Region) -> ChangeFeed:
+        if region.stream_arn is None:  # no Streams on this backend (dynalite)
+            return ScanFeed(region.state_client, region.state_table)
+        streams_endpoint = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB_STREAMS")
+        if streams_endpoint:
+            check_local_endpoint(streams_endpoint, "AWS_ENDPOINT_URL_DYNAMODB_STREAMS")
+        streams = self._async(
+            "dynamodbstreams", region.name, streams_endpoint or self._dynamodb_endpoint
+        )
+        return StreamFeed(streams, region.stream_arn)
+
+    async def _canary_loop(self, region: Region) -> None:
+        period = self.settings.canary_period
+        while not self._stop.is_set():
+            started = self._clock()
+            try:
+                run = await region.canary.run_once()
+            except Exception:  # a bug, not an outage: log it and keep the schedule
+                logger.exception("canary run failed in %s", region.name)
+            else:
+                region.runs = [*region.runs[-99:], run]
+                if run.sweep is not None:
+                    region.closed_by_canary += run.sweep.closed
+            self._require_resolver().region()  # evaluate "DNS" as soon as a datapoint lands
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._stop.wait(), max(0.0, started + period - self._clock())
+                )
+
+    async def _watch_dns(self) -> None:
+        while not self._stop.is_set():
+            self._require_resolver().region()  # missing-data transitions happen between runs
+            await asyncio.sleep(0.02)
+
+    def _require_resolver(self) -> FailoverResolver:
+        if self.resolver is None:
+            raise RegionsError("start() first")
+        return self.resolver
+
+    # The contract's interface ----------------------------------------------------------------
+
+    @property
+    def primary(self) -> Region:
+        return self.regions[self.settings.primary]
+
+    @property
+    def secondary(self) -> Region:
+        return self.regions[self.settings.secondary]
+
+    @property
+    def http_url(self) -> str:
+        """``http://127.0.0.1:<port>``: /resolve, /token, /health, /fail, /restore, files."""
+        if self._http is None:
+            raise RegionsError("start() first")
+        port = self._http.sockets[0].getsockname()[1]
+        return f"http://{self.settings.host}:{port}"
+
+    def region_url(self, region: str) -> str:
+        """The regional WebSocket endpoint of ``region`` (what the canary dials)."""
+        if region not in self.regions:
+            raise RegionsError(f"region: {region!r} is not one of {', '.join(self.regions)}")
+        return self.regions[region].gateway.url
+
+    def serving_region(self) -> str:
+        """The region the failover name resolves to now."""
+        return self._require_resolver().region()
+
+    def resolve(self) -> dict[str, str]:
+        """What ``GET /resolve`` answers."""
+        region = self.serving_region()
+        return {"url": self.region_url(region), "region": region}
+
+    async def fail_primary(self, mode: str = "throttled") -> None:
+        """Make the primary fail: ``throttled`` (handlers do not run, sockets stay open, every
+        message gets API Gateway's error frame) or ``down`` (sockets dropped, handshakes 503)."""
+        try:
+            failure = FailureMode(mode)
+        except ValueError:
+            failure = None
+        if failure not in (FailureMode.THROTTLED, FailureMode.DOWN):
+            raise RegionsError("mode: must be throttled or down")
+        self.primary.gateway.fail(failure)
+
+    async def restore_primary(self) -> None:
+        """The primary works again; the name comes back after the canary's hysteresis."""
+        self.primary.gateway.recover()
+
+    def mint_token(self, user_id: str, *, expires_in: float = 3600) -> str:
+        """A development token for ``user_id``, accepted by both regions (LOCAL ONLY)."""
+        if self.user_key is None:
+            raise RegionsError("start() first")
+        if not (isinstance(user_id, str) and 0 < len(user_id) <= MAX_USER_CHARS):
+            raise RegionsError(f"user: 1 to {MAX_USER_CHARS} characters")
+        if not ID_PATTERN.fullmatch(user_id):
+            raise RegionsError(f"user: only {ID_CHARSET_DOC} are allowed")
+        if not (math.isfinite(expires_in) and 0 < expires_in <= MAX_TOKEN_SECONDS):
+            raise RegionsError(f"expires_in: between 0 and {MAX_TOKEN_SECONDS} seconds")
+        now = int(time.time())
+        claims = {
+            "sub": user_id,
+            "iss": self.settings.issuer,
+            "aud": self.settings.audience,
+            "iat": now,
+            "exp": now + max(1, int(expires_in)),
+        }
+        return jwt.sign(claims, self.user_key)
+
+    def health(self) -> dict[str, Any]:
+        """What ``GET /health`` answers."""
+        serving = self.serving_region()
+
+        def alarm(region: Region) -> str:
+            if not region.alarm.has_data:
+                return "INSUFFICIENT_DATA"
+            return "ALARM" if region.alarm.in_alarm() else "OK"
+
+        return {
+            "primary": self.primary.mode.value,
+            "secondary": self.secondary.mode.value,
+            "serving": serving,
+            "alarms": {name: alarm(region) for name, region in self.regions.items()},
+            "regions": {name: region.gateway.url for name, region in self.regions.items()},
+            "closedByCanary": {
+                name: region.closed_by_canary for name, region in self.regions.items()
+            },
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """The ``--serve`` banner: every URL a person or a test needs."""
+        return {
+            "event": "listening",
+            "http_url": self.http_url,
+            "regions": {name: region.gateway.url for name, region in self.regions.items()},
+            "primary": self.settings.primary,
+            "secondary": self.settings.secondary,
+            "serving": self.serving_region(),
+            "static_dir": str(self.static_dir) if self.static_dir else None,
+        }
+
+    # HTTP ------------------------------------------------------------------------------------
+
+    async def _serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._http_tasks.add(task)
+        try:
+            request = await asyncio.wait_for(_read_request(reader), HTTP_READ_TIMEOUT_SECONDS)
+            if request is None:
+                return
+            method, target = request
+            status, headers, body = await self._route(method, target)
+            await _respond(writer, status, headers, body, head_only=method == "HEAD")
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+            return
+        finally:
+            if task is not None:
+                self._http_tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _route(self, method: str, target: str) -> tuple[int, dict[str, str], bytes]:
+        parts = urlsplit(target)
+        path = unquote(parts.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        if method == "OPTIONS":
+            return 204, {"Allow": "GET, HEAD, POST, OPTIONS"}, b""
+        api = {
+            "/resolve": ("GET", lambda: self.resolve()),
+            "/token": ("GET", lambda: self._token_endpoint(query)),
+            "/health": ("GET", lambda: self.health()),
+            "/fail": ("POST", None),
+            "/restore": ("POST", None),
+        }
+        if path in api:
+            allowed, handler = api[path]
+            if method != allowed and not (allowed == "GET" and method == "HEAD"):
+                return _json(405, {"error": f"{path}: use {allowed}"}, {"Allow": allowed})
+            try:
+                if path == "/fail":
+                    await self.fail_primary(query.get("mode") or FailureMode.THROTTLED.value)
+                    return _json(200, self.health())
+                if path == "/restore":
+                    await self.restore_primary()
+                    return _json(200, self.health())
+                assert handler is not None
+                return _json(200, handler())
+            except RegionsError as exc:
+                return _json(400, {"error": str(exc)})
+        if method not in ("GET", "HEAD"):
+            return _json(405, {"error": f"{method} {path}: not allowed"}, {"Allow": "GET"})
+        return await self._static(path)
+
+    def _token_endpoint(self, query: dict[str, str]) -> dict[str, Any]:
+        user = query.get("user", "")
+        raw = query.get("expires_in", "")
+        try:
+            expires_in = float(raw) if raw else 3600.0
+        except ValueError:
+            raise RegionsError("expires_in: not a number") from None
+        return {"token": self.mint_token(user, expires_in=expires_in), "user": user}
+
+    async def _static(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        if self.static_dir is None:
+            return _json(404, {"error": f"{path}: not found (no static directory)"})
+        relative = path.lstrip("/") or "index.html"
+        candidate = (self.static_dir / relative).resolve()
+        if candidate != self.static_dir and self.static_dir not in candidate.parents:
+            return _json(404, {"error": f"{path}: not found"})
+        if candidate.is_dir():
+            candidate = candidate / "index.html"
+        if not candidate.is_file():
+            return _json(404, {"error": f"{path}: not found"})
+        body = await asyncio.to_thread(candidate.read_bytes)
+        kind = _content_type(candidate)
+        return 200, {"Content-Type": kind, "Cache-Control": "no-cache"}, body
+
+
+# --- A minimal HTTP/1.1 server ------------------------------------------------------------------
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str] | None:
+    """The request's method and target; the headers are read and the body skipped."""
+    line = await reader.readline()
+    if not line:
+        return None
+    method, _, rest = line.decode("latin-1").strip().partition(" ")
+    target = rest.rpartition(" ")[0] or rest
+    length, size = 0, len(line)
+    while True:
+        header = await reader.readline()
+        size += len(header)
+        if size > MAX_HTTP_HEAD_BYTES:
+            raise ValueError("request head too large")
+        if header in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = header.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip() or 0)
+    if length > MAX_HTTP_BODY_BYTES:
+        raise ValueError("request body too large")
+    if length:
+        await reader.readexactly(length)
+    return method.upper(), target or "/"
+
+
+def _json(
+    status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    return (
+        status,
+        {"Content-Type": "application/json", "Cache-Control": "no-store", **(headers or {})},
+        json.dumps(payload).encode(),
+    )
+
+
+def _content_type(path: Path) -> str:
+    if path.suffix in (".js", ".mjs"):
+        return "text/javascript; charset=utf-8"
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"{kind}; charset=utf-8" if kind.startswith("text/") or kind.endswith("json") else kind
+
+
+async def _respond(
+    writer: asyncio.StreamWriter,
+    status: int,
+    headers: dict[str, str],
+    body: bytes,
+    *,
+    head_only: bool = False,
+) -> None:
+    from http import HTTPStatus
+
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        # A dev server for pages and tests on other local ports (a vite dev server, a test
+        # page): any origin may read it. Nothing here is a secret worth an origin check.
+        "Access-Control-Allow-Origin: *",
+        "Access-Control-Allow-Methods: GET, HEAD, POST, OPTIONS",
+        "Access-Control-Allow-Headers: Content-Type",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else body))
+    await writer.drain()
+
+
+# --- Command line -------------------------------------------------------------------------------
+
+
+async def serve(settings: RegionsSettings, static_dir: Path | None) -> None:
+    """Run until SIGINT/SIGTERM, after printing the ``listening`` line."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with LocalRegions(settings=settings, static_dir=static_dir) as regions:
+        print(json.dumps(regions.describe()), flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m streamfleet_dev.wsapi.regions --serve``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", action="store_true", required=True, help="run until stopped")
+    parser.add_argument("--static-dir", type=Path, default=None, help="files to serve on /")
+    parser.add_argument("--http-port", type=int, default=0)
+    parser.add_argument("--primary-port", type=int, default=0)
+    parser.add_argument("--secondary-port", type=int, default=0)
+    parser.add_argument("--backend", choices=BACKENDS, default="dynalite")
+    parser.add_argument("--canary-period", type=float, default=RegionsSettings.canary_period)
+    parser.add_argument("--canary-timeout", type=float, default=RegionsSettings.canary_timeout)
+    parser.add_argument(
+        "--healthy-runs-to-recover", type=int, default=RegionsSettings.healthy_runs_to_recover
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        settings = RegionsSettings(
+            backend=args.backend,
+            http_port=args.http_port,
+            gateway_ports=(args.primary_port, args.secondary_port),
+            canary_period=args.canary_period,
+            canary_timeout=args.canary_timeout,
+            healthy_runs_to_recover=args.healthy_runs_to_recover,
+        )
+        asyncio.run(serve(settings, args.static_dir))
+    except RegionsError as exc:
+        print(f"regions: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

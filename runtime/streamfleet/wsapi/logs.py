@@ -1,0 +1,73 @@
+"""Structured log records for the WebSocket API's Lambdas (handlers, authorizer, canary).
+
+One call, :func:`log_event`, emits a record through :mod:`logging` (never ``basicConfig``: the
+Lambda runtime installs its handler, and a library must not configure logging for its host):
+
+* the message is ``"<event> key=value ..."``, readable in text logs and in test output;
+* the same fields go in ``extra``, which the Lambda runtime's JSON log format (``awslambdaric``'s
+  ``JsonFormatter``) writes as top-level keys of the JSON log line, so CloudWatch Logs Insights
+  can filter on ``decision``, ``reason``, ``route``... without parsing the message.
+
+Field names that the runtime's formatter or :class:`logging.LogRecord` reserve (``message``,
+``level``, ``requestId``...) are prefixed with ``field_``; values that are not JSON scalars are
+turned into strings (the formatter would fail on them). ``secrets`` are strings that must never
+appear in a log line (a bearer token, its payload segment): any value containing one of them is
+replaced by ``[redacted]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+REDACTED = "[redacted]"
+# What LogRecord already has, plus the keys awslambdaric's JsonFormatter writes itself.
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "timestamp",
+    "level",
+    "logger",
+    "stackTrace",
+    "errorType",
+    "errorMessage",
+    "requestId",
+    "location",
+    "tenantId",
+    "aws_request_id",
+    "tenant_id",
+}
+MIN_SECRET_CHARS = 8  # shorter fragments would redact innocent values by accident
+
+
+def _scalar(value: Any) -> str | int | float | bool | None:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def log_event(
+    logger: logging.Logger,
+    level: int,
+    event: str,
+    *,
+    secrets: Iterable[str | None] = (),
+    **fields: Any,
+) -> None:
+    """Log ``event`` with ``fields`` (``None`` values are left out) at ``level``."""
+    if not logger.isEnabledFor(level):
+        return
+    hidden = [s for s in secrets if s and len(s) >= MIN_SECRET_CHARS]
+    record: dict[str, Any] = {}
+    for key, value in fields.items():
+        if value is None:
+            continue
+        value = _scalar(value)
+        if isinstance(value, str) and any(secret in value for secret in hidden):
+            value = REDACTED
+        record[key] = value
+    text = " ".join(f"{key}={value}" for key, value in record.items())
+    extra = {("field_" + k if k in _RESERVED else k): v for k, v in record.items()}
+    extra["event"] = event
+    logger.log(level, f"{event} {text}".rstrip(), extra=extra)
