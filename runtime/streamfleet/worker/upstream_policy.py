@@ -1,7 +1,14 @@
-"""Which upstreams a worker may dial: an allow-list, and never a link-local or metadata address.
+"""Which upstreams a worker may dial: an allow-list, and never a link-local, metadata,
+multicast or unspecified address, however it is spelled.
 
 A START carries a URL from outside; without this a caller could point the fleet at the
-instance metadata service (169.254.169.254) or any internal host.
+instance metadata service (169.254.169.254) or any internal host. Whoever controls DNS under an
+allow-listed wildcard controls the addresses a name resolves to, so every resolved address is
+checked, and in every spelling that reaches the same IPv4 host: an IPv4-mapped IPv6 address
+(``::ffff:169.254.169.254``, which a dual-stack socket dials as 169.254.169.254), the deprecated
+IPv4-compatible form (``::169.254.169.254``), NAT64's well-known prefix (``64:ff9b::/96``) and
+6to4 (``2002::/16``) are judged by the IPv4 address they carry. The unspecified addresses
+(``0.0.0.0``, ``::``) are refused too: connecting to them reaches the local host.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -19,6 +27,48 @@ DEFAULT_PORTS = {"ws": 80, "wss": 443}
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
 )
+NAT64_PREFIX = ipaddress.ip_network("64:ff9b::/96")
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# (host, port) -> the addresses the host resolves to, as strings; injectable for tests.
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The host's addresses from the system resolver (``getaddrinfo``, TCP)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, compatible, NAT64, 6to4), if any."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in NAT64_PREFIX or (address in IPV4_COMPATIBLE and int(address) > 1):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def forbidden_reason(address: IPAddress) -> str | None:
+    """Why a worker must not dial ``address`` (``None``: it may), judging an IPv6 address that
+    carries an IPv4 address by both."""
+    for candidate in (address, embedded_ipv4(address)):
+        if candidate is None:
+            continue
+        if candidate.is_unspecified:
+            return "unspecified"
+        if candidate in METADATA_ADDRESSES:
+            return "a metadata service"
+        if candidate.is_link_local:
+            return "link-local"
+        if candidate.is_multicast:
+            return "multicast"
+    return None
 
 
 class UpstreamRefused(ValueError):
@@ -80,18 +130,34 @@ class UpstreamPolicy:
             raise UpstreamRefused(f"ws_url: {parts.scheme}://{host}:{port} is not allow-listed")
         return host, port
 
-    async def resolve(self, url: str) -> tuple[str, int]:
+    async def resolve(self, url: str, *, resolver: Resolver | None = None) -> tuple[str, int]:
         """Check the URL, resolve its host, and return an address that is safe to dial.
 
         The worker connects to the address returned here (not the name again), so a DNS answer
-        that changes between check and connect cannot lead it somewhere else.
+        that changes between check and connect cannot lead it somewhere else. One forbidden
+        address among the answers refuses the URL (the next resolution could pick it). An
+        IPv4-mapped answer is returned as its IPv4 address: the host a dual-stack socket would
+        reach, and the one that was checked.
         """
         host, port = self.check(url)
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
-        for address in addresses:
-            if address.is_link_local or address in METADATA_ADDRESSES or address.is_multicast:
-                raise UpstreamRefused(f"ws_url: {host} resolves to forbidden address {address}")
+        answers = await (resolver or system_resolver)(host, port)
+        addresses: list[IPAddress] = []
+        for text in answers:
+            try:
+                address = ipaddress.ip_address(str(text).partition("%")[0])
+            except ValueError:
+                raise UpstreamRefused(
+                    f"ws_url: {host} resolves to {text!r}, not an address"
+                ) from None
+            reason = forbidden_reason(address)
+            if reason is not None:
+                raise UpstreamRefused(
+                    f"ws_url: {host} resolves to forbidden address {address} ({reason})"
+                )
+            addresses.append(address)
         if not addresses:
             raise UpstreamRefused(f"ws_url: {host} does not resolve")
-        return str(addresses[0]), port
+        first = addresses[0]
+        if isinstance(first, ipaddress.IPv6Address) and first.ipv4_mapped is not None:
+            return str(first.ipv4_mapped), port
+        return str(first), port
