@@ -26,6 +26,28 @@ node_modules/.installed: package.json package-lock.json
 
 setup: $(VENV)/.installed node_modules/.installed ## Create the virtualenv and install pinned Python and npm packages
 
+# The web client (clients/web): its own pinned npm packages, the demo pages built into
+# clients/web/dist, and Debian's Chromium for the browser tests (never a tool's own download).
+WEB := clients/web
+WEB_SOURCES := $(shell find $(WEB)/src $(WEB)/index.html $(WEB)/react-use-websocket.html $(WEB)/vite.config.ts $(WEB)/vite.lib.config.ts $(WEB)/tsconfig.json $(WEB)/tsconfig.lib.json $(WEB)/tsconfig.node.json -type f 2>/dev/null)
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+$(WEB)/node_modules/.installed: $(WEB)/package.json $(WEB)/package-lock.json
+	cd $(WEB) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(WEB)/dist/.built: $(WEB)/node_modules/.installed $(WEB_SOURCES)
+	cd $(WEB) && npm run --silent build
+	touch $@
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
+
+.PHONY: web
+web: $(WEB)/dist/.built $(CHROMIUM) ## Build the web client and demo pages (clients/web/dist); install Chromium for the browser tests
+
 lint: setup ## ruff: lint and format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -34,7 +56,7 @@ format: setup ## ruff: fix what can be fixed and reformat
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-pytest: setup
+pytest: setup web
 	$(PYTHON) -m pytest
 
 test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
@@ -66,3 +88,4 @@ upstream: setup ## Run the fake upstream on port 8765
 
 clean: ## Remove the virtualenv, node_modules and caches
 	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache .hypothesis cdk.out
+	rm -rf $(WEB)/node_modules $(WEB)/dist $(WEB)/test-artifacts
