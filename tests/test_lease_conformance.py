@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -21,6 +22,7 @@ from streamfleet.lease import (
     LeaseStore,
     LeaseTiming,
     SessionLost,
+    orphans,
 )
 from tests.conftest import BACKENDS
 from tests.support import CountingClient, ShiftableClock
@@ -62,6 +64,19 @@ def make_store(dynamodb: AsyncClient, lease_table: str) -> StoreFactory:
 @pytest.fixture
 def writer(dynamodb: AsyncClient, lease_table: str) -> DesiredStateWriter:
     return DesiredStateWriter(dynamodb=dynamodb, table_name=lease_table)
+
+
+@dataclasses.dataclass
+class WallOf:
+    """Another clock's wall time with this process's own monotonic time."""
+
+    clock: ShiftableClock
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall_ms(self) -> int:
+        return self.clock.wall_ms()
 
 
 def as_current(lease: Lease, store: LeaseStore) -> Lease:
@@ -196,17 +211,37 @@ async def test_release_makes_the_connection_claimable_at_once(make_store, writer
     assert taken is not None and taken.lease_version == lease.lease_version + 1
 
 
-async def test_release_of_a_stopped_connection_does_not_offer_it(make_store, writer):
+async def test_a_sealed_release_of_a_stopped_connection_closes_it(make_store, writer):
     [pk] = await started(writer, "c1")
     store = make_store("w1")
     await store.session.open()
     lease = await store.connections.acquire(pk)
     await writer.stop("c1")
 
-    assert await store.connections.release(lease) is False
+    assert await store.connections.release(lease, sealed=True) is False
     item = await store.connections.read(pk)
     assert model.LEASE_OWNER not in item and model.AWAITING_OWNER not in item
+    assert model.UNSEALED not in item
     assert await store.orphans.find(10) == []
+
+
+async def test_an_unsealed_release_of_a_stopped_connection_leaves_it_to_be_sealed(
+    make_store, writer
+):
+    """Its holder could not seal the log (a final flush failed): another worker must."""
+    [pk] = await started(writer, "c1")
+    store, sealer = make_store("w1"), make_store("w2")
+    await store.session.open()
+    await sealer.session.open()
+    lease = await store.connections.acquire(pk)
+    await writer.stop("c1")
+
+    assert await store.connections.release(lease) is True
+    assert [c.pk for c in await sealer.orphans.find(10)] == [pk]
+    taken = await sealer.connections.acquire(pk)
+    assert taken is not None and taken.desired_state == "STOPPED"
+    assert await sealer.connections.release(taken, sealed=True) is False
+    assert await sealer.orphans.find(10) == []
 
 
 async def test_orphan_discovery_finds_unowned_and_expired_and_nothing_else(
@@ -238,17 +273,37 @@ async def test_orphan_discovery_finds_unowned_and_expired_and_nothing_else(
     assert await finder.connections.claim(from_dead) is not None
 
 
-async def test_ended_sessions_without_connections_are_forgotten(make_store):
+async def test_ended_sessions_without_connections_are_cleared_never_deleted(make_store, dynamodb):
+    """An index query is no proof of absence: the session is only marked cleared (reconcile
+    stops asking), and the table's TTL removes it a day later."""
     clock = ShiftableClock()
-    gone, finder = make_store("gone", clock), make_store("finder", clock)
+    gone = make_store("gone", clock)
+    # The finder's wall clock moves with the others, its monotonic one does not: its own
+    # session stays live through the jumps, so the only ended session is "gone".
+    finder = make_store("finder", WallOf(clock))
     await gone.session.open()
-    # Forgotten only a lease after it became takeable: the by-owner index may lag that long.
-    clock.advance(2 * (TIMING.lease_seconds + TIMING.max_clock_skew_seconds) + 0.1)
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
     await finder.session.open()
 
-    assert await finder.orphans.find(10) == []
+    assert await finder.orphans.find(10) == []  # fenced, asked, not cleared yet: too recent
+    [still] = [s for s in await finder.directory.list() if s.owner == "gone"]
+    assert still.state is model.SessionState.ENDED and not still.cleared
 
-    assert [s.owner for s in await finder.directory.list()] == ["finder"]
+    clock.advance(orphans.INDEX_LAG_ALLOWANCE_MS / 1000 + TIMING.lease_seconds)
+    await finder.session.renew()
+    assert await finder.orphans.find(10) == []
+    [cleared] = [s for s in await finder.directory.list() if s.owner == "gone"]
+    assert cleared.cleared
+    item = (
+        await dynamodb.call(
+            "get_item", TableName=finder.session._table, Key={"pk": {"S": cleared.pk}}
+        )
+    )["Item"]
+    assert int(item[model.DELETE_AFTER]["N"]) > clock.wall_ms() // 1000 + 3600
+
+    dynamodb.reset()
+    await finder.orphans.find(10)
+    assert dynamodb.calls.get("query", 0) == 2, dynamodb.calls  # sessions + unowned: no by-owner
 
 
 async def test_stopped_connections_are_one_query_per_worker(make_store, writer, dynamodb):
@@ -346,9 +401,7 @@ async def test_no_index_key_is_ever_an_empty_string(make_store, writer, dynamodb
             assert item[key] != {"S": ""}, (key, item)
 
 
-async def test_a_stopped_row_of_a_dead_owner_is_cleared_and_its_session_forgotten(
-    make_store, writer
-):
+async def test_a_stopped_row_of_a_dead_owner_is_handed_over_to_be_sealed(make_store, writer):
     [pk] = await started(writer, "c1")
     clock = ShiftableClock()
     dead, finder = make_store("dead", clock), make_store("finder", clock)
@@ -358,15 +411,16 @@ async def test_a_stopped_row_of_a_dead_owner_is_cleared_and_its_session_forgotte
     clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
     await finder.session.open()
 
-    assert await finder.orphans.find(10) == []  # STOPPED: cleared, not offered
-
+    # STOPPED, but its owner died without sealing the log: offered, to be sealed and closed.
+    [candidate] = await finder.orphans.find(10)
+    assert candidate.pk == pk and candidate.owner is None
     item = await finder.connections.read(pk)
     assert item[model.DESIRED_STATE] == "STOPPED"
     assert model.LEASE_OWNER not in item and model.STOP_REQUESTED_FOR not in item
-    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds)
-    await finder.session.renew()
-    await finder.orphans.find(10)
-    assert "dead" not in {s.owner for s in await finder.directory.list()}
+    sealing = await finder.connections.acquire(pk)
+    assert sealing is not None and sealing.desired_state == "STOPPED"
+    await finder.connections.release(sealing, sealed=True)
+    assert await finder.orphans.find(10) == []
 
 
 async def test_a_worker_lists_exactly_the_rows_its_current_session_owns(make_store, writer):

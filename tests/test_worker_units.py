@@ -8,8 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    ReadTimeoutError,
+)
 
 from streamfleet import model
+from streamfleet.lease.dynamo import is_transient
 from streamfleet.worker.config import WorkerConfig
 from streamfleet.worker.observability import Counters, emf_document
 from streamfleet.worker.protocol import JsonSeqProtocol, ProtocolError
@@ -42,7 +53,9 @@ def test_a_complete_environment_is_read_with_fractional_seconds():
         ({"LEASE_SECONDS": "-1"}, "LEASE_SECONDS"),
         ({"LEASE_SECONDS": "soon"}, "LEASE_SECONDS"),
         ({"HEARTBEAT_EVERY": "0"}, "HEARTBEAT_EVERY"),
-        ({"LEASE_SECONDS": "20", "HEARTBEAT_EVERY": "10"}, "heartbeat_seconds"),
+        ({"LEASE_SECONDS": "20", "HEARTBEAT_EVERY": "10"}, "HEARTBEAT_EVERY"),
+        ({"HEALTH_PORT": "abc"}, "HEALTH_PORT"),
+        ({"MESSAGE_RETENTION_DAYS": "never"}, "MESSAGE_RETENTION_DAYS"),
         ({"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS"),
         ({"MAX_CONNECTIONS": "1.5"}, "MAX_CONNECTIONS"),
         ({"WORKER_ID": "has space"}, "WORKER_ID"),
@@ -110,9 +123,12 @@ async def test_an_allowed_name_resolves_to_the_address_to_dial():
 
 def test_the_default_protocol_resumes_with_last_seq_in_the_query():
     protocol = JsonSeqProtocol()
-    assert protocol.resume_url("ws://h/s?a=1", None) == "ws://h/s?a=1"
-    assert protocol.resume_url("ws://h/s", 0) == "ws://h/s?last_seq=0"
-    assert protocol.resume_url("ws://h/s?a=1&last_seq=3", 42) == "ws://h/s?a=1&last_seq=42"
+    assert protocol.dial_url("ws://h/s?a=1", resume_after=None, epoch=1) == "ws://h/s?a=1&epoch=1"
+    assert protocol.dial_url("ws://h/s", resume_after=0, epoch=2) == "ws://h/s?last_seq=0&epoch=2"
+    assert (
+        protocol.dial_url("ws://h/s?a=1&last_seq=3&epoch=1", resume_after=42, epoch=7)
+        == "ws://h/s?a=1&last_seq=42&epoch=7"
+    )
     message = protocol.parse('{"seq": 7, "data": {"x": 1}}')
     assert (message.seq, message.data) == (7, {"x": 1})
 
@@ -132,3 +148,35 @@ def test_the_metric_document_names_exactly_what_the_scaling_policy_tracks():
     assert model.METRIC_ACTIVE_CONNECTIONS in names
     assert document[model.METRIC_ACTIVE_CONNECTIONS] == 12
     assert document[model.METRIC_DIMENSION_SERVICE] == "svc"
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), True),
+        (ConnectTimeoutError(endpoint_url="http://127.0.0.1:1"), True),
+        (ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), True),
+        (ConnectionClosedError(endpoint_url="http://127.0.0.1:1"), True),
+        (ConnectionResetError(), True),
+        (
+            ClientError({"Error": {"Code": "ThrottlingException"}}, "UpdateItem"),
+            True,
+        ),
+        (
+            ClientError(
+                {"Error": {"Code": "Whatever"}, "ResponseMetadata": {"HTTPStatusCode": 503}},
+                "UpdateItem",
+            ),
+            True,
+        ),
+        (NoCredentialsError(), False),
+        (NoRegionError(), False),
+        (ParamValidationError(report="Missing required parameter"), False),
+        (ClientError({"Error": {"Code": "ConditionalCheckFailedException"}}, "UpdateItem"), False),
+        (ClientError({"Error": {"Code": "ValidationException"}}, "UpdateItem"), False),
+    ],
+)
+def test_only_network_trouble_throttling_and_5xx_are_retried(error, transient):
+    """Missing credentials or a malformed request fail at once with their own message instead
+    of being retried until the deadline and reported as DynamoDB being unavailable."""
+    assert is_transient(error) is transient

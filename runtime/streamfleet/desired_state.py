@@ -61,8 +61,10 @@ class DesiredStateWriter:
             if current is None:
                 written = await self._write(
                     pk,
+                    # No last_seq: "never checkpointed", so its first owner joins it live and
+                    # records where it began (origin_seq) before storing anything.
                     update=(
-                        "SET #desired_state = :started, #ws_url = :url, #last_seq = :zero, "
+                        "SET #desired_state = :started, #ws_url = :url, "
                         "#lease_version = :zero, #awaiting_owner = :awaiting, #updated_at_ms = :now"
                     ),
                     condition="attribute_not_exists(#pk)",
@@ -116,12 +118,23 @@ class DesiredStateWriter:
             if current.get(model.DESIRED_STATE) == STOPPED:
                 return Result(Outcome.UNCHANGED, current)
             owner = current.get(model.LEASE_OWNER)
-            if owner is None:
+            if owner is None and model.UNSEALED in current:
+                # Its last owner never sealed its log (it may hold a hole past the checkpoint):
+                # it stays claimable, and the worker that takes it seals the log and closes it.
+                written = await self._write(
+                    pk,
+                    update="SET #desired_state = :stopped, #updated_at_ms = :now",
+                    condition="#desired_state = :started AND attribute_not_exists(#lease_owner) "
+                    "AND attribute_exists(#unsealed)",
+                    values={":stopped": to_attr(STOPPED)},
+                )
+            elif owner is None:
                 written = await self._write(
                     pk,
                     update="SET #desired_state = :stopped, #updated_at_ms = :now "
                     "REMOVE #awaiting_owner",
-                    condition="#desired_state = :started AND attribute_not_exists(#lease_owner)",
+                    condition="#desired_state = :started AND attribute_not_exists(#lease_owner) "
+                    "AND attribute_not_exists(#unsealed)",
                     values={":stopped": to_attr(STOPPED)},
                 )
             else:
@@ -191,6 +204,7 @@ class DesiredStateWriter:
                 model.STOP_REQUESTED_FOR,
                 model.UPDATED_AT_MS,
                 model.REFUSED_REASON,
+                model.UNSEALED,
             ).items()
             if key in expression
         }

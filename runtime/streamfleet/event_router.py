@@ -314,7 +314,7 @@ def connection_state(item: dict[str, Any]) -> dict[str, Any]:
         model.DESIRED_STATE: item.get(model.DESIRED_STATE),
         model.WS_URL: item.get(model.WS_URL),
         model.LEASE_OWNER: item.get(model.LEASE_OWNER),
-        model.LAST_SEQ: item.get(model.LAST_SEQ, 0),
+        model.LAST_SEQ: item.get(model.LAST_SEQ),  # null: never checkpointed
         model.LEASE_VERSION: item.get(model.LEASE_VERSION, 0),
         model.UPDATED_AT_MS: item.get(model.UPDATED_AT_MS),
     }

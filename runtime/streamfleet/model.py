@@ -58,7 +58,16 @@ def session_pk(worker_id: str, session_version: int) -> str:
 
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
+# The checkpoint: every seq up to it is stored. ABSENT means "never checkpointed" (nothing stored
+# yet, the next owner joins the stream live); 0 is a real checkpoint (replay from seq 1).
 LAST_SEQ = "last_seq"
+# The checkpoint the first owner recorded when it joined the stream live, before storing
+# anything: the stored log of the stream is exactly ORIGIN_SEQ + 1 .. the newest seq. Set once.
+ORIGIN_SEQ = "origin_seq"
+# Sparse: present while the stored log may extend past the checkpoint with holes in it (an owner
+# acquired the row and has not yet released it after a final flush). A STOP of an unowned row
+# that carries it keeps the row claimable, so a worker seals the log (see worker/connection.py).
+UNSEALED = "unsealed"
 LEASE_OWNER = "lease_owner"  # worker id; absent when unowned
 LEASE_SESSION = "lease_session"  # session_version of the owner's session at acquisition
 LEASE_VERSION = "lease_version"  # fencing token, +1 on every acquisition
@@ -91,6 +100,12 @@ SESSION_CAPACITY = "capacity"
 SESSION_LOAD = "load"
 STARTED_AT_MS = "started_at_ms"
 DRAIN_REQUESTED = "drain_requested"  # set by an operator; the holder sees it in its next renewal
+# Set once reconcile has handled every connection of an ended session: it is never queried again.
+# The item itself is deleted by the table's TTL (DELETE_AFTER), far beyond any index lag, never
+# on the strength of an index query (which may lag behind the table).
+SESSION_CLEARED = "cleared"
+DELETE_AFTER = "delete_after"  # epoch seconds: the lease table's TTL attribute (ended sessions)
+ENDED_SESSION_RETENTION_SECONDS = 24 * 60 * 60
 
 
 class SessionState(StrEnum):
@@ -108,6 +123,11 @@ MESSAGE_DATA = "data"
 MESSAGE_RECEIVED_AT_MS = "received_at_ms"
 MESSAGE_WORKER = "worker_id"
 MESSAGE_EXPIRES_AT = "expires_at"  # epoch seconds, the table's TTL attribute
+DEFAULT_MESSAGE_RETENTION_DAYS = 7
+
+# --- Worker environment variables that the constructs set (the rest: worker/config.py) ---
+
+ENV_MESSAGE_RETENTION_DAYS = "MESSAGE_RETENTION_DAYS"  # how long stored messages are kept
 
 
 # --- Indexes ---
@@ -172,6 +192,7 @@ LEASE_TABLE = TableSpec(
     default_name=DEFAULT_LEASE_TABLE_NAME,
     partition_key=PK,
     indexes=(AWAITING_OWNER_INDEX, OWNER_INDEX, STOP_REQUESTED_INDEX, SESSION_INDEX),
+    ttl_attribute=DELETE_AFTER,
 )
 
 MESSAGES_TABLE = TableSpec(

@@ -27,8 +27,9 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item
+from streamfleet_dev.checks import log_problems
 from streamfleet_dev.tables import create_tables
-from streamfleet_dev.upstream.fake import FakeUpstream
+from streamfleet_dev.upstream.fake import FakeUpstream, message_data
 from streamfleet_dev.upstream.process import UpstreamProcess
 
 REPO = Path(__file__).resolve().parents[3]
@@ -197,7 +198,8 @@ class Fleet:
     def owners(self) -> dict[str, str | None]:
         return {sid: row.get(model.LEASE_OWNER) for sid, row in self.rows().items()}
 
-    def stored_seqs(self, stream_id: str) -> list[int]:
+    def stored_log(self, stream_id: str) -> dict[int, str]:
+        """What is stored for a stream: seq -> data, read consistently."""
         pages = self.dynamodb.get_paginator("query").paginate(
             TableName=self.messages_table,
             KeyConditionExpression="#pk = :pk",
@@ -205,7 +207,14 @@ class Fleet:
             ExpressionAttributeValues={":pk": {"S": model.connection_pk(stream_id)}},
             ConsistentRead=True,
         )
-        return [int(item[model.SEQ]["N"]) for page in pages for item in page["Items"]]
+        return {
+            int(item[model.SEQ]["N"]): item[model.MESSAGE_DATA]["S"]
+            for page in pages
+            for item in page["Items"]
+        }
+
+    def stored_seqs(self, stream_id: str) -> list[int]:
+        return sorted(self.stored_log(stream_id))
 
     def stored_by(self, worker_id: str, received_after_ms: int = 0) -> int:
         """How many stored messages ``worker_id`` wrote (of those it received after the time)."""
@@ -239,16 +248,21 @@ class Fleet:
         assert stats["overlaps"] == {sid: 0 for sid in stats["overlaps"]}, stats["overlap_events"]
         assert set(stats["max_concurrent"].values()) <= {1}, stats["max_concurrent"]
 
-    def assert_no_gap_no_duplicate(self, stream_ids: list[str]) -> dict[str, int]:
-        """Each stream's stored seqs form one contiguous run; returns how many per stream."""
-        counts = {}
+    def log_problems(self, stream_ids: list[str], *, final: bool = False) -> list[str]:
+        """Each stream's stored log against its origin and the upstream's content (see
+        :mod:`streamfleet_dev.checks`); ``final``: the streams are stopped and released."""
+        rows = self.rows()
+        problems: list[str] = []
         for sid in stream_ids:
-            seqs = self.stored_seqs(sid)
-            assert seqs, f"{sid}: nothing stored"
-            assert len(seqs) == len(set(seqs)), f"{sid}: duplicate seq"
-            assert seqs == list(range(seqs[0], seqs[-1] + 1)), (
-                f"{sid}: gap in {seqs[0]}..{seqs[-1]}: "
-                f"missing {sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs))[:10]}"
+            problems += log_problems(
+                sid, rows.get(sid), self.stored_log(sid), message_data, final=final
             )
-            counts[sid] = len(seqs)
+        return problems
+
+    def assert_log_exact(self, stream_ids: list[str], *, final: bool = False) -> dict[str, int]:
+        """Exactly once from the origin, for every stream; returns how many stored per stream."""
+        problems = self.log_problems(stream_ids, final=final)
+        assert not problems, problems
+        counts = {sid: len(self.stored_seqs(sid)) for sid in stream_ids}
+        assert all(counts.values()), f"nothing stored for some stream: {counts}"
         return counts

@@ -13,7 +13,14 @@ connected), gaps (a resume older than the replay buffer) and drops. ``GET /stats
 snapshot as JSON, so another process can read it.
 
 Wire format: JSON text frames ``{"seq": <int>, "data": "<stream_id>:<seq>"}`` on
-``ws://127.0.0.1:<port>/streams/<stream_id>[?last_seq=<n>]``.
+``ws://127.0.0.1:<port>/streams/<stream_id>[?last_seq=<n>][&epoch=<v>]``.
+
+**Epochs** (the worker sends its lease's fencing token as ``epoch``): a dial with an epoch higher
+than any seen on the stream closes every client dialled with a lower one (close code 4409); a
+dial with a lower epoch is refused (HTTP 409). So a worker frozen with its socket open stops
+receiving the moment its successor dials, however long it stays frozen. ``overlaps`` counts the
+violations that remain possible: a second client with the *current* epoch (or, without epochs,
+any second client) while one is connected.
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 from websockets.protocol import State
+
+from streamfleet.worker.protocol import (
+    EPOCH_PARAMETER,
+    STALE_EPOCH_STATUS,
+    SUPERSEDED_CLOSE_CODE,
+)
 
 HOST = "127.0.0.1"
 DEFAULT_RATE = 5.0
@@ -70,18 +83,27 @@ def encode_frame(stream_id: str, seq: int) -> str:
 
 
 class BadLastSeq(ValueError):
-    """A ``last_seq`` query parameter that is not one non-negative integer."""
+    """A ``last_seq`` (or ``epoch``) query parameter that is not one non-negative integer."""
 
 
-def parse_last_seq(query: str) -> int | None:
-    """``last_seq`` from a URL query string; ``None`` when absent (the client starts live)."""
-    values = parse_qs(query, keep_blank_values=True).get("last_seq")
+def _parse_number(query: str, name: str) -> int | None:
+    values = parse_qs(query, keep_blank_values=True).get(name)
     if values is None:
         return None
     if len(values) != 1 or not _LAST_SEQ.fullmatch(values[0]):
         shown = ",".join(values)[:40]  # a close reason is at most 123 bytes
-        raise BadLastSeq(f"last_seq must be one non-negative integer, got {shown!r}")
+        raise BadLastSeq(f"{name} must be one non-negative integer, got {shown!r}")
     return int(values[0])
+
+
+def parse_last_seq(query: str) -> int | None:
+    """``last_seq`` from a URL query string; ``None`` when absent (the client starts live)."""
+    return _parse_number(query, "last_seq")
+
+
+def parse_epoch(query: str) -> int | None:
+    """``epoch`` from a URL query string; ``None`` when absent (no fencing)."""
+    return _parse_number(query, EPOCH_PARAMETER)
 
 
 @dataclass(eq=False)
@@ -90,12 +112,14 @@ class _Client:
 
     connection: ServerConnection
     finished: asyncio.Future[None]
+    epoch: int | None = None
+    superseded: bool = False
 
     @property
     def open(self) -> bool:
-        """Still a listener: not closing, not closed. A client that sent its close frame or
-        whose socket went away is gone even if its handler has not finished yet."""
-        return self.connection.state is State.OPEN
+        """Still a listener: not closing, not closed, not superseded. A client that sent its
+        close frame or whose socket went away is gone even if its handler has not finished."""
+        return self.connection.state is State.OPEN and not self.superseded
 
 
 @dataclass(eq=False)
@@ -112,6 +136,9 @@ class _Stream:
     overlaps: int = 0
     gaps: int = 0
     drops: int = 0
+    epoch: int | None = None  # the highest epoch dialled
+    superseded: int = 0  # clients closed because a higher epoch dialled
+    stale_refused: int = 0  # dials refused for a lower epoch
 
     def head(self, now: float) -> int:
         """The last seq produced by ``now`` (0: none yet)."""
@@ -165,6 +192,7 @@ class FakeUpstream:
         self._overlap_events: deque[dict[str, Any]] = deque(maxlen=MAX_OVERLAP_EVENTS)
         self._server: Server | None = None
         self._port: int | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -247,10 +275,12 @@ class FakeUpstream:
         """A JSON-ready snapshot of what the upstream has seen, keyed by counter then stream.
 
         ``connected`` is how many clients are attached right now; ``max_concurrent`` the most
-        ever attached at once; ``connections`` the total accepted; ``overlaps`` how many
-        connections arrived while another client was attached; ``gaps`` how many resumes (or
-        slow clients) skipped seqs that had left the replay buffer; ``drops`` connections cut by
-        :meth:`drop_clients`.
+        ever attached at once (superseded ones not counted); ``connections`` the total accepted;
+        ``overlaps`` how many connections arrived while another client with the same epoch (or
+        without epochs) was attached; ``gaps`` how many resumes (or slow clients) skipped seqs
+        that had left the replay buffer; ``drops`` connections cut by :meth:`drop_clients`;
+        ``epoch`` the highest epoch dialled; ``superseded`` clients closed for a higher epoch;
+        ``stale_refused`` dials refused for a lower one.
         """
         now = self._clock()
         streams = self._streams.values()
@@ -265,6 +295,9 @@ class FakeUpstream:
             "overlaps": {s.stream_id: s.overlaps for s in streams},
             "gaps": {s.stream_id: s.gaps for s in streams},
             "drops": {s.stream_id: s.drops for s in streams},
+            "epoch": {s.stream_id: s.epoch for s in streams},
+            "superseded": {s.stream_id: s.superseded for s in streams},
+            "stale_refused": {s.stream_id: s.stale_refused for s in streams},
             "overlap_events": list(self._overlap_events),
         }
 
@@ -315,7 +348,16 @@ class FakeUpstream:
             return _json_response(
                 connection, http.HTTPStatus.OK, {"seq": stream.head(self._clock())}
             )
-        if _STREAM_PATH.fullmatch(path):
+        if match := _STREAM_PATH.fullmatch(path):
+            with contextlib.suppress(BadLastSeq):  # reported after the upgrade, as a close
+                epoch = parse_epoch(urlsplit(request.path).query)
+                stream = self._streams.get(unquote(match["stream_id"]))
+                if epoch is not None and stream is not None and (stream.epoch or 0) > epoch:
+                    stream.stale_refused += 1
+                    return connection.respond(
+                        http.HTTPStatus(STALE_EPOCH_STATUS),
+                        f"epoch {epoch} is older than {stream.epoch}: a newer owner dialled\n",
+                    )
             return None
         return connection.respond(http.HTTPStatus.NOT_FOUND, "Not found: use /streams/<id>\n")
 
@@ -328,16 +370,21 @@ class FakeUpstream:
             return
         try:
             last_seq = parse_last_seq(target.query)
+            epoch = parse_epoch(target.query)
         except BadLastSeq as exc:
             await connection.close(CloseCode.POLICY_VIOLATION, str(exc))
             return
 
         stream = self._stream(unquote(match["stream_id"]))
-        client = _Client(connection, asyncio.get_running_loop().create_future())
+        if epoch is not None and (stream.epoch or 0) > epoch:  # raced with a newer dial
+            stream.stale_refused += 1
+            await connection.close(SUPERSEDED_CLOSE_CODE, "a newer owner dialled")
+            return
+        client = _Client(connection, asyncio.get_running_loop().create_future(), epoch)
         self._attach(stream, client)
         # Without last_seq the client starts live: the first seq produced after it connected.
         first = stream.head(self._clock()) + 1 if last_seq is None else last_seq + 1
-        sender = asyncio.create_task(self._send(connection, stream, first))
+        sender = asyncio.create_task(self._send(client, stream, first))
         drainer = asyncio.create_task(_drain(connection))
         try:
             await asyncio.wait({sender, drainer}, return_when=asyncio.FIRST_COMPLETED)
@@ -353,6 +400,17 @@ class FakeUpstream:
                 raise result
 
     def _attach(self, stream: _Stream, client: _Client) -> None:
+        if client.epoch is not None and client.epoch > (stream.epoch or 0):
+            stream.epoch = client.epoch
+            for other in stream.clients:
+                if other.open and (other.epoch is None or other.epoch < client.epoch):
+                    other.superseded = True
+                    stream.superseded += 1
+                    closing = asyncio.create_task(
+                        other.connection.close(SUPERSEDED_CLOSE_CODE, "a newer owner dialled")
+                    )
+                    self._closing.add(closing)
+                    closing.add_done_callback(self._closing.discard)
         if any(other.open for other in stream.clients):
             stream.overlaps += 1
             self._overlap_events.append(
@@ -368,7 +426,7 @@ class FakeUpstream:
             stream.max_concurrent, sum(other.open for other in stream.clients)
         )
 
-    async def _send(self, connection: ServerConnection, stream: _Stream, next_seq: int) -> None:
+    async def _send(self, client: _Client, stream: _Stream, next_seq: int) -> None:
         """Send every seq from ``next_seq`` on as it becomes due, catching up in batches."""
         try:
             while True:
@@ -387,9 +445,11 @@ class FakeUpstream:
                     next_seq = oldest
                 last = min(head, next_seq + SEND_BATCH - 1)
                 for seq in range(next_seq, last + 1):
+                    if client.superseded:
+                        return  # not one more frame to a former owner
                     # send() waits for the socket to drain, so a slow client holds its own
                     # sender back instead of growing a buffer here.
-                    await connection.send(encode_frame(stream.stream_id, seq))
+                    await client.connection.send(encode_frame(stream.stream_id, seq))
                 next_seq = last + 1
         except ConnectionClosed:
             return

@@ -22,10 +22,11 @@ from .dynamo import (
     retry_until,
     to_attr,
 )
-from .errors import LeaseLost, SessionLost
+from .errors import LeaseLost, SessionLost, StoreUnavailable
 from .sessions import SessionDirectory, SessionKeeper
 
 STARTED = model.DesiredState.STARTED.value
+STOPPED = model.DesiredState.STOPPED.value
 # A claim that races with another writer is retried a few times, then given up to the others.
 MAX_CLAIM_ROUNDS = 3
 # How long a release may keep retrying after the holder's deadline: it is fenced, so late is safe.
@@ -34,24 +35,32 @@ RELEASE_BUDGET_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Lease:
-    """What a holder knows of a connection it owns."""
+    """What a holder knows of a connection it owns.
+
+    ``last_seq`` is the checkpoint, ``None`` if the stream was never checkpointed (nothing of it
+    is stored yet). ``desired_state`` is STOPPED when the row was claimed only to seal its log
+    (see :class:`~streamfleet.worker.connection.Connection`).
+    """
 
     pk: str
     ws_url: str
-    last_seq: int
+    last_seq: int | None
     lease_version: int
     owner: str
     session_version: int
+    desired_state: str = STARTED
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> Lease:
+        last_seq = item.get(model.LAST_SEQ)
         return cls(
             pk=item[model.PK],
             ws_url=item.get(model.WS_URL, ""),
-            last_seq=int(item.get(model.LAST_SEQ, 0)),
+            last_seq=None if last_seq is None else int(last_seq),
             lease_version=int(item[model.LEASE_VERSION]),
             owner=item[model.LEASE_OWNER],
             session_version=int(item[model.LEASE_SESSION]),
+            desired_state=item.get(model.DESIRED_STATE, STARTED),
         )
 
 
@@ -87,7 +96,8 @@ class ConnectionLeases:
     # -- acquisition ---------------------------------------------------------------------------
 
     async def acquire(self, pk: str) -> Lease | None:
-        """Claim ``pk`` if it is STARTED and unowned, or its owner's session has expired.
+        """Claim ``pk`` if it is claimable: STARTED and unowned, unowned and waiting to be sealed,
+        or owned by a session that has expired.
 
         ``None`` when it is not claimable (owned by a live session, STOPPED, or missing). Raises
         :class:`SessionLost` if this worker's own session is past its deadline.
@@ -97,16 +107,19 @@ class ConnectionLeases:
             current = await self._try_claim(candidate)
             if isinstance(current, Lease):
                 return current
-            if current is None or current.get(model.DESIRED_STATE) != STARTED:
+            if current is None:
                 return None
             owner = current.get(model.LEASE_OWNER)
             if owner is None:
+                if current.get(model.DESIRED_STATE) != STARTED and (
+                    model.AWAITING_OWNER not in current
+                ):
+                    return None
                 candidate = Claimable(pk)
                 continue
+            if current.get(model.DESIRED_STATE) != STARTED:
+                return None  # its owner closes it (or reconcile clears it once the owner is gone)
             version = int(current[model.LEASE_SESSION])
-            if owner == self.worker_id and version == self.session.version:
-                # Ours already: an earlier attempt was applied but its answer was lost.
-                return Lease.from_item(current)
             if not await self._owner_is_gone(owner, version):
                 return None
             candidate = Claimable(pk, owner, version)
@@ -120,13 +133,17 @@ class ConnectionLeases:
     async def _owner_is_gone(self, owner: str, version: int) -> bool:
         session = await self.directory.read(owner, version)
         if session is None:
-            return True  # never existed or forgotten: nobody can renew it
+            return True  # never existed or expired out of the table: nobody can renew it
         if not self.directory.is_expired(session):
             return False
         return await self.directory.fence(session)
 
     async def _try_claim(self, candidate: Claimable) -> Lease | dict[str, Any] | None:
-        """One conditional write. Returns the lease, or the item as it stood if the write failed."""
+        """One conditional write. Returns the lease, or the item as it stood if the write failed.
+
+        An item that this very session already owns is returned as the lease: an earlier attempt
+        of this claim was applied and its answer lost (or a notification was delivered twice).
+        """
         my_version = self.session.require_live()
         values = {
             ":me": to_attr(self.worker_id),
@@ -134,11 +151,19 @@ class ConnectionLeases:
             ":one": to_attr(1),
             ":started": to_attr(STARTED),
             ":now": to_attr(self.session.clock.wall_ms()),
+            ":yes": to_attr(True),
         }
         if candidate.owner is None:
-            ownership = "attribute_not_exists(#lease_owner)"
+            # Unowned rows: STARTED ones, and STOPPED ones left waiting for an owner to seal them.
+            ownership = (
+                "attribute_not_exists(#lease_owner) AND "
+                "(#desired_state = :started OR attribute_exists(#awaiting_owner))"
+            )
         else:
-            ownership = "#lease_owner = :owner AND #lease_session = :owner_session"
+            ownership = (
+                "#desired_state = :started AND "
+                "#lease_owner = :owner AND #lease_session = :owner_session"
+            )
             values[":owner"] = to_attr(candidate.owner)
             values[":owner_session"] = to_attr(candidate.session_version)
         try:
@@ -148,19 +173,19 @@ class ConnectionLeases:
                     TableName=self._table,
                     Key={model.PK: to_attr(candidate.pk)},
                     UpdateExpression=(
-                        "SET #lease_owner = :me, #lease_session = :session, #updated_at_ms = :now "
+                        "SET #lease_owner = :me, #lease_session = :session, "
+                        "#updated_at_ms = :now, #unsealed = :yes "
                         "ADD #lease_version :one "
                         "REMOVE #awaiting_owner, #stop_requested_for"
                     ),
-                    ConditionExpression=(
-                        f"attribute_exists(#pk) AND #desired_state = :started AND {ownership}"
-                    ),
+                    ConditionExpression=f"attribute_exists(#pk) AND {ownership}",
                     ExpressionAttributeNames=names(
                         model.PK,
                         model.LEASE_OWNER,
                         model.LEASE_SESSION,
                         model.LEASE_VERSION,
                         model.UPDATED_AT_MS,
+                        model.UNSEALED,
                         model.AWAITING_OWNER,
                         model.STOP_REQUESTED_FOR,
                         model.DESIRED_STATE,
@@ -176,7 +201,14 @@ class ConnectionLeases:
         except Exception as exc:
             if not is_condition_failure(exc):
                 raise
-            return await self._item_after_failure(exc, candidate.pk)
+            current = await self._item_after_failure(exc, candidate.pk)
+            if (
+                current is not None
+                and current.get(model.LEASE_OWNER) == self.worker_id
+                and current.get(model.LEASE_SESSION) == my_version
+            ):
+                return Lease.from_item(current)
+            return current
         return Lease.from_item(from_item(response["Attributes"]))
 
     async def _item_after_failure(self, exc: Exception, pk: str) -> dict[str, Any] | None:
@@ -189,17 +221,23 @@ class ConnectionLeases:
 
     # -- the holder's fenced writes ------------------------------------------------------------
 
-    def _fence(self, lease: Lease) -> dict[str, Any]:
-        return {":me": to_attr(lease.owner), ":lease_version": to_attr(lease.lease_version)}
+    async def checkpoint(self, lease: Lease, last_seq: int, *, origin: bool = False) -> None:
+        """Record that every message up to ``last_seq`` is stored (``origin``: this owner joins
+        the stream live and nothing before ``last_seq`` will ever be stored).
 
-    async def checkpoint(self, lease: Lease, last_seq: int) -> None:
-        """Record that every message up to ``last_seq`` is stored. Raises :class:`LeaseLost`,
-        or :class:`SessionLost` when the lease belongs to a session that is over."""
+        Never moves the checkpoint backwards: a checkpoint delivered late, after a later one,
+        changes nothing and is not an error. Raises :class:`LeaseLost`, or :class:`SessionLost`
+        when the lease belongs to a session that is over.
+        """
         if self.session.require_live() != lease.session_version:
             raise SessionLost(f"{lease.pk}: held under session {lease.session_version}, now over")
-        await self._fenced_update(
+        update = "SET #last_seq = :seq, #updated_at_ms = :now"
+        if origin:
+            update += ", #origin_seq = if_not_exists(#origin_seq, :seq)"
+        current = await self._fenced_update(
             lease,
-            update="SET #last_seq = :seq, #updated_at_ms = :now",
+            update=update,
+            condition="(attribute_not_exists(#last_seq) OR #last_seq <= :seq)",
             extra_values={
                 ":seq": to_attr(last_seq),
                 ":now": to_attr(self.session.clock.wall_ms()),
@@ -207,37 +245,68 @@ class ConnectionLeases:
             deadline=self.session.deadline,
             what=f"checkpoint {lease.pk}",
         )
+        if current is not None and not self._holds(lease, current):
+            raise self._lost(lease, current)
+        # Still ours: the checkpoint in the table is already later than this one.
 
-    async def release(self, lease: Lease) -> bool:
-        """Give the connection up. ``True`` if it is STARTED, so a peer should claim it now.
+    async def release(self, lease: Lease, *, sealed: bool = False) -> bool:
+        """Give the connection up. ``True`` if it is now claimable, so a peer should be told.
+
+        ``sealed``: the holder's final flush stored everything it received and checkpointed it,
+        so the log has no hole past the checkpoint. A STARTED row is offered to the fleet; a
+        STOPPED one is closed for good if sealed, and otherwise left claimable so that another
+        worker seals its log.
 
         Fenced: after someone else acquired it this raises :class:`LeaseLost` and changes
-        nothing. Allowed a little past the holder's deadline, since a fenced write is safe late.
+        nothing. A START or STOP that lands between attempts only changes which of the two forms
+        applies. Allowed a little past the holder's deadline, since a fenced write is safe late.
         """
         clock = self.session.clock
         deadline = max(self.session.deadline, clock.monotonic() + RELEASE_BUDGET_SECONDS)
-        update = (
-            "REMOVE #lease_owner, #lease_session, #stop_requested_for SET #updated_at_ms = :now"
+        removed = "#lease_owner, #lease_session, #stop_requested_for"
+        if sealed:
+            removed += ", #unsealed"
+        values = {":now": to_attr(clock.wall_ms()), ":started": to_attr(STARTED)}
+        for _ in range(MAX_CLAIM_ROUNDS):
+            for desired, claimable in ((STARTED, True), (STOPPED, not sealed)):
+                offer = ", #awaiting_owner = :started" if claimable else ""
+                values[":desired"] = to_attr(desired)
+                current = await self._fenced_update(
+                    lease,
+                    update=f"REMOVE {removed} SET #updated_at_ms = :now{offer}",
+                    condition="#desired_state = :desired",
+                    extra_values=values,
+                    deadline=deadline,
+                    what=f"release {lease.pk}",
+                )
+                if current is None:
+                    return claimable
+                if current.get(model.LEASE_VERSION) == lease.lease_version and (
+                    current.get(model.LEASE_OWNER) is None
+                ):
+                    # An earlier attempt was applied and its answer lost: nobody has acquired
+                    # it since (that would have raised the lease version).
+                    return model.AWAITING_OWNER in current
+                if not self._holds(lease, current):
+                    raise self._lost(lease, current)
+                # Still ours: its desired state differs from this form; try the other.
+        raise StoreUnavailable(f"release {lease.pk}: START and STOP kept racing with it")
+
+    @staticmethod
+    def _holds(lease: Lease, item: dict[str, Any]) -> bool:
+        return (
+            item.get(model.LEASE_OWNER) == lease.owner
+            and item.get(model.LEASE_VERSION) == lease.lease_version
         )
-        now = {":now": to_attr(clock.wall_ms())}
-        try:
-            await self._fenced_update(
-                lease,
-                update=f"{update}, #awaiting_owner = :started",
-                condition="#desired_state = :started",
-                extra_values={**now, ":started": to_attr(STARTED)},
-                deadline=deadline,
-                what=f"release {lease.pk}",
-            )
-            return True
-        except LeaseLost as lost:
-            if lost.holder != lease.owner:
-                raise
-        # Still ours but STOPPED: release without offering it to the fleet.
-        await self._fenced_update(
-            lease, update=update, extra_values=now, deadline=deadline, what=f"release {lease.pk}"
+
+    @staticmethod
+    def _lost(lease: Lease, item: dict[str, Any]) -> LeaseLost:
+        version = item.get(model.LEASE_VERSION)
+        return LeaseLost(
+            lease.pk,
+            item.get(model.LEASE_OWNER),
+            "" if version == lease.lease_version else f" at lease_version {version}",
         )
-        return False
 
     async def _fenced_update(
         self,
@@ -248,10 +317,13 @@ class ConnectionLeases:
         deadline: float,
         what: str,
         condition: str = "",
-    ) -> None:
+    ) -> dict[str, Any] | None:
+        """A write conditioned on owning the lease (and ``condition``). ``None`` if it was
+        applied; otherwise the item as the failed condition saw it (``{}`` if missing)."""
         condition_expression = "#lease_owner = :me AND #lease_version = :lease_version"
         if condition:
             condition_expression += f" AND {condition}"
+        expression = f"{update} {condition_expression}"
         attribute_names = {
             key: value
             for key, value in names(
@@ -259,12 +331,19 @@ class ConnectionLeases:
                 model.LEASE_VERSION,
                 model.LEASE_SESSION,
                 model.LAST_SEQ,
+                model.ORIGIN_SEQ,
                 model.UPDATED_AT_MS,
                 model.AWAITING_OWNER,
                 model.STOP_REQUESTED_FOR,
                 model.DESIRED_STATE,
+                model.UNSEALED,
             ).items()
-            if key in update or key in condition_expression
+            if key in expression
+        }
+        values = {
+            ":me": to_attr(lease.owner),
+            ":lease_version": to_attr(lease.lease_version),
+            **extra_values,
         }
         try:
             await retry_until(
@@ -275,7 +354,9 @@ class ConnectionLeases:
                     UpdateExpression=update,
                     ConditionExpression=condition_expression,
                     ExpressionAttributeNames=attribute_names,
-                    ExpressionAttributeValues={**self._fence(lease), **extra_values},
+                    ExpressionAttributeValues={
+                        key: value for key, value in values.items() if key in expression
+                    },
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 ),
                 deadline=deadline,
@@ -285,13 +366,8 @@ class ConnectionLeases:
         except Exception as exc:
             if not is_condition_failure(exc):
                 raise
-            current = await self._item_after_failure(exc, lease.pk) or {}
-            version = current.get(model.LEASE_VERSION)
-            raise LeaseLost(
-                lease.pk,
-                current.get(model.LEASE_OWNER),
-                "" if version == lease.lease_version else f" at lease_version {version}",
-            ) from None
+            return await self._item_after_failure(exc, lease.pk) or {}
+        return None
 
     # -- reads -----------------------------------------------------------------------------------
 

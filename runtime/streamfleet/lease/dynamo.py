@@ -9,7 +9,8 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from ..clock import Clock
 from .errors import StoreUnavailable
@@ -72,12 +73,20 @@ def old_item_of(exc: ClientError) -> dict[str, Any] | None:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Slow or unreachable DynamoDB (retry), as opposed to a definite answer (do not)."""
+    """Slow or unreachable DynamoDB (retry), as opposed to a definite answer (do not).
+
+    Only network trouble (connect/read timeouts, refused or reset connections, a cut answer:
+    botocore's ``ConnectionError`` and ``HTTPClientError`` families, ``IncompleteReadError``, a
+    bare ``OSError``) and throttling or 5xx answers are
+    transient. Anything else botocore raises is a mistake that no retry can mend: missing
+    credentials or region, a malformed request (``ParamValidationError``). Those fail at once
+    with their own message instead of being retried until the deadline as "unavailable".
+    """
     if isinstance(exc, ClientError):
         code = error_code(exc) or ""
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return code in _TRANSIENT_CODES or status >= 500
-    return isinstance(exc, (BotoCoreError, OSError))
+    return isinstance(exc, (BotocoreConnectionError, HTTPClientError, IncompleteReadError, OSError))
 
 
 def full_jitter(attempt: int, base: float, cap: float) -> float:
@@ -113,6 +122,63 @@ async def retry_until(
             raise StoreUnavailable(f"{what}: DynamoDB unavailable until the deadline ({last})")
         await asyncio.sleep(delay)
         attempt += 1
+
+
+async def hedged(
+    operation: Callable[[], Awaitable[T]],
+    *,
+    deadline: float,
+    clock: Clock,
+    what: str,
+    hedge_after: float,
+    max_in_flight: int = 3,
+) -> T:
+    """Like :func:`retry_until`, but an attempt that has not answered within ``hedge_after`` is
+    not waited for alone: another is sent beside it, and the first answer wins.
+
+    For an operation whose attempts are safe to apply in any order and any number of times (a
+    renewal that never lowers the expiry). A slow DynamoDB then costs a little latency instead of
+    a timeout, and a lost request costs ``hedge_after`` instead of a whole read timeout. Attempts
+    still in flight when one answers are left to finish; their answers are ignored.
+    """
+    pending: set[asyncio.Task[T]] = set()
+    attempt = 0
+    next_send = clock.monotonic()
+    last: BaseException | None = None
+    try:
+        while True:
+            now = clock.monotonic()
+            if now >= deadline:
+                reason = f" ({last})" if last else ""
+                raise StoreUnavailable(f"{what}: DynamoDB unavailable until the deadline{reason}")
+            if now >= next_send and len(pending) < max_in_flight:
+                pending.add(asyncio.ensure_future(operation()))
+                next_send = now + hedge_after
+            wake = max(min(deadline, next_send) - now, 0.001)
+            if not pending:  # backing off after a failed attempt
+                await asyncio.sleep(wake)
+                continue
+            done, _ = await asyncio.wait(pending, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                pending.discard(task)
+                exc = task.exception()
+                if exc is None:
+                    return task.result()
+                if not is_transient(exc):
+                    raise exc
+                last = exc
+                # A failed attempt is retried after a backoff, not at once (throttling).
+                retry_at = now + full_jitter(attempt, BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS)
+                next_send = min(next_send, retry_at) if pending else retry_at
+                attempt += 1
+    finally:
+        for task in pending:
+            task.add_done_callback(_consume)
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # an abandoned attempt's error is not worth a warning
 
 
 async def conditional_write(

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from .. import model
 from ..aws import AsyncClient
 from ..clock import SYSTEM_CLOCK, Clock
@@ -19,8 +21,10 @@ from .dynamo import (
     batch_get,
     conditional_write,
     from_item,
+    hedged,
     is_condition_failure,
     names,
+    old_item_of,
     query_all,
     retry_until,
     to_attr,
@@ -40,6 +44,7 @@ class SessionInfo:
     region: str = ""
     capacity: int = 0
     load: int = 0
+    cleared: bool = False
 
     @property
     def pk(self) -> str:
@@ -55,7 +60,13 @@ class SessionInfo:
             region=item.get(model.SESSION_REGION, ""),
             capacity=int(item.get(model.SESSION_CAPACITY, 0)),
             load=int(item.get(model.SESSION_LOAD, 0)),
+            cleared=bool(item.get(model.SESSION_CLEARED, False)),
         )
+
+
+def delete_after(clock: Clock) -> int:
+    """The TTL value of a session that ends now: long past any index lag or reconcile."""
+    return clock.wall_ms() // 1000 + model.ENDED_SESSION_RETENTION_SECONDS
 
 
 class SessionKeeper:
@@ -116,11 +127,12 @@ class SessionKeeper:
     async def open(self, *, load: int = 0) -> int:
         """Start a new session (a new ``session_version``) and return its version."""
         version = max(time.time_ns() // 1000, (self.version or 0) + 1)
-        sent_at = self.clock.monotonic()
+        first_sent: float | None = None
 
         async def put() -> dict[str, Any]:
-            nonlocal sent_at
-            sent_at = self.clock.monotonic()
+            nonlocal first_sent
+            if first_sent is None:
+                first_sent = self.clock.monotonic()
             wall = self.clock.wall_ms()
             item = {
                 model.PK: model.session_pk(self.worker_id, version),
@@ -155,7 +167,10 @@ class SessionKeeper:
             if not is_condition_failure(exc) or not await self._exists(version):
                 raise
         self.version = version
-        self.deadline = self.timing.holder_deadline(sent_at)
+        # Whichever attempt was applied, none was sent before the first: counting from it never
+        # trusts the session longer than the expiry the table holds.
+        assert first_sent is not None
+        self.deadline = self.timing.holder_deadline(first_sent)
         return version
 
     async def _exists(self, version: int) -> bool:
@@ -173,6 +188,11 @@ class SessionKeeper:
         Raises :class:`SessionLost` if the session was fenced by a taker (the caller must drop
         every connection it holds), :class:`StoreUnavailable` if DynamoDB did not answer before
         the deadline.
+
+        A renewal never lowers ``expires_at_ms`` (its condition says so), so an attempt that is
+        delivered late, after a later renewal, changes nothing. Attempts are hedged: one that has
+        not answered within a heartbeat gets a sibling, so a slow-but-working DynamoDB keeps the
+        session alive as long as it answers within the holder's window.
         """
         if self.version is None:
             await self.open(load=load)
@@ -181,44 +201,69 @@ class SessionKeeper:
             await self._end_quietly(self.version)
             await self.open(load=load)
             return False
-        pk = self.pk
-        sent_at = self.clock.monotonic()
+        version, pk = self.version, self.pk
+        first_sent = self.clock.monotonic()
 
-        # The deadline counts from the first attempt: a retried renewal may be applied after a
-        # later one, leaving the older expiry in the table.
         async def update() -> dict[str, Any]:
-            return await self._dynamodb.call(
-                "update_item",
-                TableName=self._table,
-                Key={model.PK: to_attr(pk)},
-                UpdateExpression="SET #expires_at_ms = :expires, #load = :load",
-                ConditionExpression="#session_state = :live",
-                ExpressionAttributeNames=names(
-                    model.EXPIRES_AT_MS, model.SESSION_LOAD, model.SESSION_STATE
-                ),
-                ExpressionAttributeValues={
-                    ":expires": to_attr(self.clock.wall_ms() + self.timing.lease_ms),
-                    ":load": to_attr(load),
-                    ":live": to_attr(model.SessionState.LIVE.value),
-                },
-                # The item comes back with the renewal, so an operator's drain request reaches
-                # the holder without a read of its own.
-                ReturnValues="ALL_NEW",
-            )
+            expires = self.clock.wall_ms() + self.timing.lease_ms
+            try:
+                response = await self._dynamodb.call(
+                    "update_item",
+                    TableName=self._table,
+                    Key={model.PK: to_attr(pk)},
+                    UpdateExpression="SET #expires_at_ms = :expires, #load = :load",
+                    ConditionExpression="#session_state = :live AND #expires_at_ms < :expires",
+                    ExpressionAttributeNames=names(
+                        model.EXPIRES_AT_MS, model.SESSION_LOAD, model.SESSION_STATE
+                    ),
+                    ExpressionAttributeValues={
+                        ":expires": to_attr(expires),
+                        ":load": to_attr(load),
+                        ":live": to_attr(model.SessionState.LIVE.value),
+                    },
+                    # The item comes back with the renewal, so an operator's drain request
+                    # reaches the holder without a read of its own.
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+                return from_item(response["Attributes"]) or {}
+            except ClientError as exc:
+                if not is_condition_failure(exc):
+                    raise
+                item = old_item_of(exc) or await self._read(pk)
+            if (
+                item is not None
+                and item.get(model.SESSION_STATE) == model.SessionState.LIVE.value
+                and int(item.get(model.EXPIRES_AT_MS, 0)) >= expires
+            ):
+                return item  # another attempt of this renewal landed first, with a later expiry
+            raise SessionLost(f"{pk}: session was ended or fenced by another worker")
 
         try:
-            response = await retry_until(
-                update, deadline=self.deadline, clock=self.clock, what=f"renew {pk}"
+            item = await hedged(
+                update,
+                deadline=self.deadline,
+                clock=self.clock,
+                what=f"renew {pk}",
+                hedge_after=self.timing.heartbeat_seconds,
             )
-        except Exception as exc:
-            if is_condition_failure(exc):
+        except SessionLost:
+            if self.version == version:
                 self.version = None
                 self.deadline = float("-inf")
-                raise SessionLost(f"{pk}: session was ended or fenced by another worker") from None
             raise
-        self.deadline = self.timing.holder_deadline(sent_at)
-        self.drain_requested = model.DRAIN_REQUESTED in response.get("Attributes", {})
+        if self.version == version:
+            # Counted from the first attempt: whichever was applied, the table's expiry is at
+            # least the one that attempt wrote.
+            self.deadline = max(self.deadline, self.timing.holder_deadline(first_sent))
+            self.drain_requested = model.DRAIN_REQUESTED in item
         return True
+
+    async def _read(self, pk: str) -> dict[str, Any] | None:
+        response = await self._dynamodb.call(
+            "get_item", TableName=self._table, Key={model.PK: to_attr(pk)}, ConsistentRead=True
+        )
+        return from_item(response.get("Item"))
 
     async def close(self) -> None:
         """End the session: its remaining connections become claimable at once."""
@@ -239,12 +284,13 @@ class SessionKeeper:
                 what=f"end {pk}",
                 TableName=self._table,
                 Key={model.PK: to_attr(pk)},
-                UpdateExpression="SET #session_state = :ended",
+                UpdateExpression="SET #session_state = :ended, #delete_after = :delete_after",
                 ConditionExpression="#session_state = :live",
-                ExpressionAttributeNames=names(model.SESSION_STATE),
+                ExpressionAttributeNames=names(model.SESSION_STATE, model.DELETE_AFTER),
                 ExpressionAttributeValues={
                     ":ended": to_attr(model.SessionState.ENDED.value),
                     ":live": to_attr(model.SessionState.LIVE.value),
+                    ":delete_after": to_attr(delete_after(self.clock)),
                 },
             )
 
@@ -338,13 +384,16 @@ class SessionDirectory:
             what=f"fence {session.pk}",
             TableName=self._table,
             Key={model.PK: to_attr(session.pk)},
-            UpdateExpression="SET #session_state = :ended",
+            UpdateExpression="SET #session_state = :ended, #delete_after = :delete_after",
             ConditionExpression="#session_state = :live AND #expires_at_ms = :seen",
-            ExpressionAttributeNames=names(model.SESSION_STATE, model.EXPIRES_AT_MS),
+            ExpressionAttributeNames=names(
+                model.SESSION_STATE, model.EXPIRES_AT_MS, model.DELETE_AFTER
+            ),
             ExpressionAttributeValues={
                 ":ended": to_attr(model.SessionState.ENDED.value),
                 ":live": to_attr(model.SessionState.LIVE.value),
                 ":seen": to_attr(session.expires_at_ms),
+                ":delete_after": to_attr(delete_after(self.clock)),
             },
         ):
             return True
@@ -379,17 +428,23 @@ class SessionDirectory:
                 asked.append(session)
         return asked
 
-    async def forget(self, session: SessionInfo) -> None:
-        """Delete an ended session that no longer owns any connection."""
+    async def clear(self, session: SessionInfo) -> None:
+        """Mark an ended session whose connections have all been handled: reconcile skips it
+        from now on. The item stays until its TTL (``delete_after``) removes it: deleting it on
+        the strength of an index query that may lag could orphan a row for ever."""
         await conditional_write(
             self._dynamodb,
-            "delete_item",
+            "update_item",
             clock=self.clock,
             deadline=self._deadline(),
-            what=f"forget {session.pk}",
+            what=f"clear {session.pk}",
             TableName=self._table,
             Key={model.PK: to_attr(session.pk)},
+            UpdateExpression="SET #cleared = :yes",
             ConditionExpression="#session_state = :ended",
-            ExpressionAttributeNames=names(model.SESSION_STATE),
-            ExpressionAttributeValues={":ended": to_attr(model.SessionState.ENDED.value)},
+            ExpressionAttributeNames=names(model.SESSION_CLEARED, model.SESSION_STATE),
+            ExpressionAttributeValues={
+                ":yes": to_attr(True),
+                ":ended": to_attr(model.SessionState.ENDED.value),
+            },
         )

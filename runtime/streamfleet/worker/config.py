@@ -40,6 +40,41 @@ def _whole(env: Mapping[str, str], name: str, default: int) -> int:
     return check_positive_int(name, value)
 
 
+def _port(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0
+    if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        raise ValueError(f"{name}: {raw!r} is not a TCP port (0..65535, 0: off)")
+    return int(raw)
+
+
+# LeaseTiming names its fields; the operator set environment variables.
+_TIMING_VARIABLES = {
+    "lease_seconds": "LEASE_SECONDS",
+    "heartbeat_seconds": "HEARTBEAT_EVERY",
+    "max_clock_skew_seconds": "MAX_CLOCK_SKEW_SECONDS",
+    "safety_margin_seconds": "SAFETY_MARGIN_SECONDS",
+}
+
+
+def _timing(env: Mapping[str, str]) -> LeaseTiming:
+    lease = _number(env, "LEASE_SECONDS", 20.0)
+    heartbeat = _number(env, "HEARTBEAT_EVERY", 5.0)
+    try:
+        return LeaseTiming(
+            lease_seconds=lease,
+            heartbeat_seconds=heartbeat,
+            max_clock_skew_seconds=_number(env, "MAX_CLOCK_SKEW_SECONDS", min(1.0, lease / 8)),
+            safety_margin_seconds=_number(env, "SAFETY_MARGIN_SECONDS", min(0.5, lease / 8)),
+        )
+    except ValueError as exc:
+        message = str(exc)
+        for field_name, variable in _TIMING_VARIABLES.items():
+            message = message.replace(field_name, variable)
+        raise ValueError(message) from None
+
+
 def _required(env: Mapping[str, str], name: str) -> str:
     value = env.get(name, "").strip()
     if not value:
@@ -66,7 +101,10 @@ class WorkerConfig:
     health_port: int = 0  # 0: no health endpoint
     metrics_every: float = 60.0
     sqs_wait_seconds: int = 10
-    checkpoint_every: float = 1.0
+    # Rare on purpose: a new owner resumes from what is stored past the checkpoint (one query),
+    # so a checkpoint only bounds that query; it costs one write per connection each time.
+    checkpoint_every: float = 300.0
+    message_retention_seconds: int = model.DEFAULT_MESSAGE_RETENTION_DAYS * 86400
     flush_every: float = 0.05
     max_message_bytes: int = 64 * 1024
     max_buffered_messages: int = 1000
@@ -81,18 +119,9 @@ class WorkerConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
         """Read and validate the environment. ``ValueError`` names the first bad variable."""
         env = os.environ if env is None else env
-        lease = _number(env, "LEASE_SECONDS", 20.0)
-        heartbeat = _number(env, "HEARTBEAT_EVERY", 5.0)
-        timing = LeaseTiming(
-            lease_seconds=lease,
-            heartbeat_seconds=heartbeat,
-            max_clock_skew_seconds=_number(env, "MAX_CLOCK_SKEW_SECONDS", min(1.0, lease / 8)),
-            safety_margin_seconds=_number(env, "SAFETY_MARGIN_SECONDS", min(0.5, lease / 8)),
-        )
+        timing = _timing(env)
         worker_id = env.get("WORKER_ID") or f"worker-{uuid.uuid4().hex[:12]}"
-        health_port = int(env.get("HEALTH_PORT", "0") or 0)
-        if not 0 <= health_port <= 65535:
-            raise ValueError(f"HEALTH_PORT: {health_port} is not a TCP port")
+        health_port = _port(env, "HEALTH_PORT")
         sqs_wait = _whole(env, "SQS_WAIT_SECONDS", 10)
         if sqs_wait > 20:
             raise ValueError("SQS_WAIT_SECONDS: SQS allows at most 20")
@@ -107,7 +136,7 @@ class WorkerConfig:
             worker_id=check_id("WORKER_ID", worker_id),
             timing=timing,
             reconcile_every=_number(env, "RECONCILE_EVERY", 10.0),
-            stop_check_every=_number(env, "STOP_CHECK_EVERY", heartbeat),
+            stop_check_every=_number(env, "STOP_CHECK_EVERY", timing.heartbeat_seconds),
             max_connections=_whole(env, "MAX_CONNECTIONS", 700),
             service_name=env.get("SERVICE_NAME") or "streamfleet-worker",
             session_group=check_id(
@@ -117,7 +146,11 @@ class WorkerConfig:
             health_port=health_port,
             metrics_every=_number(env, "METRICS_EVERY", 60.0),
             sqs_wait_seconds=sqs_wait,
-            checkpoint_every=_number(env, "CHECKPOINT_EVERY", 1.0),
+            checkpoint_every=_number(env, "CHECKPOINT_EVERY", 300.0),
+            message_retention_seconds=round(
+                _number(env, model.ENV_MESSAGE_RETENTION_DAYS, model.DEFAULT_MESSAGE_RETENTION_DAYS)
+                * 86400
+            ),
             flush_every=_number(env, "FLUSH_EVERY", 0.05),
             max_message_bytes=_whole(env, "MAX_MESSAGE_BYTES", 64 * 1024),
             max_buffered_messages=_whole(env, "MAX_BUFFERED_MESSAGES", 1000),

@@ -16,6 +16,7 @@ from enum import StrEnum
 from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
+from .. import model
 from ..desired_state import DesiredStateWriter
 from ..lease import ConnectionLeases, Lease, LeaseLost, SessionLost, StoreUnavailable
 from ..lease.dynamo import full_jitter
@@ -34,7 +35,8 @@ MAX_QUEUED_FRAMES = 16
 class EndReason(StrEnum):
     """Why a connection ended; decides whether to flush, release and notify."""
 
-    STOPPED = "stopped"  # STOP requested: flush, release, do not offer
+    STOPPED = "stopped"  # STOP requested: flush, seal the log, release, do not offer
+    SEALED = "sealed"  # claimed only to seal a stopped stream's log: done, release
     SHUTDOWN = "shutdown"  # SIGTERM: flush, release, offer to a peer at once
     HANDOFF = "handoff"  # rebalancing: same as shutdown
     DEADLINE = "deadline"  # holder's deadline passed: close now, write no message
@@ -86,9 +88,13 @@ class Connection:
         self.lease = lease
         self.pk = lease.pk
         self.acquired_at = acquired_at
-        self.last_received_seq = lease.last_seq
-        self.stored_seq = lease.last_seq
-        self.checkpointed_seq = lease.last_seq
+        # Positions in the stream: received from the upstream, stored, checkpointed. Until the
+        # resume point is known (_stream) they are the checkpoint, 0 for a stream never
+        # checkpointed (nothing of it is stored).
+        start = lease.last_seq or 0
+        self.last_received_seq = start
+        self.stored_seq = start
+        self.checkpointed_seq = start
         self.end_reason: EndReason | None = None
         self.connected = False
         self._context = context
@@ -137,7 +143,11 @@ class Connection:
         self._started = True
         try:
             if self.end_reason is None:
-                await self._stream()
+                if self.lease.desired_state == model.DesiredState.STOPPED.value:
+                    await self._seal_log()
+                    self.end_reason = EndReason.SEALED
+                else:
+                    await self._stream()
         except asyncio.CancelledError:
             if self.end_reason is None:
                 self.end_reason = EndReason.SHUTDOWN
@@ -161,17 +171,22 @@ class Connection:
     async def _stream(self) -> None:
         """Dial, receive and queue messages; redial with backoff while the lease is held."""
         context = self._context
-        # Where to resume: the checkpoint; before any checkpoint, the start of whatever a
-        # predecessor stored; with nothing stored at all, live (None).
-        resume_from: int | None = self.lease.last_seq or None
-        if resume_from is None:
-            first = await context.sink.first_stored_seq(self.pk)
-            resume_from = None if first is None else first - 1
+        session = context.leases.session
+        # Where to resume: the end of the run stored without a hole after the checkpoint (the
+        # checkpoint is written rarely; what is stored says where the predecessor got to). A
+        # stream never checkpointed has nothing stored: join it live (None).
+        resume_from: int | None = None
+        if self.lease.last_seq is not None:
+            resume_from = await context.sink.contiguous_end(self.pk, self.lease.last_seq)
+            self.stored_seq = self.last_received_seq = resume_from
         attempt = 0
         while True:
-            if self.last_received_seq > (resume_from or 0):
-                resume_from = self.last_received_seq  # a redial within this lease
-            url = context.protocol.resume_url(self.lease.ws_url, resume_from)
+            session.require_live()  # never (re)dial past the holder's deadline
+            if resume_from is not None:
+                resume_from = max(resume_from, self.last_received_seq)  # a redial in this lease
+            url = context.protocol.dial_url(
+                self.lease.ws_url, resume_after=resume_from, epoch=self.lease.lease_version
+            )
             try:
                 host, port = await context.policy.resolve(self.lease.ws_url)
                 async with connect(
@@ -195,6 +210,8 @@ class Connection:
                             self._drained.clear()
                             await self._drained.wait()  # backpressure: stop reading
             except (OSError, TimeoutError, WebSocketException) as exc:
+                if context.protocol.superseded(exc):
+                    raise LeaseLost(self.pk, None, " (the upstream has a newer epoch)") from None
                 context.log("upstream_dropped", pk=self.pk, error=type(exc).__name__)
             self.connected = False
             await asyncio.sleep(
@@ -203,13 +220,14 @@ class Connection:
             attempt += 1
 
     async def _record_origin(self, frame: str | bytes) -> int | None:
-        """A stream taken up live starts at its first message: checkpoint the seq before it,
-        before anything is stored, so a successor always knows where this owner began."""
+        """A stream taken up live starts at its first message: record the seq before it as the
+        stream's origin, before anything is stored, so every later owner knows where the log
+        begins (and that it has to replay from there)."""
         try:
             first = self._context.protocol.parse(frame).seq
         except ProtocolError:
             return None
-        await self._context.leases.checkpoint(self.lease, first - 1)
+        await self._context.leases.checkpoint(self.lease, first - 1, origin=True)
         self.checkpointed_seq = self.stored_seq = self.last_received_seq = first - 1
         return first - 1
 
@@ -221,7 +239,7 @@ class Connection:
             return
         if message.seq <= self.last_received_seq:
             return  # a replay of something already queued
-        if self.last_received_seq and message.seq != self.last_received_seq + 1:
+        if message.seq != self.last_received_seq + 1:
             self._context.log(
                 "upstream_gap", pk=self.pk, after=self.last_received_seq, next=message.seq
             )
@@ -241,22 +259,50 @@ class Connection:
             return
         self.checkpointed_seq = max(self.checkpointed_seq, seq)
 
+    async def _seal_log(self) -> None:
+        """Leave the stored log without a hole: keep the run stored after the checkpoint and
+        remove whatever lies past its first hole (a batch that landed only in part before an
+        owner failed), then checkpoint the end of the run. Only an owner does this, so nobody
+        writes the stream meanwhile."""
+        if self.lease.last_seq is None and not self.stored_seq:
+            return  # never checkpointed: nothing of it is stored
+        sink = self._context.sink
+        end = await sink.contiguous_end(self.pk, self.stored_seq)
+        removed = await sink.remove_after(self.pk, end)
+        if end > self.checkpointed_seq:
+            await self._context.leases.checkpoint(self.lease, end)
+        self.checkpointed_seq = self.stored_seq = end
+        self._context.log("log_sealed", pk=self.pk, last_seq=end, removed=removed)
+
     async def _finish(self) -> None:
         reason = self.end_reason
         context = self._context
+        sealed = reason in (EndReason.SEALED, EndReason.REFUSED)
         try:
             if reason in _FLUSHES:
-                await context.sink.flush()
-                if self.stored_seq > self.checkpointed_seq and not self._storage_failed:
-                    await context.leases.checkpoint(self.lease, self.stored_seq)
-                    self.checkpointed_seq = self.stored_seq
+                try:
+                    await context.sink.flush()
+                    if not self._storage_failed:
+                        stored = self.stored_seq
+                        if stored > self.checkpointed_seq:
+                            await context.leases.checkpoint(self.lease, stored)
+                            self.checkpointed_seq = stored
+                        if reason is EndReason.STOPPED:
+                            await self._seal_log()
+                            sealed = True
+                except (SessionLost, StoreUnavailable) as exc:
+                    # Not stored or not checkpointed: still released (fenced, safe late), so a
+                    # peer resumes at once from what is stored instead of after a whole lease.
+                    context.log("final_flush_failed", pk=self.pk, error=str(exc))
+            # Nothing of this connection may be written after it is given up.
+            await context.sink.settle(self)
             if reason is EndReason.REFUSED:
                 await context.desired_state.refuse(self.lease, self._refusal)
             if reason is EndReason.LOST:
                 context.counters.leases_lost += 1
                 context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
                 return
-            offered = await context.leases.release(self.lease)
+            offered = await context.leases.release(self.lease, sealed=sealed)
         except LeaseLost:
             context.counters.leases_lost += 1
             context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)

@@ -4,15 +4,18 @@ Loops (each a task, each with one job):
 
 * heartbeat: renew the session every ``HEARTBEAT_EVERY``;
 * watchdog: at the holder's deadline, end every connection (the holder's promise);
-* intake: SQS long polls of 10, claims the batch concurrently, deletes every message;
-* reconcile: every ``RECONCILE_EVERY`` (jittered), claims orphans up to capacity;
+* intake: SQS long polls of 10, claims the batch concurrently, deletes what it handled and
+  hands the rest straight back (visibility 0);
+* reconcile: every ``RECONCILE_EVERY`` (jittered), when a peer's session becomes takeable, and
+  right after a failure or a reopened session: claims orphans, those of a dead peer only up to
+  this worker's fair share;
 * stop check: one query per interval for "which of mine were stopped?";
 * checkpointer: records stored positions (fenced), at most once per interval per connection;
 * rebalance: sheds surplus to the fleet when far above average;
 * metrics: an EMF document per interval.
 
 SIGTERM ends intake, ends every connection in parallel (flush, release, notify a peer), closes
-the session and exits.
+the session, hands back whatever the last long poll still brings, and exits.
 """
 
 from __future__ import annotations
@@ -20,15 +23,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from .. import model
 from ..aws import AsyncClient, ClientSettings
 from ..clock import SYSTEM_CLOCK, Clock
 from ..desired_state import DesiredStateWriter
-from ..lease import Claimable, LeaseLost, LeaseStore, SessionInfo, SessionLost, StoreUnavailable
+from ..lease import (
+    Claimable,
+    LeaseLost,
+    LeaseStore,
+    LeaseTiming,
+    SessionInfo,
+    SessionLost,
+    StoreUnavailable,
+)
 from .config import WorkerConfig
 from .connection import Connection, ConnectionContext, EndReason
 from .health import serve_health
@@ -43,11 +56,73 @@ CHECKPOINT_PARALLELISM = 32
 ERROR_PAUSE_SECONDS = 0.5
 # Once a minute at the default interval: one query of this worker's own rows.
 AUDIT_EVERY_RECONCILES = 6
+# A dead peer's streams are claimed up to the fair share plus this much (and at least one more):
+# the others are left to the peers that reconcile at the same moment.
+FAIR_SHARE_SLACK = 0.1
+# ...unless they are still unclaimed this long after the peer died (a peer that should have
+# taken them may be slow or dead itself): then anyone takes them.
+FAIR_SHARE_GRACE_RECONCILES = 2
 
 
 def jittered(seconds: float) -> float:
     """``seconds`` give or take 20 %, so a fleet's loops drift apart instead of firing together."""
     return seconds * random.uniform(0.8, 1.2)
+
+
+@dataclass(frozen=True)
+class WorkerClients:
+    """The worker's AWS clients, each with its own bounded pool."""
+
+    dynamodb: AsyncClient
+    renewals: AsyncClient  # session renewals only: never queued behind message writes
+    sqs: AsyncClient
+
+    @classmethod
+    def create(cls, config: WorkerConfig) -> WorkerClients:
+        """Clients whose read timeouts let a slow-but-working DynamoDB answer within the
+        holder's window: the deadline, not a timeout, is what ends connections."""
+        window = config.timing.holder_window_seconds
+        return cls(
+            dynamodb=AsyncClient(
+                "dynamodb", settings=ClientSettings(threads=32, read_timeout_seconds=window)
+            ),
+            renewals=AsyncClient(
+                "dynamodb",
+                settings=ClientSettings(
+                    threads=2 * math.ceil(window / config.timing.heartbeat_seconds),
+                    connect_timeout_seconds=min(1.0, config.timing.heartbeat_seconds),
+                    read_timeout_seconds=window,
+                ),
+            ),
+            sqs=AsyncClient(
+                "sqs",
+                settings=ClientSettings(
+                    threads=4, read_timeout_seconds=config.sqs_wait_seconds + 5
+                ),
+            ),
+        )
+
+    def close(self) -> None:
+        for client in (self.dynamodb, self.renewals, self.sqs):
+            client.close()
+
+
+def fair_share(
+    fleet: list[SessionInfo], *, me: str, mine: int, orphans: int, timing: LeaseTiming, now_ms: int
+) -> int:
+    """How many connections this worker should hold once ``orphans`` more are taken up: the
+    fleet's total (live sessions' reported load, this worker's own count, the orphans) over the
+    live workers, plus :data:`FAIR_SHARE_SLACK`."""
+    live = [
+        s
+        for s in fleet
+        if s.owner != me
+        and s.state is model.SessionState.LIVE
+        and not timing.is_expired_for_taker(s.expires_at_ms, now_ms)
+    ]
+    total = mine + orphans + sum(s.load for s in live)
+    share = total / (len(live) + 1)
+    return math.ceil(share + max(1.0, share * FAIR_SHARE_SLACK))
 
 
 class Worker:
@@ -59,25 +134,16 @@ class Worker:
         *,
         protocol: UpstreamProtocol | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        log: EventLog | None = None,
+        log: Callable[..., None] | None = None,
+        clients: WorkerClients | None = None,
     ):
         self.config = config
         self.log = log or EventLog(config.worker_id)
         timing = config.timing
-        self.dynamodb = AsyncClient("dynamodb", settings=ClientSettings(threads=32))
-        # Renewals get a pool of their own: never queued behind message writes.
-        self.renewals = AsyncClient(
-            "dynamodb",
-            settings=ClientSettings(
-                threads=2,
-                connect_timeout_seconds=min(1.0, timing.heartbeat_seconds),
-                read_timeout_seconds=min(3.0, timing.heartbeat_seconds),
-            ),
-        )
-        self.sqs = AsyncClient(
-            "sqs",
-            settings=ClientSettings(threads=4, read_timeout_seconds=config.sqs_wait_seconds + 5),
-        )
+        self.clients = clients or WorkerClients.create(config)
+        self.dynamodb = self.clients.dynamodb
+        self.renewals = self.clients.renewals
+        self.sqs = self.clients.sqs
         self.store = LeaseStore.create(
             table_name=config.table_name,
             worker_id=config.worker_id,
@@ -95,6 +161,7 @@ class Worker:
             worker_id=config.worker_id,
             session=self.store.session,
             flush_every=config.flush_every,
+            retention_seconds=config.message_retention_seconds,
         )
         self.counters = Counters()
         self.context = ConnectionContext(
@@ -113,10 +180,13 @@ class Worker:
         )
         self.connections: dict[str, Connection] = {}
         self.fleet: list[SessionInfo] = []
-        self._claims_in_flight: set[str] = set()
+        # Keys being claimed or audited right now: claim and audit of one key never overlap
+        # (an audit that gives a row back while intake adopts it would leave two clients).
+        self._busy: set[str] = set()
         self._recently_shed: dict[str, float] = {}
         self._capacity_freed = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._reconcile_now = asyncio.Event()
         self._loops: dict[str, asyncio.Task[None]] = {}
         self.renewal_lateness_max = 0.0
         self.draining = False  # an operator asked this worker to hold nothing
@@ -127,11 +197,12 @@ class Worker:
         """What SIGTERM and SIGINT do."""
         self._stopping.set()
 
-    async def run(self) -> None:
+    async def run(self, *, handle_signals: bool = True) -> None:
         """Open the session, run the loops until asked to stop, then hand everything over."""
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self.request_shutdown)
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self.request_shutdown)
         await self.store.session.open()
         self.log("session_opened", session_version=self.store.session.version)
         loops: dict[str, Callable[[], Awaitable[None]]] = {
@@ -161,7 +232,10 @@ class Worker:
         peer), close the session. Bounded by ``SHUTDOWN_BUDGET_SECONDS``."""
         started = self.store.session.clock.monotonic()
         self._stopping.set()
-        for name in ("intake", "reconcile", "rebalance", "stop_check"):
+        # Intake is not cancelled: its long poll may be in flight and may receive the very
+        # notifications this worker is about to publish. It hands back whatever it gets from
+        # now on (visibility 0) and ends after that poll.
+        for name in ("reconcile", "rebalance", "stop_check"):
             if name in self._loops:
                 self._loops[name].cancel()
         ending = list(self.connections.values())
@@ -169,6 +243,9 @@ class Worker:
             connection.end(EndReason.SHUTDOWN)
         if ending:
             await asyncio.wait([c.task for c in ending], timeout=SHUTDOWN_BUDGET_SECONDS)
+        intake = self._loops.get("intake")
+        if intake is not None:
+            await asyncio.wait([intake], timeout=self.config.sqs_wait_seconds + 1)
         for task in self._loops.values():
             task.cancel()
         await asyncio.gather(*self._loops.values(), return_exceptions=True)
@@ -180,15 +257,14 @@ class Worker:
             dynamodb_requests=dict(self.dynamodb.requests + self.renewals.requests),
             sqs_requests=dict(self.sqs.requests),
         )
-        for client in (self.dynamodb, self.renewals, self.sqs):
-            client.close()
+        self.clients.close()
 
     # -- claiming -------------------------------------------------------------------------------
 
     def free_slots(self) -> int:
         if self.draining:
             return 0
-        return self.config.max_connections - len(self.connections) - len(self._claims_in_flight)
+        return self.config.max_connections - len(self.connections) - len(self._busy)
 
     def _skip(self, pk: str) -> bool:
         shed_at = self._recently_shed.get(pk)
@@ -198,16 +274,18 @@ class Worker:
         self._recently_shed.pop(pk, None)
         return pk in self.connections
 
-    async def _claim(self, candidate: Claimable, via: str) -> None:
+    async def _claim(self, candidate: Claimable, via: str) -> bool | None:
+        """Try to take ``candidate``. ``True`` taken, ``False`` not claimable (someone else has
+        it, or it is gone), ``None`` not attempted (stopping, full, or busy here)."""
         pk = candidate.pk
         if (
             self._stopping.is_set()
             or self._skip(pk)
-            or pk in self._claims_in_flight  # intake and reconcile may both find it
+            or pk in self._busy  # intake, reconcile and the audit may all find it
             or self.free_slots() <= 0
         ):
-            return
-        self._claims_in_flight.add(pk)
+            return None
+        self._busy.add(pk)
         try:
             leases = self.store.connections
             if candidate.owner is None:
@@ -216,11 +294,11 @@ class Worker:
                 lease = await leases.claim(candidate)
         except Exception as exc:  # one bad candidate must not stop intake or reconcile
             self.log("claim_failed", pk=pk, error=str(exc))
-            return
+            return None
         finally:
-            self._claims_in_flight.discard(pk)
+            self._busy.discard(pk)
         if lease is None:
-            return
+            return False
         session = self.store.session
         if lease.session_version != session.version or session.deadline_passed():
             # The claim landed after the session it was made under ended: give it back.
@@ -228,7 +306,7 @@ class Worker:
                 if await leases.release(lease):
                     await self.context.notifier.notify(lease.pk)
             self.log("claim_too_late", pk=lease.pk, session_version=lease.session_version)
-            return
+            return False
         if candidate.owner is not None:
             self.log("lease_taken_over", pk=lease.pk, previous_owner=candidate.owner)
         self.connections[lease.pk] = Connection(
@@ -246,6 +324,7 @@ class Worker:
         )
         if self._stopping.is_set():
             self.connections[lease.pk].end(EndReason.SHUTDOWN)
+        return True
 
     def _forget(self, connection: Connection) -> None:
         if self.connections.get(connection.pk) is connection:
@@ -265,11 +344,17 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         session = self.store.session
         clock = session.clock
+        heartbeat = self.config.timing.heartbeat_seconds
+        due = clock.monotonic()
         while True:
-            due = clock.monotonic() + self.config.timing.heartbeat_seconds
-            await asyncio.sleep(self.config.timing.heartbeat_seconds)
+            # Fixed rate: a slow renewal does not push the next one back, so a DynamoDB that
+            # answers within the holder's window keeps the session alive.
+            due += heartbeat
+            await asyncio.sleep(max(0.0, due - clock.monotonic()))
             # How late the loop woke up: a starved event loop shows here before leases suffer.
-            self.renewal_lateness_max = max(self.renewal_lateness_max, clock.monotonic() - due)
+            lateness = clock.monotonic() - due
+            self.renewal_lateness_max = max(self.renewal_lateness_max, lateness)
+            due = max(due, clock.monotonic() - heartbeat)
             old_version = session.version
             try:
                 renewed = await session.renew(load=len(self.connections))
@@ -284,11 +369,13 @@ class Worker:
                         previous=old_version,
                         session_version=session.version,
                     )
+                    self._reconcile_now.set()
             except SessionLost as exc:
                 self.end_all(EndReason.LOST)
                 self.log("session_lost", error=str(exc))
                 with contextlib.suppress(StoreUnavailable):
                     await session.open(load=0)
+                    self._reconcile_now.set()
             except StoreUnavailable as exc:
                 self.log("renewal_failed", error=str(exc))
 
@@ -307,11 +394,12 @@ class Worker:
 
     async def _intake_loop(self) -> None:
         config = self.config
-        while True:
+        while not self._stopping.is_set():
             free = self.free_slots()
             if free <= 0:
                 self._capacity_freed.clear()
-                await self._capacity_freed.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._capacity_freed.wait(), config.sqs_wait_seconds)
                 continue
             if self.store.session.deadline_passed():
                 await asyncio.sleep(config.timing.heartbeat_seconds / 2)
@@ -333,63 +421,121 @@ class Worker:
                 await self._take_in(messages)
 
     async def _take_in(self, messages: list[dict]) -> None:
-        candidates: dict[str, Claimable] = {}
+        """Claim what the messages announce. Delete each message that was dealt with (claimed,
+        or not claimable: the row, not the message, is the truth, and reconcile finds anything
+        a lost notification would have announced); hand the others straight back (visibility
+        0) so that a peer claims them now rather than after the visibility timeout."""
+        by_pk: dict[str, list[dict]] = {}
+        handled: list[dict] = []
         for message in messages:
             try:
                 pk = model.parse_notification(message["Body"])
             except ValueError as exc:
                 self.log("intake_bad_message", error=str(exc))
+                handled.append(message)
                 continue
-            candidates.setdefault(pk, Claimable(pk))
-        await asyncio.gather(*(self._claim(c, "intake") for c in candidates.values()))
-        # Deleted whatever the outcome: the row in DynamoDB, not the message, is the truth, and
-        # reconcile finds anything a lost notification would have announced.
-        try:
-            await self.sqs.call(
-                "delete_message_batch",
-                QueueUrl=self.config.queue_url,
-                Entries=[
-                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
-                    for n, m in enumerate(messages)
-                ],
-            )
-        except Exception as exc:
-            self.log("intake_delete_failed", error=str(exc))
+            by_pk.setdefault(pk, []).append(message)
+        outcomes = await asyncio.gather(*(self._claim(Claimable(pk), "intake") for pk in by_pk))
+        returned: list[dict] = []
+        for (pk, received), outcome in zip(by_pk.items(), outcomes, strict=True):
+            if outcome is None and pk not in self.connections:
+                returned.extend(received)  # not attempted: stopping, full or busy here
+            else:
+                handled.extend(received)
+        await self._sqs_batch("delete_message_batch", handled)
+        await self._sqs_batch("change_message_visibility_batch", returned, VisibilityTimeout=0)
+
+    async def _sqs_batch(self, operation: str, messages: list[dict], **entry: int) -> None:
+        for start in range(0, len(messages), 10):
+            part = messages[start : start + 10]
+            try:
+                await self.sqs.call(
+                    operation,
+                    QueueUrl=self.config.queue_url,
+                    Entries=[
+                        {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"], **entry}
+                        for n, m in enumerate(part)
+                    ],
+                )
+            except Exception as exc:
+                self.log("intake_batch_failed", operation=operation, error=str(exc))
 
     async def _reconcile_loop(self) -> None:
-        delay = jittered(self.config.reconcile_every)
-        runs = 0
+        config = self.config
+        delay = jittered(config.reconcile_every)
+        failures = runs = 0
         while True:
-            await asyncio.sleep(delay)
-            delay = jittered(self.config.reconcile_every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reconcile_now.wait(), delay)
+            self._reconcile_now.clear()
+            delay = jittered(config.reconcile_every)
             runs += 1
             try:
                 if runs % AUDIT_EVERY_RECONCILES == 0:
                     await self._audit_own_rows()
                 self.fleet = await self.store.directory.list()
                 delay = min(delay, self._until_a_peer_expires())
-                free = self.free_slots()
-                if free <= 0 or self.store.session.deadline_passed():
-                    continue
-                found = await self.store.orphans.find(free, self.fleet)
-                await asyncio.gather(*(self._claim(c, "reconcile") for c in found))
+                if not await self._reconcile():
+                    # Left some to peers: look again once their loads are fresher.
+                    delay = min(delay, jittered(config.timing.heartbeat_seconds))
+                failures = 0
             except (StoreUnavailable, SessionLost) as exc:
                 self.log("reconcile_failed", error=str(exc))
+                # Again as soon as the store answers, not a whole interval later.
+                delay = min(
+                    delay, jittered(config.timing.heartbeat_seconds / 4 * 2 ** min(failures, 4))
+                )
+                failures += 1
+
+    async def _reconcile(self) -> bool:
+        """Claim orphans; ``False`` if some were left for peers (fair share), so the caller
+        looks again soon."""
+        free = self.free_slots()
+        if free <= 0 or self.store.session.deadline_passed():
+            return True
+        found = await self.store.orphans.discover(free, self.fleet)
+        clock = self.store.session.clock
+        now_ms = clock.wall_ms()
+        grace_ms = FAIR_SHARE_GRACE_RECONCILES * self.config.reconcile_every * 1000
+        fresh = [c for c, died in found.of_dead_sessions if now_ms - died < grace_ms]
+        overdue = [c for c, died in found.of_dead_sessions if now_ms - died >= grace_ms]
+        share = fair_share(
+            self.fleet,
+            me=self.config.worker_id,
+            mine=len(self.connections),
+            orphans=len(fresh),
+            timing=self.config.timing,
+            now_ms=now_ms,
+        )
+        quota = max(0, share - len(self.connections))
+        taken = 0
+        # In waves of the quota still open: candidates a peer took meanwhile do not count.
+        pending = list(fresh)
+        while pending and taken < quota:
+            wave, pending = pending[: quota - taken], pending[quota - taken :]
+            outcomes = await asyncio.gather(*(self._claim(c, "reconcile") for c in wave))
+            taken += sum(1 for outcome in outcomes if outcome)
+        await asyncio.gather(*(self._claim(c, "reconcile") for c in overdue + found.unowned))
+        return not pending
 
     async def _audit_own_rows(self) -> None:
         """Release rows this session owns in the table but does not run (a release that failed
         while the session stayed live would otherwise keep them owned until the worker exits)."""
         for lease in await self.store.connections.mine():
-            if lease.pk in self.connections or lease.pk in self._claims_in_flight:
+            pk = lease.pk
+            if pk in self.connections or pk in self._busy:
                 continue
+            self._busy.add(pk)  # no claim of this key while it is being given back
             try:
                 offered = await self.store.connections.release(lease)
             except (LeaseLost, StoreUnavailable, SessionLost):
                 continue  # the index lagged, or it moved on: nothing to give back
+            finally:
+                self._busy.discard(pk)
             if offered:
                 with contextlib.suppress(Exception):
-                    await self.context.notifier.notify(lease.pk)
-            self.log("lease_released", pk=lease.pk, reason="audit")
+                    await self.context.notifier.notify(pk)
+            self.log("lease_released", pk=pk, reason="audit")
 
     def _until_a_peer_expires(self) -> float:
         """Seconds until the first peer session (as last read) becomes takeable, plus a little.

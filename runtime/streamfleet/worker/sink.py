@@ -1,7 +1,11 @@
 """Persisting upstream messages: batched across connections, stored under ``(pk, seq)``.
 
-Writing under the message's own ``seq`` makes a replay idempotent: a new owner that resumes from
-a checkpoint a little behind rewrites the same items, so nothing is duplicated or lost.
+Writing under the message's own ``seq`` makes a replay idempotent: a new owner that resumes a
+little behind rewrites the same items, so nothing is duplicated. The stored log of a stream is
+``origin + 1 .. newest`` without a hole, with two exceptions that the owners repair: a batch
+that landed only partly before its owner failed (the next owner resumes from the end of the
+contiguous run and rewrites everything after it), and a stream stopped before that happened
+(the worker that seals its log removes what lies past the hole; see ``connection.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from ..lease.errors import StoreUnavailable
 from .protocol import UpstreamMessage
 
 MAX_BATCH_WRITE_ITEMS = 25  # DynamoDB's limit per BatchWriteItem request
+# At most this many messages per flush (80 requests): one flush never holds the event loop for
+# long, whatever the backlog; the next flush follows at once.
+MAX_ITEMS_PER_FLUSH = 2000
 
 
 class MessageOwner(Protocol):
@@ -51,8 +58,11 @@ class MessageSink:
     """Queues messages from every connection and writes them in ``BatchWriteItem`` requests.
 
     One flush at a time, so a connection's stored position only ever moves over a contiguous
-    run of its messages: a checkpoint can never jump a gap. Every write happens before the
-    holder's deadline; past it nothing is written (a paused worker writes nothing).
+    run of its messages: a checkpoint can never jump a gap. Every write is sent before the
+    holder's deadline; past it nothing is sent (a paused worker writes nothing). Once a
+    connection's write has failed, nothing more of it is written, and :meth:`settle` returns
+    only when none of its writes is in flight any more, so a connection released after it never
+    has a write land behind its back.
     """
 
     def __init__(
@@ -63,7 +73,7 @@ class MessageSink:
         worker_id: str,
         session: SessionKeeper,
         flush_every: float,
-        ttl_seconds: int | None = None,
+        retention_seconds: int | None = None,
         parallel_requests: int = 8,
     ):
         self._dynamodb = dynamodb
@@ -71,16 +81,24 @@ class MessageSink:
         self._worker_id = worker_id
         self._session = session
         self._flush_every = flush_every
-        self._ttl_seconds = ttl_seconds
+        self._retention_seconds = retention_seconds
         self._parallel = asyncio.Semaphore(parallel_requests)
         self._queue: list[_Pending] = []
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._closed: set[int] = set()  # owners whose messages are no longer written
+        self._in_flight: dict[int, int] = {}
+        self._settled = asyncio.Condition()
+        self._queued_total = 0
+        self._taken_total = 0
         self.stored_total = 0
 
     def add(self, owner: MessageOwner, message: UpstreamMessage) -> None:
         """Queue a message; it is written within ``flush_every`` (sooner when 25 are queued)."""
+        if id(owner) in self._closed:
+            return
         self._queue.append(_Pending(owner, message, self._session.clock.wall_ms()))
+        self._queued_total += 1
         if len(self._queue) >= MAX_BATCH_WRITE_ITEMS:
             self._wake.set()
 
@@ -93,60 +111,78 @@ class MessageSink:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write everything queued so far; returns once it is stored (or has failed)."""
+        """Write everything queued so far; returns once it is stored (or has failed), including
+        messages a flush already under way had taken."""
+        target = self._queued_total
+        await self._flush_once()  # waits for a flush under way first: it may hold ours
+        while self._taken_total < target and self._queue:
+            await self._flush_once()
+
+    async def settle(self, owner: MessageOwner) -> None:
+        """Stop writing ``owner``'s messages: drop what is queued, and wait until none of its
+        writes is in flight. Call it before giving the connection up."""
+        key = id(owner)
+        self._closed.add(key)
+        self._queue = [p for p in self._queue if p.owner is not owner]
+        async with self._settled:
+            await self._settled.wait_for(lambda: not self._in_flight.get(key))
+        self._closed.discard(key)
+
+    async def _flush_once(self) -> None:
         async with self._lock:
-            batch, self._queue = self._queue, []
+            batch = self._queue[:MAX_ITEMS_PER_FLUSH]
+            del self._queue[:MAX_ITEMS_PER_FLUSH]
+            self._taken_total += len(batch)
             current = self._session.version
-            stale = {id(p.owner): p.owner for p in batch if p.owner.session_version != current}
-            if stale:  # held under a session that is over: write nothing of theirs
-                batch = [p for p in batch if id(p.owner) not in stale]
-                for owner in stale.values():
-                    owner.storage_failed(SessionLost(f"{owner.pk}: its session is over"))
+            for pending in batch:
+                owner = pending.owner
+                if owner.session_version != current and id(owner) not in self._closed:
+                    # Held under a session that is over: write nothing of it, ever again.
+                    self._close(owner, SessionLost(f"{owner.pk}: its session is over"))
+            batch = [p for p in batch if id(p.owner) not in self._closed]
             if not batch:
                 return
+            owners = {id(p.owner): p.owner for p in batch}
+            for key in owners:
+                self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            chunks = [
+                batch[start : start + MAX_BATCH_WRITE_ITEMS]
+                for start in range(0, len(batch), MAX_BATCH_WRITE_ITEMS)
+            ]
             try:
-                await asyncio.gather(
-                    *(
-                        self._write(batch[start : start + MAX_BATCH_WRITE_ITEMS])
-                        for start in range(0, len(batch), MAX_BATCH_WRITE_ITEMS)
-                    )
+                # Every chunk runs to its end (success or failure) before anyone is told: a
+                # sibling chunk must not keep writing after its connection was given up.
+                results = await asyncio.gather(
+                    *(self._write(chunk) for chunk in chunks), return_exceptions=True
                 )
-            except Exception as exc:
-                for owner in {id(p.owner): p.owner for p in batch}.values():
-                    owner.storage_failed(exc)
-                return
-            self.stored_total += len(batch)
-            latest: dict[int, tuple[MessageOwner, int, int]] = {}
+            finally:
+                for key in owners:
+                    self._in_flight[key] -= 1
+                    if not self._in_flight[key]:
+                        del self._in_flight[key]
+                async with self._settled:
+                    self._settled.notify_all()
+            failed: dict[int, BaseException] = {}
+            for chunk, result in zip(chunks, results, strict=True):
+                if isinstance(result, BaseException):
+                    for pending in chunk:
+                        failed.setdefault(id(pending.owner), result)
+            latest: dict[int, tuple[int, int]] = {}
             for pending in batch:
-                owner, count, _ = latest.get(id(pending.owner), (pending.owner, 0, 0))
-                latest[id(pending.owner)] = (owner, count + 1, pending.message.seq)
-            for owner, count, seq in latest.values():
-                owner.stored(count, seq)
+                key = id(pending.owner)
+                if key not in failed and key not in self._closed:
+                    count, _ = latest.get(key, (0, 0))
+                    latest[key] = (count + 1, pending.message.seq)
+            for key, error in failed.items():
+                self._close(owners[key], error)
+            for key, (count, seq) in latest.items():
+                self.stored_total += count
+                owners[key].stored(count, seq)
 
-    async def first_stored_seq(self, pk: str) -> int | None:
-        """The lowest seq stored for ``pk``, or ``None``: one query, oldest first, limit 1.
-
-        Only the checkpoint says up to where the messages are stored *without a gap* (a batch
-        write can land partly before a crash), so a new owner resumes from the checkpoint. Before
-        the first checkpoint that is the start of what its predecessor stored.
-        """
-        response = await retry_until(
-            lambda: self._dynamodb.call(
-                "query",
-                TableName=self._table,
-                KeyConditionExpression="#pk = :pk",
-                ExpressionAttributeNames={"#pk": model.PK, "#seq": model.SEQ},
-                ExpressionAttributeValues={":pk": to_attr(pk)},
-                Limit=1,
-                ConsistentRead=True,
-                ProjectionExpression="#pk, #seq",
-            ),
-            deadline=self._session.deadline,
-            clock=self._session.clock,
-            what=f"first stored seq of {pk}",
-        )
-        items = response.get("Items", [])
-        return int(items[0][model.SEQ]["N"]) if items else None
+    def _close(self, owner: MessageOwner, error: BaseException) -> None:
+        """No message of ``owner`` is written from now on; it learns why."""
+        self._closed.add(id(owner))
+        owner.storage_failed(error if isinstance(error, Exception) else RuntimeError(error))
 
     def _item(self, pending: _Pending) -> dict[str, Any]:
         data = pending.message.data
@@ -157,30 +193,91 @@ class MessageSink:
             model.MESSAGE_RECEIVED_AT_MS: pending.received_at_ms,
             model.MESSAGE_WORKER: self._worker_id,
         }
-        if self._ttl_seconds:
-            item[model.MESSAGE_EXPIRES_AT] = pending.received_at_ms // 1000 + self._ttl_seconds
+        if self._retention_seconds:
+            item[model.MESSAGE_EXPIRES_AT] = (
+                pending.received_at_ms // 1000 + self._retention_seconds
+            )
         return item
 
     async def _write(self, chunk: list[_Pending]) -> None:
-        requests = [{"PutRequest": {"Item": to_item(self._item(p))}} for p in chunk]
-        attempt = 0
         async with self._parallel:
-            while requests:
-                self._session.require_live()  # never write past the holder's deadline...
-                response = await retry_until(
-                    lambda requests=requests: self._dynamodb.call(
-                        "batch_write_item",
-                        RequestItems={self._table: requests},
-                        guard=self._session.require_live,  # ...checked again at the send
-                    ),
-                    deadline=self._session.deadline,
-                    clock=self._session.clock,
-                    what="store messages",
+            # Serialised here, one chunk at a time, so a big backlog never blocks the loop.
+            requests = [{"PutRequest": {"Item": to_item(self._item(p))}} for p in chunk]
+            await self._batch_write(requests, what="store messages")
+
+    async def _batch_write(self, requests: list[dict[str, Any]], *, what: str) -> None:
+        """One ``BatchWriteItem``, unprocessed items retried, never sent past the deadline."""
+        attempt = 0
+        while requests:
+            self._session.require_live()  # never write past the holder's deadline...
+            response = await retry_until(
+                lambda requests=requests: self._dynamodb.call(
+                    "batch_write_item",
+                    RequestItems={self._table: requests},
+                    guard=self._session.require_live,  # ...checked again at the send
+                ),
+                deadline=self._session.deadline,
+                clock=self._session.clock,
+                what=what,
+            )
+            requests = response.get("UnprocessedItems", {}).get(self._table, [])
+            if requests:
+                delay = full_jitter(attempt, BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS)
+                if self._session.seconds_left() <= delay:
+                    raise StoreUnavailable(f"{what}: unprocessed until the deadline")
+                await asyncio.sleep(delay)
+                attempt += 1
+
+    # -- the stored log ------------------------------------------------------------------------
+
+    async def _stored_after(self, pk: str, after: int):
+        """Seqs stored for ``pk`` above ``after``, ascending, page by page (consistent reads)."""
+        params: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#pk = :pk AND #seq > :after",
+            "ExpressionAttributeNames": {"#pk": model.PK, "#seq": model.SEQ},
+            "ExpressionAttributeValues": {":pk": to_attr(pk), ":after": to_attr(after)},
+            "ConsistentRead": True,
+            "ProjectionExpression": "#pk, #seq",
+        }
+        while True:
+            response = await retry_until(
+                lambda params=dict(params): self._dynamodb.call("query", **params),
+                deadline=self._session.deadline,
+                clock=self._session.clock,
+                what=f"stored seqs of {pk}",
+            )
+            yield [int(item[model.SEQ]["N"]) for item in response.get("Items", [])]
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return
+            params["ExclusiveStartKey"] = last
+
+    async def contiguous_end(self, pk: str, after: int) -> int:
+        """The last seq of the run stored without a hole right after ``after`` (``after`` itself
+        if ``after + 1`` is missing): where a new owner resumes, however rarely the checkpoint
+        was written. Reads what lies past the checkpoint, usually a page or less."""
+        expected = after + 1
+        async for seqs in self._stored_after(pk, after):
+            for seq in seqs:
+                if seq != expected:
+                    return expected - 1
+                expected += 1
+        return expected - 1
+
+    async def remove_after(self, pk: str, after: int) -> int:
+        """Delete every stored message of ``pk`` above ``after``; returns how many. Only the
+        owner of ``pk`` may call it, and only for messages past a hole in its log."""
+        removed = 0
+        async for seqs in self._stored_after(pk, after):
+            for start in range(0, len(seqs), MAX_BATCH_WRITE_ITEMS):
+                part = seqs[start : start + MAX_BATCH_WRITE_ITEMS]
+                await self._batch_write(
+                    [
+                        {"DeleteRequest": {"Key": {model.PK: to_attr(pk), model.SEQ: to_attr(s)}}}
+                        for s in part
+                    ],
+                    what=f"remove the unsealed tail of {pk}",
                 )
-                requests = response.get("UnprocessedItems", {}).get(self._table, [])
-                if requests:
-                    delay = full_jitter(attempt, BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS)
-                    if self._session.seconds_left() <= delay:
-                        raise StoreUnavailable("store messages: unprocessed until the deadline")
-                    await asyncio.sleep(delay)
-                    attempt += 1
+                removed += len(part)
+        return removed

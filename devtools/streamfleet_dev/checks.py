@@ -1,0 +1,59 @@
+"""What every fleet test, chaos run and simulation checks at the end, in one place.
+
+The stored log of a stream is its messages table items under ``(pk, seq)``. "Exactly once from
+the origin" means: the row records where its first owner joined the stream (``origin_seq``), and
+the stored seqs are exactly ``origin + 1 .. newest``, each holding what the upstream sent for that
+seq. A duplicate cannot show in the table ((pk, seq) is its key), so the check is on content and
+on the range: a gap at the start, in the middle or at the end (past the final checkpoint) fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from streamfleet import model
+
+StoredLog = Mapping[int, str]  # seq -> data
+
+
+def log_problems(
+    stream_id: str,
+    row: Mapping[str, Any] | None,
+    stored: StoredLog,
+    data_of: Callable[[str, int], str],
+    *,
+    final: bool = False,
+) -> list[str]:
+    """What is wrong with one stream's stored log (empty: nothing).
+
+    ``final``: the stream was stopped and its owner has released it, so its checkpoint must be
+    the newest stored seq (nothing unsealed past it).
+    """
+    problems: list[str] = []
+    origin = None if row is None else row.get(model.ORIGIN_SEQ)
+    seqs = sorted(stored)
+    if origin is None:
+        if seqs:
+            problems.append(f"{stream_id}: {len(seqs)} messages stored but no origin recorded")
+        return problems
+    newest = seqs[-1] if seqs else origin
+    expected = set(range(origin + 1, newest + 1))
+    missing = sorted(expected - set(seqs))
+    below = [seq for seq in seqs if seq <= origin]
+    if below:
+        problems.append(f"{stream_id}: stored before its origin {origin}: {below[:5]}")
+    if missing:
+        problems.append(
+            f"{stream_id}: missing {len(missing)} of {origin + 1}..{newest}: {missing[:8]}"
+        )
+    wrong = [seq for seq in seqs if stored[seq] != data_of(stream_id, seq)]
+    if wrong:
+        problems.append(f"{stream_id}: wrong content at {wrong[:5]}")
+    if final:
+        checkpoint = row.get(model.LAST_SEQ)
+        if checkpoint != newest:
+            problems.append(f"{stream_id}: final checkpoint {checkpoint}, newest stored {newest}")
+        if model.LEASE_OWNER in row or model.UNSEALED in row:
+            problems.append(f"{stream_id}: still owned or unsealed after its final release")
+    return problems
