@@ -47,7 +47,9 @@ const { values, positionals } = parseArgs({
 const scenario = positionals[0];
 const baseUrl = values['base-url']?.replace(/\/$/, '');
 if (!['failover', 'react-use-websocket'].includes(scenario ?? '') || !baseUrl || !values.artifacts) {
-  console.error('usage: browser-test.mjs failover|react-use-websocket --base-url URL --artifacts DIR [--timeout-ms N]');
+  console.error(
+    'usage: browser-test.mjs failover|react-use-websocket --base-url URL --artifacts DIR [--timeout-ms N]',
+  );
   process.exit(2);
 }
 const artifacts = resolve(values.artifacts);
@@ -58,7 +60,9 @@ const report = { scenario, ok: false, steps: [], screenshots: [], console: [], p
 const elapsed = () => Date.now() - started;
 const step = (name, extra = {}) => {
   report.steps.push({ step: name, atMs: elapsed(), ...extra });
-  console.log(`[${(elapsed() / 1000).toFixed(2)} s] ${name}${Object.keys(extra).length ? ` ${JSON.stringify(extra)}` : ''}`);
+  console.log(
+    `[${(elapsed() / 1000).toFixed(2)} s] ${name}${Object.keys(extra).length ? ` ${JSON.stringify(extra)}` : ''}`,
+  );
 };
 
 async function post(path) {
@@ -143,7 +147,8 @@ async function bid(page, who) {
     const seen = await readAuction(page);
     return seen.bidResult.includes(`${amount}`) ? seen : null;
   });
-  if (after.bidAccepted !== 'true') throw new Error(`${who}'s bid of ${amount} was not accepted: ${after.bidResult}`);
+  if (after.bidAccepted !== 'true')
+    throw new Error(`${who}'s bid of ${amount} was not accepted: ${after.bidResult}`);
   step(`${who} bid ${amount}: accepted`, { region: after.region });
   return amount;
 }
@@ -194,7 +199,10 @@ async function failover(context) {
 
   const restoredAt = elapsed();
   await post('/restore');
-  await until(`the failover name to resolve to ${PRIMARY} again`, async () => (await health()).serving === PRIMARY);
+  await until(
+    `the failover name to resolve to ${PRIMARY} again`,
+    async () => (await health()).serving === PRIMARY,
+  );
   step('primary restored: the failover name resolves to it', { afterMs: elapsed() - restoredAt });
   // Nothing is wrong with the secondary, so the pages stay there until they reconnect (as a
   // client does after API Gateway's 2-hour limit); the button does what that would do.
@@ -226,7 +234,11 @@ async function failover(context) {
 
 // --- react-use-websocket with the article's configuration ---------------------------------
 
-const readRws = (page) => page.evaluate(() => ({ ...window.rws, lastMessageShown: document.getElementById('last-message')?.textContent }));
+const readRws = (page) =>
+  page.evaluate(() => ({
+    ...window.rws,
+    lastMessageShown: document.getElementById('last-message')?.textContent,
+  }));
 
 async function reactUseWebSocket(context) {
   // The article's heartbeat, compressed in time only: interval 500 ms, timeout 1500 ms.
@@ -262,10 +274,16 @@ async function reactUseWebSocket(context) {
     const seen = await readRws(page);
     return seen.readyState === 1 && seen.region === SECONDARY ? seen : null;
   });
-  step('react-use-websocket reconnected to the secondary', { afterMs: elapsed() - failedAt, closes: moved.closes });
+  step('react-use-websocket reconnected to the secondary', {
+    afterMs: elapsed() - failedAt,
+    closes: moved.closes,
+  });
   await screenshot(page, 'react-use-websocket-after-failover');
   await post('/restore');
-  await until(`the failover name to resolve to ${PRIMARY} again`, async () => (await health()).serving === PRIMARY);
+  await until(
+    `the failover name to resolve to ${PRIMARY} again`,
+    async () => (await health()).serving === PRIMARY,
+  );
   step('primary restored');
 
   report.observed = {

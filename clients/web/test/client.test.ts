@@ -140,6 +140,30 @@ describe('StreamFleetClient reconnecting', () => {
     client.close();
   });
 
+  it('waits backoffCapMs when a custom reconnectInterval throws or returns nonsense', async () => {
+    const warn = vi.spyOn(console, 'warn').mockImplementation(() => undefined);
+    const answers: (() => number)[] = [
+      () => Number.NaN,
+      () => {
+        throw new Error('bug');
+      },
+    ];
+    const { client, factory } = setup({
+      backoffCapMs: 5000,
+      reconnectInterval: (attempt) => answers[attempt]!(),
+    });
+    client.start();
+    await settle();
+    for (const expected of [2, 3]) {
+      factory.last().drop();
+      expect(client.snapshot().lastDelayMs).toBe(5000);
+      await vi.advanceTimersByTimeAsync(5000);
+      expect(factory.sockets.length).toBe(expected);
+    }
+    expect(warn).toHaveBeenCalledTimes(2);
+    client.close();
+  });
+
   it('counts a socket that never opens within openTimeoutMs as a failed attempt', async () => {
     const { client, factory, tokenCalls } = setup({ openTimeoutMs: 5000 });
     client.start();
@@ -185,9 +209,7 @@ describe('StreamFleetClient heartbeat', () => {
     expect(client.status).toBe('backing-off');
     expect(client.ready).toBe(false);
     expect(client.snapshot().forcedReconnects).toBe(1);
-    expect(disconnects).toEqual([
-      expect.objectContaining({ forced: true, opened: true, healthy: true }),
-    ]);
+    expect(disconnects).toEqual([expect.objectContaining({ forced: true, opened: true, healthy: true })]);
     await vi.advanceTimersByTimeAsync(2000);
     expect(factory.sockets.length).toBe(2);
     client.close();
@@ -379,15 +401,34 @@ describe('StreamFleetClient requests', () => {
     const state = client.getState({ auction: 'a1' });
     const [, r1, r2, r3] = socket.sentJson();
     expect(new Set([r1!.requestId, r2!.requestId, r3!.requestId]).size).toBe(3);
-    socket.deliver({ type: 'state', region: 'us-east-1', requestId: r3!.requestId, user: 'alice', state: {} });
+    socket.deliver({
+      type: 'state',
+      region: 'us-east-1',
+      requestId: r3!.requestId,
+      user: 'alice',
+      state: {},
+    });
     socket.deliver({ type: 'bid', region: 'us-east-1', requestId: 'nobody', amount: 99 });
     socket.deliver({
-      type: 'bid', region: 'us-east-1', requestId: r2!.requestId, auction: 'a1', amount: 20,
-      accepted: true, highest: 20, highestIsYou: true,
+      type: 'bid',
+      region: 'us-east-1',
+      requestId: r2!.requestId,
+      auction: 'a1',
+      amount: 20,
+      accepted: true,
+      highest: 20,
+      highestIsYou: true,
     });
     socket.deliver({
-      type: 'bid', region: 'us-east-1', requestId: r1!.requestId, auction: 'a1', amount: 10,
-      accepted: false, highest: 20, highestIsYou: false, reason: 'not higher',
+      type: 'bid',
+      region: 'us-east-1',
+      requestId: r1!.requestId,
+      auction: 'a1',
+      amount: 10,
+      accepted: false,
+      highest: 20,
+      highestIsYou: false,
+      reason: 'not higher',
     });
     await expect(first).resolves.toMatchObject({ amount: 10, accepted: false, highest: 20 });
     await expect(second).resolves.toMatchObject({ amount: 20, accepted: true });
@@ -426,8 +467,12 @@ describe('StreamFleetClient requests', () => {
     const { client, socket } = await connected();
     const pending = client.bid('a1', 5);
     socket.deliver({
-      type: 'error', region: 'us-east-1', requestId: socket.sentJson()[1]!.requestId,
-      error: 'bad_request', message: 'amount: must be between 1 and 10**15', field: 'amount',
+      type: 'error',
+      region: 'us-east-1',
+      requestId: socket.sentJson()[1]!.requestId,
+      error: 'bad_request',
+      message: 'amount: must be between 1 and 10**15',
+      field: 'amount',
     });
     const error = await pending.catch((e: unknown) => e);
     expect(error).toBeInstanceOf(ServerError);
@@ -542,14 +587,18 @@ describe('StreamFleetClient lifecycle', () => {
   it('refuses bad options, naming the option', () => {
     const base = { url: 'ws://127.0.0.1:9/' };
     expect(() => new StreamFleetClient({ ...base, heartbeatIntervalMs: 0 })).toThrow(/heartbeatIntervalMs/);
-    expect(() => new StreamFleetClient({ ...base, heartbeatTimeoutMs: Number.NaN })).toThrow(/heartbeatTimeoutMs/);
+    expect(() => new StreamFleetClient({ ...base, heartbeatTimeoutMs: Number.NaN })).toThrow(
+      /heartbeatTimeoutMs/,
+    );
     expect(() => new StreamFleetClient({ ...base, missedPongsBeforeReconnect: 0 })).toThrow(
       /missedPongsBeforeReconnect/,
     );
     expect(() => new StreamFleetClient({ ...base, maxFrameBytes: 40000 })).toThrow(/maxFrameBytes/);
     expect(() => new StreamFleetClient({ ...base, backoffCapMs: -1 })).toThrow(/backoffCapMs/);
     expect(() => new StreamFleetClient({ ...base, name: 'x'.repeat(41) })).toThrow(/name/);
-    expect(() => new StreamFleetClient({ ...base, tokenTransport: 'cookie' as never })).toThrow(/tokenTransport/);
+    expect(() => new StreamFleetClient({ ...base, tokenTransport: 'cookie' as never })).toThrow(
+      /tokenTransport/,
+    );
     expect(() => new StreamFleetClient({ url: 42 as never })).toThrow(/url/);
   });
 });

@@ -490,7 +490,9 @@ export class StreamFleetClient {
       throw new RangeError('auction: expected a non-empty string');
     }
     if (!Number.isSafeInteger(amount) || amount < 1 || amount > MAX_BID_AMOUNT) {
-      throw new RangeError(`amount: expected a whole number from 1 to ${MAX_BID_AMOUNT}, got ${String(amount)}`);
+      throw new RangeError(
+        `amount: expected a whole number from 1 to ${MAX_BID_AMOUNT}, got ${String(amount)}`,
+      );
     }
     const reply = await this.request({ action: ROUTE_BID, auction, amount }, options);
     if (isErrorReply(reply)) throw new ServerError(reply);
@@ -500,7 +502,12 @@ export class StreamFleetClient {
 
   private encode(message: ClientMessage): string {
     if (this.closing) throw new ClientClosedError('client closed');
-    if (message === null || typeof message !== 'object' || typeof message.action !== 'string' || message.action === '') {
+    if (
+      message === null ||
+      typeof message !== 'object' ||
+      typeof message.action !== 'string' ||
+      message.action === ''
+    ) {
       throw new TypeError('action: every message needs a non-empty string "action" (the route)');
     }
     const frame = JSON.stringify(message);
@@ -533,8 +540,7 @@ export class StreamFleetClient {
     this.setStatus('connecting');
     let socket: WebSocketLike;
     try {
-      const url =
-        typeof this.urlProvider === 'string' ? this.urlProvider : await this.urlProvider(context);
+      const url = typeof this.urlProvider === 'string' ? this.urlProvider : await this.urlProvider(context);
       const token = this.tokenProvider === undefined ? null : await this.tokenProvider(context);
       if (generation !== this.generation) return; // closed meanwhile
       if (typeof url !== 'string' || url === '') {
@@ -550,7 +556,11 @@ export class StreamFleetClient {
       this.emit('error', error);
       this.opened = false;
       this.healthy = false;
-      this.endConnection(generation, { code: null, reason: `attempt failed: ${String(error)}`, forced: false });
+      this.endConnection(generation, {
+        code: null,
+        reason: `attempt failed: ${String(error)}`,
+        forced: false,
+      });
       return;
     }
     this.ws = socket;
@@ -592,7 +602,11 @@ export class StreamFleetClient {
     try {
       this.ws?.send(JSON.stringify({ ...fields, action: ROUTE_GET_STATE, requestId: this.stateRequestId }));
     } catch (error) {
-      this.endConnection(generation, { code: null, reason: `getState failed: ${String(error)}`, forced: true });
+      this.endConnection(generation, {
+        code: null,
+        reason: `getState failed: ${String(error)}`,
+        forced: true,
+      });
       return;
     }
     this.scheduleHeartbeat(generation);
@@ -652,10 +666,13 @@ export class StreamFleetClient {
       this.outstanding.length > 0
         ? Math.min(this.nextHeartbeatAt, this.outstanding[0]! + this.options.heartbeatTimeoutMs)
         : this.nextHeartbeatAt;
-    this.heartbeatTimer = this.timers.setTimeout(() => {
-      this.heartbeatTimer = null;
-      if (generation === this.generation) this.heartbeatTick(generation);
-    }, Math.max(0, wake - now));
+    this.heartbeatTimer = this.timers.setTimeout(
+      () => {
+        this.heartbeatTimer = null;
+        if (generation === this.generation) this.heartbeatTick(generation);
+      },
+      Math.max(0, wake - now),
+    );
   }
 
   private heartbeatTick(generation: number): void {
@@ -683,7 +700,11 @@ export class StreamFleetClient {
       try {
         this.ws?.send(HEARTBEAT_FRAME);
       } catch (error) {
-        this.endConnection(generation, { code: null, reason: `heartbeat failed: ${String(error)}`, forced: true });
+        this.endConnection(generation, {
+          code: null,
+          reason: `heartbeat failed: ${String(error)}`,
+          forced: true,
+        });
         return;
       }
       this.outstanding.push(now);
@@ -718,12 +739,20 @@ export class StreamFleetClient {
 
   private scheduleRetry(): void {
     const attempt = this.failures - 1;
-    let delay = this.customInterval
-      ? this.customInterval(attempt)
-      : fullJitterBackoff(attempt, this.random, this.options.backoffBaseMs, this.options.backoffCapMs);
-    if (typeof delay !== 'number' || !Number.isFinite(delay) || delay < 0) {
-      console.warn(`StreamFleetClient: reconnectInterval returned ${String(delay)}; using the cap`);
-      delay = this.options.backoffCapMs;
+    let computed: unknown;
+    try {
+      computed = this.customInterval
+        ? this.customInterval(attempt)
+        : fullJitterBackoff(attempt, this.random, this.options.backoffBaseMs, this.options.backoffCapMs);
+    } catch (error) {
+      computed = error;
+    }
+    let delay = this.options.backoffCapMs;
+    if (typeof computed === 'number' && Number.isFinite(computed) && computed >= 0) {
+      delay = computed;
+    } else {
+      // A broken backoff function must not stop the reconnecting: wait the longest.
+      console.warn(`StreamFleetClient: reconnectInterval gave ${String(computed)}; waiting backoffCapMs`);
     }
     this.lastDelayMs = delay;
     this.nextAttemptAt = this.timers.now() + delay;

@@ -41,9 +41,7 @@ export class FrameTooLargeError extends StreamFleetError {
 
 /** The server answered with `{"type": "error", ...}`. */
 export class ServerError extends StreamFleetError {
-  constructor(
-    readonly reply: { error: string; message?: string; field?: string; retryable?: boolean },
-  ) {
+  constructor(readonly reply: { error: string; message?: string; field?: string; retryable?: boolean }) {
     super(reply.message ?? reply.error);
   }
 

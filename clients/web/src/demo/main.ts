@@ -116,8 +116,12 @@ function main(): void {
 
   client.on('change', render);
   client.on('state', onState);
-  client.on('ready', (reply) => log(`state restored from ${reply.region ?? '?'}: highest ${reply.auction?.highest ?? 0}`));
-  client.on('region', (region, previous) => log(previous === null ? `served by ${region}` : `region changed: ${previous} → ${region}`));
+  client.on('ready', (reply) =>
+    log(`state restored from ${reply.region ?? '?'}: highest ${reply.auction?.highest ?? 0}`),
+  );
+  client.on('region', (region, previous) =>
+    log(previous === null ? `served by ${region}` : `region changed: ${previous} → ${region}`),
+  );
   client.on('status', (status) => {
     if (status === 'connecting') log(`connecting (attempt ${client.snapshot().attempts})`);
   });
@@ -125,7 +129,9 @@ function main(): void {
     const why = info.forced ? info.reason : `closed${info.code === null ? '' : ` (${info.code})`}`;
     log(info.opened ? `connection lost: ${why}` : `connect failed: ${why}`);
   });
-  client.on('reconnecting', ({ attempt, delayMs }) => log(`reconnect attempt ${attempt} in ${Math.round(delayMs)} ms`));
+  client.on('reconnecting', ({ attempt, delayMs }) =>
+    log(`reconnect attempt ${attempt} in ${Math.round(delayMs)} ms`),
+  );
   client.on('error', (error) => log(`attempt failed: ${String(error)}`));
 
   view.form.addEventListener('submit', (event) => {
@@ -145,7 +151,8 @@ function main(): void {
         view.amount.value = '';
       })
       .catch((error: unknown) => {
-        const text = error instanceof ServerError ? `${error.message} (${error.field ?? 'server'})` : String(error);
+        const text =
+          error instanceof ServerError ? `${error.message} (${error.field ?? 'server'})` : String(error);
         view.bidResult.textContent = `bid not placed: ${text}`;
         view.bidResult.dataset.accepted = 'false';
         log(`bid ${amount} failed: ${text}`);
