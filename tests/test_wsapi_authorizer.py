@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -133,7 +134,8 @@ def test_claims_are_checked(token_claims: dict, error: type[jwt.JwtError]) -> No
 def test_leeway_allows_small_skew_only() -> None:
     assert verify(jwt.sign(claims(exp=NOW - 29), RSA_KEY))
     assert verify(jwt.sign(claims(nbf=NOW + 29), RSA_KEY))
-    assert verify(jwt.sign(claims(aud=["other", AUDIENCE]), RSA_KEY))
+    assert verify(jwt.sign(claims(iat=NOW + 29), RSA_KEY))
+    assert verify(jwt.sign(claims(aud=["other", AUDIENCE], azp=AUDIENCE), RSA_KEY))
 
 
 def test_a_signature_by_another_key_is_refused() -> None:
@@ -149,6 +151,17 @@ def test_a_tampered_payload_is_refused() -> None:
         verify(f"{header}.{forged}.{signature}")
 
 
+def hand_signed(header: dict, payload: dict, secret: bytes) -> str:
+    """An HS256 JWS built by hand (PyJWT refuses to sign with a PEM as an HMAC secret)."""
+    import hashlib
+    import hmac
+
+    head = jwt.b64url_encode(json.dumps(header).encode())
+    body = jwt.b64url_encode(json.dumps(payload).encode())
+    mac = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{jwt.b64url_encode(mac)}"
+
+
 def test_the_algorithm_comes_from_the_key_not_the_token() -> None:
     # The classic confusion: an HS256 token "signed" with the RSA public key's PEM as secret.
     from cryptography.hazmat.primitives import serialization
@@ -156,9 +169,92 @@ def test_the_algorithm_comes_from_the_key_not_the_token() -> None:
     pem = RSA_KEY.public().key.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    forged = jwt.sign(claims(), jwt.SigningKey(jwt.HS256, pem, kid="rsa-1"))
+    forged = hand_signed({"alg": "HS256", "typ": "JWT", "kid": "rsa-1"}, claims(), pem)
     with pytest.raises(jwt.UnknownKey):
         verify(forged, [RSA_KEY.public()])
+    # Even handed the PEM as an HS256 key, verification refuses (PyJWT's own guard).
+    with pytest.raises(jwt.KeyMaterialError):
+        jwt.VerificationKey(jwt.HS256, pem[:20])
+
+
+def test_a_key_embedded_in_the_token_is_never_used() -> None:
+    attacker = jwt.generate_signing_key(jwt.RS256, kid="rsa-1")  # our kid, the attacker's key
+    for header in (
+        {"jwk": jwt.public_jwk(attacker)},
+        {"jku": "https://evil.test/jwks.json"},
+        {"x5u": "https://evil.test/cert.pem"},
+    ):
+        forged = jwt.sign(claims(sub="admin"), attacker, header=header)
+        with pytest.raises(jwt.BadSignature):
+            verify(forged, [RSA_KEY.public()])
+
+
+@pytest.mark.parametrize(
+    ("token_claims", "error"),
+    [
+        (claims(iat=NOW + 31), jwt.IssuedInFuture),
+        (claims(iat=None), jwt.MissingClaim),
+        (claims(iat="yesterday"), jwt.MalformedToken),
+        (claims(iat=NOW - 10, exp=NOW - 10 + 24 * 3600 + 1), jwt.LifetimeTooLong),
+        (claims(token_use="id"), jwt.WrongTokenType),
+        (claims(token_use=3), jwt.MalformedToken),
+        (claims(aud=["other", AUDIENCE]), jwt.MissingClaim),  # azp required
+        (claims(aud=["other", AUDIENCE], azp="other"), jwt.WrongAuthorizedParty),
+        (claims(sub=None), jwt.MissingClaim),
+        (claims(sub=7), jwt.MalformedToken),
+    ],
+    ids=[
+        "issued-in-the-future",
+        "no-iat",
+        "iat-string",
+        "lifetime-too-long",
+        "id-token",
+        "token-use-number",
+        "several-audiences-without-azp",
+        "azp-not-authorized",
+        "no-sub",
+        "sub-number",
+    ],
+)
+def test_the_new_claim_rules(token_claims: dict, error: type[jwt.JwtError]) -> None:
+    with pytest.raises(error):
+        verify(jwt.sign(token_claims, RSA_KEY))
+
+
+def test_token_type_rules() -> None:
+    access = jwt.sign(claims(), RSA_KEY, header={"typ": "at+jwt"})
+    id_typed = jwt.sign(claims(), RSA_KEY, header={"typ": "id+jwt"})
+    plain = jwt.sign(claims(), RSA_KEY)  # typ JWT
+    assert verify(access) and verify(plain)  # unconfigured: plain JWTs and access tokens
+    with pytest.raises(jwt.WrongTokenType):
+        verify(id_typed)
+    # Configured (RFC 9068 issuers): only at+jwt, so an ID token (typ JWT) is refused.
+    assert verify(access, typ="application/at+jwt")
+    with pytest.raises(jwt.WrongTokenType):
+        verify(plain, typ="at+jwt")
+    # Configured token_use (Cognito): the claim must be there and say it.
+    assert verify(jwt.sign(claims(token_use="access"), RSA_KEY), token_use="access")
+    with pytest.raises(jwt.WrongTokenType):
+        verify(plain, token_use="access")
+
+
+def test_authorized_party_rules() -> None:
+    several = claims(aud=["other", AUDIENCE], azp=AUDIENCE)
+    assert verify(jwt.sign(several, RSA_KEY))  # azp defaults to our audience
+    client = claims(aud=["other", AUDIENCE], azp="web-client")
+    assert verify(jwt.sign(client, RSA_KEY), authorized_parties=("web-client",))
+    # One audience: azp is checked only when authorized parties are configured.
+    single = jwt.sign(claims(azp="someone"), RSA_KEY)
+    assert verify(single)
+    with pytest.raises(jwt.WrongAuthorizedParty):
+        verify(single, authorized_parties=("web-client",))
+
+
+def test_the_algorithm_allow_list_applies() -> None:
+    with pytest.raises(jwt.UnknownKey):
+        verify(jwt.sign(claims(), EC_KEY), algorithms=(jwt.RS256,))
+    with pytest.raises(ValueError, match="algorithms"):
+        verify(jwt.sign(claims(), RSA_KEY), algorithms=("none",))
 
 
 @pytest.mark.parametrize(
@@ -327,7 +423,11 @@ def test_a_valid_token_gets_an_allow_policy_with_the_sub(transport: str) -> None
     decision = authorizer()(event)
     assert decision["principalId"] == "user-1"
     assert decision["policyDocument"]["Statement"][0]["Effect"] == "Allow"
-    assert decision["context"] == {"sub": "user-1", "tokenTransport": transport}
+    assert decision["context"] == {
+        "sub": "user-1",
+        "tokenTransport": transport,
+        "principalKind": "user",
+    }
 
 
 def test_two_different_tokens_are_ambiguous_and_denied() -> None:
@@ -361,6 +461,132 @@ def test_configuration_errors_name_the_variable() -> None:
         )
     with pytest.raises(AuthorizerConfigError, match="JWT_KEYS"):
         StaticKeys.parse("garbage")
+    base = {"JWT_ISSUER": "i", "JWT_AUDIENCE": "a", "JWT_KEYS": "{}"}
+    for name, value in (
+        ("JWT_ALGORITHMS", "RS256,none"),
+        ("JWT_MAX_LIFETIME_SECONDS", "0"),
+        ("JWT_MAX_LIFETIME_SECONDS", "soon"),
+    ):
+        with pytest.raises(AuthorizerConfigError, match=name):
+            AuthorizerConfig.from_env({**base, name: value})
+    with pytest.raises(AuthorizerConfigError, match=r"JWT_ISSUER.*reserved"):
+        AuthorizerConfig.from_env({**base, "JWT_ISSUER": model.CANARY_TOKEN_ISSUER})
+    configured = AuthorizerConfig.from_env(
+        {
+            **base,
+            "JWT_ALGORITHMS": "ES256",
+            "JWT_TOKEN_USE": "access",
+            "JWT_TYP": "at+jwt",
+            "JWT_AUTHORIZED_PARTIES": "web, ios",
+            "JWT_MAX_LIFETIME_SECONDS": "3600",
+        }
+    )
+    assert configured.policy() == jwt.TokenPolicy(
+        issuer="i",
+        audience="a",
+        max_lifetime_seconds=3600,
+        token_use="access",
+        typ="at+jwt",
+        authorized_parties=("web", "ios"),
+        algorithms=("ES256",),
+    )
+    with pytest.raises(AuthorizerConfigError, match="JWT_CANARY_KEYS"):
+        StaticKeys.parse("garbage", "JWT_CANARY_KEYS")
+
+
+# --- The canary's identity ----------------------------------------------------------------------
+
+CANARY_KEY = jwt.generate_signing_key(jwt.ES256, kid="canary-1")
+
+
+def canary_claims(**overrides: object) -> dict[str, object]:
+    return claims(
+        **{"sub": "probe", "iss": model.CANARY_TOKEN_ISSUER, "exp": NOW + 290, **overrides}
+    )
+
+
+def with_canary(clock: float = NOW) -> Authorizer:
+    config = AuthorizerConfig(
+        issuer=ISSUER,
+        audience=AUDIENCE,
+        keys=json.dumps(jwt.jwks_document([RSA_KEY])),
+        canary_keys=json.dumps(jwt.jwks_document([CANARY_KEY])),
+    )
+    return Authorizer(config, clock=lambda: clock)
+
+
+def effect(decision: dict) -> str:
+    return decision["policyDocument"]["Statement"][0]["Effect"]
+
+
+def test_the_canary_gets_its_own_confined_principal() -> None:
+    decision = with_canary()(connect_event(query=jwt.sign(canary_claims(), CANARY_KEY)))
+    assert effect(decision) == "Allow"
+    assert decision["principalId"] == "canary:probe"
+    assert decision["context"]["principalKind"] == "canary"
+    assert decision["context"]["sub"] == "canary:probe"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "canary-issuer-signed-by-a-user-key",
+        "user-issuer-signed-by-the-canary-key",
+        "canary-token-living-too-long",
+        "user-sub-with-the-reserved-prefix",
+        "canary-without-canary-keys",
+    ],
+)
+def test_no_token_crosses_between_the_two_identities(case: str) -> None:
+    auth = with_canary()
+    token = {
+        "canary-issuer-signed-by-a-user-key": lambda: jwt.sign(canary_claims(), RSA_KEY),
+        "user-issuer-signed-by-the-canary-key": lambda: jwt.sign(claims(), CANARY_KEY),
+        "canary-token-living-too-long": lambda: jwt.sign(canary_claims(exp=NOW + 3600), CANARY_KEY),
+        "user-sub-with-the-reserved-prefix": lambda: jwt.sign(claims(sub="canary:x"), RSA_KEY),
+        "canary-without-canary-keys": lambda: jwt.sign(canary_claims(), CANARY_KEY),
+    }[case]()
+    if case == "canary-without-canary-keys":
+        auth = authorizer()
+    assert effect(auth(connect_event(query=token))) == "Deny"
+
+
+def test_the_canary_key_must_not_be_a_user_key() -> None:
+    shared = json.dumps(jwt.jwks_document([RSA_KEY]))
+    with pytest.raises(AuthorizerConfigError, match="JWT_CANARY_KEYS"):
+        Authorizer(AuthorizerConfig(ISSUER, AUDIENCE, keys=shared, canary_keys=shared))
+
+
+# --- Logs ---------------------------------------------------------------------------------------
+
+
+def test_decisions_are_logged_as_records_without_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    auth = authorizer()
+    bad = jwt.sign(claims(), OTHER_RSA_KEY)
+    caplog.set_level(logging.DEBUG, logger="streamfleet.wsapi")
+    auth(connect_event(protocols=f"{model.WS_APP_SUBPROTOCOL}, bearer.{GOOD}"))
+    auth(connect_event(query=bad))
+    with pytest.raises(Unauthorized):
+        auth(connect_event())
+    records = [r for r in caplog.records if getattr(r, "event", None) == "authorize"]
+    assert [(r.levelno, r.decision) for r in records] == [
+        (logging.INFO, "allow"),
+        (logging.WARNING, "deny"),
+        (logging.WARNING, "unauthorized"),
+    ]
+    allow, deny, missing = records
+    assert allow.sub == "user-1" and allow.principalKind == "user"
+    assert allow.transport == "subprotocol" and allow.connectionId == "c1"
+    assert deny.reason == "bad_signature" and missing.reason == "missing_token"
+    # No token, and no part of one, in any message or field of any record.
+    everything = " ".join(
+        f"{r.getMessage()} {json.dumps(r.__dict__, default=str)}" for r in caplog.records
+    )
+    for token in (GOOD, bad):
+        for part in (token, *token.split(".")[1:]):
+            assert part not in everything
 
 
 # --- JWKS URL -----------------------------------------------------------------------------------
@@ -435,16 +661,26 @@ def test_jwks_cache_serves_stale_keys_for_a_bounded_time_only() -> None:
 
 @pytest.fixture
 def jwks_server() -> Iterator[str]:
-    """A JWKS document on a real loopback HTTP server."""
+    """A JWKS document on a real loopback HTTP server; ``/redirect`` answers 302 to it (as a
+    hijacked or downgraded endpoint would), ``/huge`` sends more than 1 MiB."""
     body = json.dumps(jwt.jwks_document([RSA_KEY, EC_KEY])).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", "/.well-known/jwks.json")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            payload = body
+            if self.path == "/huge":
+                payload = json.dumps({"keys": [], "pad": "x" * (1024 * 1024)}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(payload)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -455,6 +691,22 @@ def jwks_server() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
     server.shutdown()
     server.server_close()
+
+
+def test_the_jwks_fetch_follows_no_redirect_and_reads_at_most_1_mib(jwks_server: str) -> None:
+    import urllib.error
+
+    base = jwks_server.removesuffix("/.well-known/jwks.json")
+    with pytest.raises(urllib.error.HTTPError, match="redirects are not followed"):
+        fetch_jwks(f"{base}/redirect", 2.0)
+    with pytest.raises(ValueError, match="1 MiB"):
+        fetch_jwks(f"{base}/huge", 2.0)
+    # Behind the authorizer: a redirected JWKS URL gives no keys at all (HTTP 500, retry).
+    config = AuthorizerConfig.from_env(
+        {"JWT_ISSUER": ISSUER, "JWT_AUDIENCE": AUDIENCE, "JWT_JWKS_URL": f"{base}/redirect"}
+    )
+    with pytest.raises(KeysUnavailable):
+        Authorizer(config, clock=lambda: NOW)(connect_event(query=GOOD))
 
 
 def test_an_authorizer_with_a_jwks_url_fetches_real_keys(jwks_server: str) -> None:

@@ -14,6 +14,8 @@ import boto3
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
@@ -25,6 +27,7 @@ from streamfleet.wsapi.canary import (
     CanaryConfig,
     CanaryConfigError,
     CloudWatchPublisher,
+    ConnectionSweeper,
     DynamoHealthStateStore,
     FailbackHysteresis,
     HealthState,
@@ -38,9 +41,9 @@ from streamfleet_dev.wsapi.local_gateway import (
     GatewaySettings,
     LocalGateway,
 )
-from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer  # noqa: F401
+from tests.wsapi_support import AUDIENCE, CANARY_KEY, KEY, REGION, user_token
 
-TOKENS = MintedToken(KEY, ISSUER, AUDIENCE, subject="canary")
+TOKENS = MintedToken(CANARY_KEY, AUDIENCE, subject="canary")
 
 
 # --- Hysteresis (pure) --------------------------------------------------------------------------
@@ -111,7 +114,7 @@ def test_hysteresis_matches_its_specification(probes: list[bool], recover: int, 
 async def test_probe_outcomes(gateway: LocalGateway) -> None:
     endpoint = Endpoint(gateway.url, await TOKENS.token())
     healthy = await probe(endpoint, timeout=2)
-    assert healthy.healthy and healthy.region == REGION and healthy.error is None
+    assert healthy.healthy and healthy.error is None
     gateway.fail(FailureMode.THROTTLED)
     throttled = await probe(endpoint, timeout=2)
     assert not throttled.healthy and "HTTP 500" in (throttled.error or "")
@@ -192,8 +195,7 @@ async def test_the_lambda_entry_point_reads_its_environment(
         "CANARY_API_ID": "api-entry",
         "CANARY_TIMEOUT_SECONDS": "2",
         "CANARY_STATE_TABLE_NAME": connections,
-        "CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(KEY)),
-        "JWT_ISSUER": ISSUER,
+        "CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(CANARY_KEY)),
         "JWT_AUDIENCE": AUDIENCE,
         "AWS_ENDPOINT_URL_CLOUDWATCH": moto.endpoint,
     }
@@ -201,7 +203,7 @@ async def test_the_lambda_entry_point_reads_its_environment(
         monkeypatch.setenv(name, value)
     # Lambda runs the handler in a thread of its own, with no event loop: so does the test.
     result = await asyncio.to_thread(canary_module.handler, {}, None)
-    assert result["healthy"] is True and result["value"] == 1 and result["region"] == REGION
+    assert result["healthy"] is True and result["value"] == 1 and result["error"] is None
 
 
 def test_configuration_errors_name_the_variable() -> None:
@@ -216,5 +218,137 @@ def test_configuration_errors_name_the_variable() -> None:
     assert isinstance(token_source_from_env({"CANARY_TOKEN": "t"}), StaticToken)
     with pytest.raises(CanaryConfigError, match="at most one"):
         token_source_from_env({"CANARY_TOKEN": "t", "CANARY_SIGNING_KEY": "k"})
-    with pytest.raises(CanaryConfigError, match="JWT_ISSUER"):
+    with pytest.raises(CanaryConfigError, match="JWT_AUDIENCE"):
         token_source_from_env({"CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(KEY))})
+    with pytest.raises(CanaryConfigError, match="CANARY_DISCONNECT_WHEN_UNHEALTHY"):
+        CanaryConfig.from_env({**base, "CANARY_DISCONNECT_WHEN_UNHEALTHY": "maybe"})
+    with pytest.raises(CanaryConfigError, match="CANARY_MANAGEMENT_ENDPOINT"):
+        CanaryConfig.from_env({**base, "CANARY_MANAGEMENT_ENDPOINT": "wss://x.test"})
+    assert CanaryConfig.from_env({**base, "CANARY_DISCONNECT_WHEN_UNHEALTHY": "false"}) == (
+        CanaryConfig("wss://x.test/prod", "abc", disconnect_when_unhealthy=False)
+    )
+
+
+def test_the_management_endpoint_is_the_regional_api_itself() -> None:
+    regional = "wss://abc.execute-api.eu-west-1.amazonaws.com/prod"
+    assert CanaryConfig(regional, "abc").management_url() == (
+        "https://abc.execute-api.eu-west-1.amazonaws.com/prod"
+    )
+    local = CanaryConfig("ws://127.0.0.1:1/", "abc", management_endpoint="http://127.0.0.1:2/s")
+    assert local.management_url() == "http://127.0.0.1:2/s"
+
+
+async def test_the_canarys_token_has_its_own_identity() -> None:
+    token = await TOKENS.token()
+    claims = jwt.verify(
+        token, [CANARY_KEY.public()], issuer=model.CANARY_TOKEN_ISSUER, audience=AUDIENCE
+    )
+    assert claims["sub"] == "canary"
+    assert claims["exp"] - claims["iat"] <= model.CANARY_MAX_TOKEN_LIFETIME_SECONDS
+    with pytest.raises(jwt.UnknownKey):  # the user keys never verify it
+        jwt.verify(token, [KEY.public()], issuer=model.CANARY_TOKEN_ISSUER, audience=AUDIENCE)
+
+
+# --- Server-driven failover ---------------------------------------------------------------------
+
+
+def sweeping_canary(
+    gateway: LocalGateway, connections: str, dynamodb: AsyncClient, management: AsyncClient
+) -> Canary:
+    return Canary(
+        CanaryConfig(
+            endpoint_url=gateway.url,
+            api_id=f"api-{uuid.uuid4().hex[:6]}",
+            timeout_seconds=1.0,
+            healthy_runs_to_recover=2,
+            failures_to_trip=2,
+            state_table=connections,
+        ),
+        tokens=TOKENS,
+        store=DynamoHealthStateStore(dynamodb, table_name=connections, api_id="api-sweep"),
+        publishers=[],
+        disconnector=ConnectionSweeper(
+            dynamodb=dynamodb, management=management, table_name=connections
+        ),
+    )
+
+
+async def test_an_unhealthy_region_closes_every_client_connection(
+    gateway: LocalGateway, tables: tuple[str, str]
+) -> None:
+    _, connections = tables
+    dynamodb = AsyncClient("dynamodb", region_name=REGION)
+    management = AsyncClient(
+        "apigatewaymanagementapi", region_name=REGION, endpoint_url=gateway.management_endpoint
+    )
+    protocols = [model.WS_APP_SUBPROTOCOL]
+    sockets = [
+        await connect(
+            gateway.url, subprotocols=[*protocols, f"bearer.{user_token(f'u{i}')}"], open_timeout=5
+        )
+        for i in range(3)
+    ]
+    # A record whose connection is already gone (its $disconnect was lost).
+    await dynamodb.call(
+        "put_item",
+        TableName=connections,
+        Item={
+            model.PK: {"S": model.ws_connection_pk("ghost")},
+            model.WS_USER_ID: {"S": "u9"},
+        },
+    )
+    try:
+        canary = sweeping_canary(gateway, connections, dynamodb, management)
+        healthy = await canary.run_once()
+        assert healthy.value == 1 and healthy.sweep is None  # a healthy region is left alone
+        gateway.fail(FailureMode.THROTTLED)
+        first = await canary.run_once()
+        # One failed probe is a blip (the 2-of-2 alarm ignores it): nobody is disconnected.
+        assert first.value == 0 and not first.state.tripped and first.sweep is None
+        tripped = await canary.run_once()
+        assert tripped.state.tripped
+        assert tripped.sweep is not None
+        assert (tripped.sweep.closed, tripped.sweep.gone, tripped.sweep.failed) == (3, 1, 0)
+        for ws in sockets:  # each client saw its socket closed by the server
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        scanned = await dynamodb.call("scan", TableName=connections)
+        assert not [
+            i for i in scanned["Items"] if i[model.PK]["S"].startswith(model.WS_CONNECTION_PREFIX)
+        ]
+        again = await canary.run_once()  # every run while unhealthy: nothing left to close
+        assert again.sweep is not None and again.sweep.closed == 0
+    finally:
+        for ws in sockets:
+            await ws.close()
+        dynamodb.close()
+        management.close()
+
+
+async def test_sweeping_can_be_turned_off(gateway: LocalGateway, tables: tuple[str, str]) -> None:
+    _, connections = tables
+    dynamodb = AsyncClient("dynamodb", region_name=REGION)
+    management = AsyncClient(
+        "apigatewaymanagementapi", region_name=REGION, endpoint_url=gateway.management_endpoint
+    )
+    try:
+        canary = sweeping_canary(gateway, connections, dynamodb, management)
+        canary = Canary(
+            CanaryConfig(**{**canary.config.__dict__, "disconnect_when_unhealthy": False}),
+            tokens=TOKENS,
+            store=canary.store,
+            publishers=[],
+            disconnector=canary.disconnector,
+        )
+        async with await connect(
+            gateway.url, subprotocols=[f"bearer.{user_token('u1')}"], open_timeout=5
+        ) as ws:
+            gateway.fail(FailureMode.THROTTLED)
+            runs = [await canary.run_once() for _ in range(3)]
+            assert runs[-1].state.tripped and all(run.sweep is None for run in runs)
+            await ws.send(json.dumps({"action": "heartbeat"}))
+            assert "Internal server error" in await asyncio.wait_for(ws.recv(), 5)
+    finally:
+        dynamodb.close()
+        management.close()

@@ -7,6 +7,7 @@ about a second.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -23,6 +24,7 @@ from streamfleet.client import (
     ClientStatus,
     ConnectionLost,
     Endpoint,
+    FrameTooLarge,
     NotConnected,
     ReconnectingClient,
     TokenTransport,
@@ -33,7 +35,7 @@ from streamfleet_dev.wsapi.local_gateway import (
     FailureMode,
     LocalGateway,
 )
-from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer  # noqa: F401
+from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION
 
 WRONG_KEY = jwt.generate_signing_key(jwt.HS256, kid="test")
 FAST = ClientConfig(
@@ -67,15 +69,18 @@ class Tokens:
         self.transport = transport
         self.with_token = with_token
         self.calls: list[int] = []
+        self.refreshes: list[bool] = []
         self.tokens: list[str | None] = []
 
-    def __call__(self, attempt: int) -> Endpoint:
+    def __call__(self, attempt: int, *, force_refresh: bool = False) -> Endpoint:
         self.calls.append(attempt)
+        self.refreshes.append(force_refresh)
         now = time.time()
         claims = {
             "sub": self.sub,
             "iss": ISSUER,
             "aud": AUDIENCE,
+            "iat": now,
             "exp": now + 300,
             "jti": uuid.uuid4().hex,
         }
@@ -153,6 +158,8 @@ async def test_reconnects_after_a_server_drop_and_restores_state(gateway: LocalG
         assert len(client.delays) == 1 and 0.0 <= client.delays[0] <= FAST.backoff_base
         assert len(tokens.calls) == client.attempts == 2
         assert len(set(tokens.tokens)) == 2  # a fresh token for every attempt
+        # The socket had opened: the drop is no reason to distrust the token.
+        assert tokens.refreshes == [False, False]
         assert regions == [(REGION, None)]  # same region: no region change reported
 
 
@@ -173,6 +180,9 @@ async def test_backoff_grows_while_the_region_is_down(gateway: LocalGateway) -> 
     # The provider learns how many attempts in a row have failed (a drop counts as one).
     assert tokens.calls == list(range(len(tokens.calls)))
     assert len(tokens.calls) == client.attempts  # the provider is asked on every attempt
+    # After every attempt that failed before the socket opened, a fresh token is asked for.
+    assert tokens.refreshes[:2] == [False, False] and all(tokens.refreshes[2:])
+    assert client.forced_refreshes == len(tokens.calls) - 2
     assert ClientStatus.BACKING_OFF in statuses and statuses[-1] is ClientStatus.CLOSED
 
 
@@ -183,6 +193,7 @@ async def test_two_missed_pongs_force_a_reconnect_on_an_open_socket(
     others: list[dict[str, Any]] = []
     async with ReconnectingClient(tokens, FAST, on_message=others.append) as client:
         await client.wait_ready(5)
+        await eventually(lambda: client.pongs >= 1)  # the text frame "pong" counts
         (connection_id,) = gateway.connection_ids
         # The seed's failure: the handler is throttled. The socket stays open and protocol
         # pings would still be answered, but no pong comes back.
@@ -236,13 +247,64 @@ async def test_an_authorization_failure_within_the_bound_recovers(gateway: Local
         await client.wait_ready(5)
         assert client.auth_failures == 1 and client.attempts == 2
         assert gateway.stats.rejected == {403: 1}
+        assert tokens.refreshes == [False, True]  # the refused token is not offered again
 
 
 async def test_query_string_tokens_work_too(gateway: LocalGateway) -> None:
     tokens = Tokens(gateway, transport=TokenTransport.QUERY)
     async with ReconnectingClient(tokens, FAST) as client:
         await client.wait_ready(5)
-        assert (await client.request({"action": "heartbeat"}))["type"] == "pong"
+        assert (await client.request({"action": "getState"}))["type"] == "state"
+        await eventually(lambda: client.pongs >= 1)
+
+
+async def test_a_frame_over_32_kb_is_refused_before_sending(gateway: LocalGateway) -> None:
+    async with ReconnectingClient(Tokens(gateway), FAST) as client:
+        await client.wait_ready(5)
+        before = gateway.stats.messages
+        big = {"action": "bid", "auction": "a1", "amount": 1, "pad": "x" * 40_000}
+        with pytest.raises(FrameTooLarge, match="32768-byte"):
+            await client.request(big)
+        with pytest.raises(FrameTooLarge):
+            await client.send(big)
+        # Nothing was sent and the connection is intact (a 40 KB frame would have closed it).
+        assert gateway.stats.messages == before
+        assert (await client.request({"action": "getState"}))["type"] == "state"
+        assert client.connections == 1
+
+
+async def test_replies_are_matched_by_request_id_in_any_order() -> None:
+    """A server that answers a batch of requests in reverse order."""
+    from websockets.asyncio.server import serve
+
+    async def reverse(ws: Any) -> None:
+        batch: list[dict[str, Any]] = []
+        async for raw in ws:
+            message = json.loads(raw)
+            if message["action"] == "getState" and message.get("requestId", "").startswith(
+                "client-state-"
+            ):
+                await ws.send(json.dumps({"type": "state", "region": "r", **message}))
+                continue
+            if message["action"] == "heartbeat":
+                await ws.send("pong")
+                continue
+            batch.append(message)
+            if len(batch) == 5:
+                for request in reversed(batch):
+                    reply = {"type": "echo", "region": "r", "n": request["n"]}
+                    await ws.send(json.dumps({**reply, "requestId": request["requestId"]}))
+                batch.clear()
+
+    async with serve(reverse, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        provider = lambda attempt: Endpoint(f"ws://127.0.0.1:{port}")  # noqa: E731 (old style)
+        async with ReconnectingClient(provider, FAST) as client:
+            await client.wait_ready(5)
+            replies = await asyncio.gather(
+                *(client.request({"action": "echo", "n": n}) for n in range(5))
+            )
+    assert [reply["n"] for reply in replies] == list(range(5))
 
 
 async def test_close_is_clean(gateway: LocalGateway) -> None:

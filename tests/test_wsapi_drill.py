@@ -44,12 +44,23 @@ def drill_env(servers, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.mark.parametrize(
-    ("failure", "clients"),
-    [(FailureMode.THROTTLED, 8), (FailureMode.DOWN, 4)],
-    ids=["throttled-handler", "region-down"],
+    ("failure", "clients", "canary_disconnects"),
+    [
+        (FailureMode.THROTTLED, 8, True),
+        (FailureMode.DOWN, 4, True),
+        (FailureMode.THROTTLED, 4, False),
+    ],
+    ids=["throttled-handler", "region-down", "throttled-clients-on-their-own"],
 )
-async def test_failover_drill(drill_env: str, failure: FailureMode, clients: int) -> None:
-    config = DrillConfig(clients=clients, failure=failure, seed=11)
+async def test_failover_drill(
+    drill_env: str, failure: FailureMode, clients: int, canary_disconnects: bool
+) -> None:
+    config = DrillConfig(
+        clients=clients,
+        failure=failure,
+        seed=11,
+        disconnect_when_unhealthy=canary_disconnects,
+    )
     summary = await run_drill(config)
     assert summary["checks"] == {name: True for name in summary["checks"]}, summary
     assert summary["passed"]
@@ -70,8 +81,17 @@ async def test_failover_drill(drill_env: str, failure: FailureMode, clients: int
     details = summary["clients_detail"]
     assert details["auth_failures"] == 0
     assert details["token_provider_calls"] == details["attempts"]
-    if failure is FailureMode.THROTTLED:
-        # Open sockets that stopped answering were abandoned by the clients themselves.
+    assert details["pongs"] > 0  # heartbeats were answered with the text frame pong
+    if failure is FailureMode.THROTTLED and canary_disconnects:
+        # The canary closed the open sockets of the throttled region once it tripped (the
+        # alarm's 2 of 2), before two heartbeats went unanswered.
+        assert details["closed_by_canary"] >= 1
+        assert details["closed_by_canary"] + details["forced_reconnects"] >= clients
+        assert summary["gateways"][config.secondary]["closed_by_canary"] == 0
+    if failure is FailureMode.THROTTLED and not canary_disconnects:
+        # Without the canary's help, open sockets that stopped answering were abandoned by the
+        # clients themselves (two heartbeats without a pong).
+        assert details["closed_by_canary"] == 0
         assert details["forced_reconnects"] >= clients
     assert "| Time to detect (s) |" in markdown(summary)
     # The canaries' PutMetricData reached (moto's) CloudWatch, by ApiId.

@@ -36,14 +36,13 @@ from streamfleet.wsapi.handlers import (
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 from tests.conftest import LOCAL_AWS_ENV
-from tests.wsapi_support import AUDIENCE, ISSUER, KEY, REGION, authorizer
+from tests.wsapi_support import AUDIENCE, CANARY_KEY, REGION, authorizer, user_token
 
 REPLY_TIMEOUT = 5.0
 
 
 def token(sub: str) -> str:
-    now = int(time.time())
-    return jwt.sign({"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now + 300}, KEY)
+    return user_token(sub)
 
 
 @pytest.fixture
@@ -89,6 +88,11 @@ async def ask(ws: ClientConnection, message: dict[str, Any] | str | bytes) -> di
     return json.loads(await asyncio.wait_for(ws.recv(), REPLY_TIMEOUT))
 
 
+async def ask_raw(ws: ClientConnection, message: dict[str, Any] | str) -> str | bytes:
+    await ws.send(json.dumps(message) if isinstance(message, dict) else message)
+    return await asyncio.wait_for(ws.recv(), REPLY_TIMEOUT)
+
+
 def scan(table: str) -> dict[str, dict[str, Any]]:  # the current AWS_ENDPOINT_URL_DYNAMODB
     items = make_dynamodb_client(REGION).scan(TableName=table, ConsistentRead=True)["Items"]
     return {item[model.PK]: item for item in (from_item(raw) for raw in items)}
@@ -104,12 +108,19 @@ async def until(predicate, timeout: float = 5.0) -> None:
 # --- Routes -------------------------------------------------------------------------------------
 
 
-async def test_heartbeat_gets_a_pong_naming_the_region(gateway: LocalGateway) -> None:
+async def test_heartbeat_gets_the_text_frame_pong_whatever_it_carried(
+    gateway: LocalGateway,
+) -> None:
+    # Exactly the 4 bytes react-use-websocket's `returnMessage: 'pong'` compares with.
     async with await open_ws(gateway, "alice") as ws:
         assert ws.subprotocol == model.WS_APP_SUBPROTOCOL
-        assert await ask(ws, {"action": "heartbeat"}) == {"type": "pong", "region": REGION}
-        reply = await ask(ws, {"action": "heartbeat", "requestId": "hb-1"})
-        assert reply == {"type": "pong", "region": REGION, "requestId": "hb-1"}
+        for heartbeat in (
+            {"action": "heartbeat"},
+            {"action": "heartbeat", "requestId": "hb-1"},
+            {"action": "heartbeat", "requestId": 7, "extra": [1, 2]},  # bad fields: still pong
+        ):
+            reply = await ask_raw(ws, heartbeat)
+            assert reply == "pong" and isinstance(reply, str), heartbeat
 
 
 async def test_connect_records_the_user_and_disconnect_forgets_it(
@@ -186,7 +197,8 @@ MALFORMED = [
     ('{"action": "bid", "auction": "", "amount": 5}', "auction", "must not be empty"),
     ('{"action": "bid", "auction": "a1", "amount": 5, "x": 1}', "x", "unknown field for bid"),
     ('{"action": "heartbeat", "action": "bid"}', "action", "appears more than once"),
-    ('{"action": "heartbeat", "requestId": 7}', "requestId", "expected a string"),
+    ('{"action": "getState", "requestId": 7}', "requestId", "expected a string"),
+    ('{"action": "getState", "requestId": "%s"}' % ("r" * 65), "requestId", "longer than 64"),
     ('{"action": "getState", "auction": ["a1"]}', "auction", "got array"),
     ('{"action": "bid", "auction": "a1", "amount": NaN}', "body", "not valid JSON"),
 ]
@@ -196,32 +208,32 @@ async def test_malformed_messages_get_an_error_naming_the_field(gateway: LocalGa
     async with await open_ws(gateway, "alice") as ws:
         for raw, field, fragment in MALFORMED:
             reply = await ask(ws, raw)
-            assert reply["type"] == "error", raw
+            assert reply["type"] == "error" and reply["error"] == "bad_request", raw
             assert reply["field"] == field, raw
-            assert reply["error"].startswith(f"{field}: "), raw
-            assert fragment in reply["error"], (raw, reply["error"])
+            assert reply["message"].startswith(f"{field}: "), raw
+            assert fragment in reply["message"], (raw, reply["message"])
             assert reply["region"] == REGION
         # The request id is echoed even on errors, so a waiting client is answered.
         reply = await ask(ws, {"action": "bid", "auction": "a1", "amount": -1, "requestId": "r9"})
         assert reply["requestId"] == "r9" and reply["field"] == "amount"
         # Binary frames are decoded and judged like text.
         reply = await ask(ws, b"\xff\xfe")
-        assert reply["field"] == "body" and "UTF-8" in reply["error"]
+        assert reply["field"] == "body" and "UTF-8" in reply["message"]
         # Nothing crashed: the connection still works.
-        assert (await ask(ws, {"action": "heartbeat"}))["type"] == "pong"
+        assert await ask_raw(ws, {"action": "heartbeat"}) == "pong"
     assert gateway.stats.invocations["$default"] >= 5
 
 
 async def test_messages_over_the_frame_limit(gateway: LocalGateway) -> None:
     big = json.dumps(
-        {"action": "heartbeat", "requestId": "big", "pad": "x" * model.WS_MAX_FRAME_BYTES}
+        {"action": "getState", "requestId": "big", "pad": "x" * model.WS_MAX_FRAME_BYTES}
     )
     async with await open_ws(gateway, "alice") as ws:
         # Sent in fragments below the frame limit, it reaches the handler, which refuses it.
         await ws.send([big[:20_000], big[20_000:]])
         reply = json.loads(await asyncio.wait_for(ws.recv(), REPLY_TIMEOUT))
         assert reply["type"] == "error" and reply["field"] == "body"
-        assert f"larger than {model.WS_MAX_FRAME_BYTES} bytes" in reply["error"]
+        assert f"larger than {model.WS_MAX_FRAME_BYTES} bytes" in reply["message"]
         # In one frame above 32 KB, API Gateway (and its stand-in) closes the connection.
         await ws.send(big)
         with pytest.raises(ConnectionClosed) as closed:
@@ -285,6 +297,82 @@ async def test_fifty_concurrent_bids_lose_nothing(
     assert all(r["highest"] >= r["amount"] for r in replies if not r["accepted"])
 
 
+async def test_replies_correlate_by_request_id_in_any_order(gateway: LocalGateway) -> None:
+    requests = {
+        f"r{i}": (
+            {"action": "bid", "auction": f"o{i}", "amount": 5}
+            if i % 3 == 0
+            else {"action": "getState", "auction": f"o{i}"}
+            if i % 3 == 1
+            else {"action": "bid", "auction": f"o{i}", "amount": -1}
+        )
+        for i in range(24)
+    }
+    async with await open_ws(gateway, "erin") as ws:
+        for request_id, message in requests.items():
+            await ws.send(json.dumps({**message, "requestId": request_id}))
+        replies = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in requests]
+    # Each message is its own invocation: the order is not guaranteed, the requestId is.
+    by_id = {reply["requestId"]: reply for reply in replies}
+    assert set(by_id) == set(requests)
+    for request_id, message in requests.items():
+        reply = by_id[request_id]
+        assert reply["region"] == REGION and "type" in reply
+        expected = {"bid": "bid", "getState": "state"}[message["action"]]
+        if message.get("amount") == -1:
+            expected = "error"
+        assert reply["type"] == expected, (request_id, reply)
+        if expected != "error":
+            assert reply.get("auction") == message["auction"] or (
+                reply.get("auction", {}).get("auction") == message["auction"]
+            )
+
+
+def test_a_reply_over_the_frame_limit_is_replaced_by_an_error(tables: tuple[str, str]) -> None:
+    state, connections = tables
+    replier = RecordingReplier()
+    handlers = WsApiHandlers(HandlerConfig(state, connections, REGION), replier=replier)
+    huge = {"type": "state", "blob": "x" * (model.WS_MAX_FRAME_BYTES + 1)}
+    assert handlers.reply({}, "c1", huge, "r-big") is True
+    (connection_id, reply), size = replier.sent[-1], replier.sizes[-1]
+    assert connection_id == "c1" and size <= model.WS_MAX_FRAME_BYTES
+    assert reply["type"] == "error" and reply["error"] == "reply_too_large"
+    assert reply["requestId"] == "r-big" and reply["region"] == REGION
+    assert str(model.WS_MAX_FRAME_BYTES) in reply["message"]
+
+
+def canary_token() -> str:
+    now = int(time.time())
+    claims = {
+        "sub": "canary-us-east-1",
+        "iss": model.CANARY_TOKEN_ISSUER,
+        "aud": AUDIENCE,
+        "iat": now,
+        "exp": now + 300,
+    }
+    return jwt.sign(claims, CANARY_KEY)
+
+
+async def test_the_canary_may_send_heartbeat_only_and_writes_nothing(
+    gateway: LocalGateway, tables: tuple[str, str]
+) -> None:
+    state, connections = tables
+    protocols = [model.WS_APP_SUBPROTOCOL, f"{model.WS_BEARER_SUBPROTOCOL_PREFIX}{canary_token()}"]
+    async with await connect(gateway.url, subprotocols=protocols, open_timeout=5) as ws:
+        assert await ask_raw(ws, {"action": "heartbeat"}) == "pong"
+        for message in (
+            {"action": "getState", "requestId": "c-1"},
+            {"action": "bid", "auction": "a1", "amount": 99, "requestId": "c-2"},
+        ):
+            reply = await ask(ws, message)
+            assert reply["type"] == "error" and reply["error"] == "forbidden", reply
+            assert reply["requestId"] == message["requestId"]
+            assert "heartbeat only" in reply["message"]
+        assert gateway.stats.connects == 1
+    assert scan(state) == {}
+    assert scan(connections) == {}  # not even a connection record
+
+
 # --- Management API and stale connections -------------------------------------------------------
 
 
@@ -304,7 +392,7 @@ async def test_a_gone_connection_loses_its_record(
     assert isinstance(handlers, WsApiHandlers)
     request_context = {"domainName": gateway.domain_name, "stage": "local", "apiId": "local"}
     delivered = await asyncio.to_thread(
-        handlers.reply, request_context, "ghost", {"type": "pong"}, None
+        handlers.reply, request_context, "ghost", {"type": "state"}, None
     )
     assert delivered is False
     assert gateway.stats.gone == 1
@@ -327,9 +415,11 @@ async def test_connect_without_an_authorizer_is_refused(tables: tuple[str, str])
 class RecordingReplier:
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.sizes: list[int] = []
 
     def post(self, request_context: Any, connection_id: str, data: bytes) -> None:
         self.sent.append((connection_id, json.loads(data)))
+        self.sizes.append(len(data))
 
 
 def test_the_user_comes_from_the_connection_record_without_context(
@@ -359,7 +449,8 @@ def test_the_user_comes_from_the_connection_record_without_context(
         "c1",
         {
             "type": "error",
-            "error": "no verified user for this connection; reconnect",
+            "error": "forbidden",
+            "message": "no verified user for this connection; reconnect",
             "field": "authorization",
             "region": REGION,
         },

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -21,11 +22,26 @@ REGION = "us-east-1"
 ISSUER = "https://issuer.test"
 AUDIENCE = "wsapi-test"
 KEY = jwt.generate_signing_key(jwt.HS256, kid="test")  # HS256: fast, and allowed locally
+CANARY_KEY = jwt.generate_signing_key(jwt.HS256, kid="canary")  # the canary's own key
 
 
 def authorizer() -> Authorizer:
-    keys = json.dumps(jwt.jwks_document([KEY]))
-    return Authorizer(AuthorizerConfig(issuer=ISSUER, audience=AUDIENCE, keys=keys))
+    """Users' tokens signed with KEY; the canary's with CANARY_KEY (and its own issuer)."""
+    return Authorizer(
+        AuthorizerConfig(
+            issuer=ISSUER,
+            audience=AUDIENCE,
+            keys=json.dumps(jwt.jwks_document([KEY])),
+            canary_keys=json.dumps(jwt.jwks_document([CANARY_KEY])),
+        )
+    )
+
+
+def user_token(sub: str, lifetime: int = 300, **claims: object) -> str:
+    """A valid user token for ``sub`` (``claims`` add or override members)."""
+    now = int(time.time())
+    base = {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + lifetime}
+    return jwt.sign({**base, **claims}, KEY)
 
 
 @pytest.fixture

@@ -231,11 +231,17 @@ class DrillClient:
 # --- The drill ----------------------------------------------------------------------------------
 
 
-async def _wait_for(predicate: Callable[[], bool], deadline: float, what: str) -> None:
+async def _wait_for(
+    predicate: Callable[[], bool],
+    deadline: float,
+    what: str,
+    detail: Callable[[], str] | None = None,
+) -> None:
     end = time.monotonic() + deadline
     while not predicate():
         if time.monotonic() > end:
-            raise TimeoutError(f"drill: {what} did not happen within {deadline:g} s")
+            more = f" ({detail()})" if detail is not None else ""
+            raise TimeoutError(f"drill: {what} did not happen within {deadline:g} s{more}")
         await asyncio.sleep(0.01)
 
 
@@ -250,6 +256,13 @@ async def _scan(client: AsyncClient, table: str) -> dict[str, dict[str, Any]]:
         if "LastEvaluatedKey" not in page:
             return items
         params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def _whereabouts(clients: list[DrillClient], resolver: FailoverResolver, since: float) -> str:
+    """Where each client is and what the name resolved to since ``since``: for a failure."""
+    names = [(round(t - since, 3), r) for t, r in resolver.history if t >= since - 5]
+    where = {c.user: (c.client.region, c.client.status.value) for c in clients}
+    return f"resolver since: {names}; clients: {where}"
 
 
 def _seconds(value: float | None) -> float | None:
@@ -336,6 +349,7 @@ async def _phases(
         lambda: all(c.restored_in(config.secondary, failed_at) for c in drill_clients),
         config.deadline_seconds,
         "every client reconnected to the secondary",
+        lambda: _whereabouts(drill_clients, resolver, failed_at),
     )
     reconnect_times = [
         c.restored_in(config.secondary, failed_at) - failed_at for c in drill_clients
@@ -362,6 +376,7 @@ async def _phases(
         lambda: all(c.restored_in(config.primary, moved_back_at) for c in drill_clients),
         config.deadline_seconds,
         "every client back on the primary",
+        lambda: _whereabouts(drill_clients, resolver, moved_back_at),
     )
 
     # Phase 4: replication converges; check every acknowledged bid.
@@ -564,9 +579,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--markdown", action="store_true", help="print Markdown, not JSON")
+    parser.add_argument(
+        "--no-canary-disconnect",
+        action="store_true",
+        help="the canary does not close the failed region's connections (clients move alone)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every canary run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    config = DrillConfig(clients=args.clients, failure=FailureMode(args.failure), seed=args.seed)
+    # Failed probes and closed connections are what a drill is about: not warnings here.
+    logging.getLogger("streamfleet.wsapi").setLevel(logging.INFO if args.verbose else logging.ERROR)
+    config = DrillConfig(
+        clients=args.clients,
+        failure=FailureMode(args.failure),
+        seed=args.seed,
+        disconnect_when_unhealthy=not args.no_canary_disconnect,
+    )
     from streamfleet_dev.local.servers import dynalite_server, moto_server
 
     started = []

@@ -763,8 +763,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--healthy-runs-to-recover", type=int, default=RegionsSettings.healthy_runs_to_recover
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="log every decision of the Lambdas (INFO)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # A failover drill makes the canaries and the authorizer warn on every run: by default only
+    # errors reach the terminal.
+    logging.getLogger("streamfleet.wsapi").setLevel(logging.INFO if args.verbose else logging.ERROR)
     try:
         settings = RegionsSettings(
             backend=args.backend,

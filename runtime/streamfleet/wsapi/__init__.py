@@ -1,19 +1,20 @@
-"""The client-facing WebSocket API's runtime: Lambda handlers, the ``$connect`` authorizer, the
-canary, and local stand-ins (an API Gateway WebSocket gateway, a failover drill) that run the
-same code on loopback.
+"""The client-facing WebSocket API's runtime: Lambda handlers, the ``$connect`` authorizer and
+the canary. The local stand-ins that run the same code on loopback (an API Gateway WebSocket
+gateway, two local regions, the failover drill) live in ``streamfleet_dev.wsapi``.
 
 Module map:
 
 * :mod:`.handlers` — every route (``$connect``, ``$disconnect``, ``$default``, ``heartbeat``,
-  ``getState``, ``bid``); replies through the Management API;
+  ``getState``, ``bid``); replies through the Management API; the canary is confined to
+  ``heartbeat``;
 * :mod:`.authorizer` — the REQUEST authorizer (JWT in ``?token=`` or ``bearer.<jwt>``
-  subprotocol);
-* :mod:`.jwt` — RS256/ES256/HS256 JSON Web Token verification;
-* :mod:`.canary` — the health probe that publishes ``App/WebSocketHealth``, with fail-back
-  hysteresis;
-* :mod:`.tables` — creates the state and connections tables where there is no CloudFormation;
-* :mod:`.local_gateway` — API Gateway's WebSocket routing and Management API on loopback;
-* :mod:`.drill` — a two-region failover drill (``python -m streamfleet_dev.wsapi.drill``).
+  subprotocol), users' and the canary's identities kept apart;
+* :mod:`.jwt` — the token policy around PyJWT (RS256/ES256/HS256);
+* :mod:`.canary` — the health probe that publishes ``App/WebSocketHealth`` with fail-back
+  hysteresis, and closes its region's connections while the region is unhealthy;
+* :mod:`.logs` — structured log records for all three.
 
-Nothing here imports ``aws_cdk``.
+Distributions each Lambda needs besides the standard library and the Lambda runtime's boto3:
+the handlers none; the authorizer ``PyJWT`` and ``cryptography`` (RS256/ES256); the canary
+``websockets``, ``PyJWT`` and ``cryptography``. Nothing here imports ``aws_cdk``.
 """
