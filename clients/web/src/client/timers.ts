@@ -2,7 +2,7 @@
 export interface Timers {
   setTimeout(callback: () => void, ms: number): unknown;
   clearTimeout(handle: unknown): void;
-  /** Milliseconds; only differences are used. */
+  /** Milliseconds on any monotonic clock; only differences are used. */
   now(): number;
 }
 
@@ -15,5 +15,6 @@ export const globalTimers: Timers = {
   clearTimeout: (handle) => {
     globalThis.clearTimeout(handle as ReturnType<typeof globalThis.setTimeout>);
   },
-  now: () => Date.now(),
+  // Monotonic where there is one: a wall-clock jump must not fake a missed pong.
+  now: () => (typeof performance !== 'undefined' ? performance.now() : Date.now()),
 };
