@@ -175,6 +175,8 @@ async def test_minted_tokens_are_checked_before_minting(regions: LocalRegions) -
         regions.mint_token("")
     with pytest.raises(RegionsError, match="expires_in"):
         regions.mint_token("carol", expires_in=float("inf"))
+    with pytest.raises(RegionsError, match="reserved"):
+        regions.mint_token("canary:mallory")
 
 
 # --- Server-driven failover ---------------------------------------------------------------------

@@ -58,6 +58,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import boto3
 from botocore.config import Config
 
+from streamfleet import model
 from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.validation import ID_CHARSET_DOC, ID_PATTERN
 from streamfleet.wsapi import jwt
@@ -542,6 +543,8 @@ class LocalRegions:
             raise RegionsError(f"user: 1 to {MAX_USER_CHARS} characters")
         if not ID_PATTERN.fullmatch(user_id):
             raise RegionsError(f"user: only {ID_CHARSET_DOC} are allowed")
+        if user_id.startswith(model.CANARY_PRINCIPAL_PREFIX):
+            raise RegionsError(f"user: the prefix {model.CANARY_PRINCIPAL_PREFIX!r} is reserved")
         if not (math.isfinite(expires_in) and 0 < expires_in <= MAX_TOKEN_SECONDS):
             raise RegionsError(f"expires_in: between 0 and {MAX_TOKEN_SECONDS} seconds")
         now = int(time.time())

@@ -471,13 +471,13 @@ class WsApiHandlers:
                 self.send_pong(request_context, connection_id)
                 return {"statusCode": 200}
             if _principal_kind(request_context) == model.WS_PRINCIPAL_CANARY:
+                # Checked before anything is read: the canary's identity owns no state.
                 raise _NotAuthorized("the canary identity may send heartbeat only")
+            user_id = self._user_of(request_context, connection_id)
+            if isinstance(message, GetState):
+                reply = self.get_state(user_id, message.auction)
             else:
-                user_id = self._user_of(request_context, connection_id)
-                if isinstance(message, GetState):
-                    reply = self.get_state(user_id, message.auction)
-                else:
-                    reply = self.place_bid(user_id, message.auction, message.amount)
+                reply = self.place_bid(user_id, message.auction, message.amount)
         except BadMessage as bad:
             request_id = bad.request_id
             reply = _error(bad.message, bad.field, full=str(bad), code="bad_request")
@@ -879,9 +879,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     started = time.monotonic()
     result = handlers(event, context)
     request_context = event.get("requestContext") or {}
+    # DEBUG: one line per heartbeat of every client would dominate the log bill at INFO; the
+    # decisions (connect, refusals, errors) are logged where they are made.
     log_event(
         logger,
-        logging.INFO,
+        logging.DEBUG,
         "wsapi_invocation",
         route=request_context.get("routeKey"),
         status=result.get("statusCode"),
