@@ -23,11 +23,17 @@ from stacks import add_fleet_stacks, add_websocket_stacks  # noqa: E402
 from streamfleet_cdk.config import AppConfig  # noqa: E402
 
 
+def add_stacks(app: cdk.App) -> None:
+    """Every stack of the app, from ``app``'s context: each Region's fleet stack (which owns the
+    Region's API Gateway CloudWatch role and alarm topic), then its WebSocket API stack."""
+    config = AppConfig.from_context(app.node)
+    fleet = add_fleet_stacks(app, config)
+    add_websocket_stacks(app, config, region_owners=fleet)
+
+
 def main() -> None:
     app = cdk.App()
-    config = AppConfig.from_context(app.node)
-    add_fleet_stacks(app, config)
-    add_websocket_stacks(app, config)
+    add_stacks(app)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
 

@@ -1,6 +1,11 @@
 """One stack per Region: tables (declared in the primary, referenced in the secondary), the
 event ingestion (API, router, queue) and the worker fleet.
 
+The fleet stack also owns its Region's singletons, which the WebSocket API stack of the same
+Region uses too (and so deploys after it): the API Gateway CloudWatch role (the account setting
+every stage's logs need; ``streamfleet:api_gateway_cloudwatch_role=false`` leaves it to the
+account's baseline) and the alarm topic every alarm of both stacks notifies.
+
 Both stacks expose the same attributes, so a Region's stack is wired the same way in either
 role. Stacks only wire constructs; every decision with a reason lives in a construct.
 """
@@ -11,7 +16,9 @@ from aws_cdk import Annotations, App, CfnOutput, Duration, Fn
 from constructs import Construct
 
 from stacks.regional import RegionalStack, Role
-from streamfleet_cdk.config import AppConfig
+from streamfleet_cdk.alarms import AlarmNotifications, AlarmTopic
+from streamfleet_cdk.api_gateway_account import ApiGatewayAccount
+from streamfleet_cdk.config import AppConfig, context_key
 from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.tables import FleetTableReplicas, FleetTables, FleetTablesProps
 from streamfleet_cdk.worker_fleet import VPC_AZS, WorkerFleet, WorkerFleetProps
@@ -19,15 +26,20 @@ from streamfleet_cdk.worker_fleet import VPC_AZS, WorkerFleet, WorkerFleetProps
 PRIMARY_STACK_NAME = "StreamFleet-Primary"
 SECONDARY_STACK_NAME = "StreamFleet-Secondary"
 
+OPEN_TO_ACCOUNT = "streamfleet:invoke-open-to-account"
+
 
 class FleetStack(RegionalStack):
     """The fleet's resources in one Region.
 
-    The ``env`` is always explicit (``config.account`` and the role's Region): global table
-    replicas and the VPC's Availability Zones need a concrete Region at synth time.
+    The Region is always explicit (global table replicas need a concrete Region at synth time);
+    the account is ``config.account``, or the deploying credentials' when that is unset.
 
     Attributes:
         role: :class:`Role` of this stack.
+        alarm_topic: the Region's alarm topic; every alarm of this stack notifies it.
+        api_gateway_account: the Region's API Gateway CloudWatch role and account setting
+            (``None`` when the account's baseline manages it).
         lease_table: the lease table (declared here in the primary, the local replica otherwise).
         messages_table: the messages table, likewise.
         ingestion: this Region's :class:`EventIngestion` (API, router, queue).
@@ -43,6 +55,12 @@ class FleetStack(RegionalStack):
         )
         primary = self.primary
         self.active = primary or config.secondary_active
+        self.alarm_topic = AlarmTopic(self, "Alarms", email=config.alarm_email).topic
+        self.api_gateway_account = (
+            ApiGatewayAccount(self, "ApiGatewayAccount")
+            if config.api_gateway_cloudwatch_role
+            else None
+        )
         tables = self._build_tables(config)
         self.lease_table = tables.lease_table
         self.messages_table = tables.messages_table
@@ -55,9 +73,17 @@ class FleetStack(RegionalStack):
                 allowed_upstreams=config.allowed_upstreams,
                 throttling_rate_limit=config.api_rate_limit,
                 throttling_burst_limit=config.api_burst_limit,
+                invoke_principals=config.invoke_principals,
+                reserved_concurrency=config.router_reserved_concurrency,
+                log_level=config.lambda_log_level,
                 log_retention=retention,
             ),
         )
+        if self.api_gateway_account is not None:
+            # The stage writes logs from its first deployment: the role must be set by then.
+            self.ingestion.api.deployment_stage.node.add_dependency(
+                self.api_gateway_account.account
+            )
         self.fleet = WorkerFleet(
             self,
             "Workers",
@@ -79,10 +105,14 @@ class FleetStack(RegionalStack):
                 heartbeat_seconds=config.heartbeat_seconds,
                 reconcile_seconds=config.reconcile_seconds,
                 stop_timeout=Duration.seconds(config.stop_timeout_seconds),
+                nat_gateways=config.nat_gateways,
+                message_retention_days=config.message_retention_days,
                 log_retention=retention,
             ),
         )
+        AlarmNotifications.apply(self, self.alarm_topic)
         self._warn_about_two_active_regions(config)
+        self._warn_about_an_open_api(config)
         self._build_outputs()
 
     @property
@@ -130,7 +160,18 @@ class FleetStack(RegionalStack):
                 "the primary fleet stopped.",
             )
 
+    def _warn_about_an_open_api(self, config: AppConfig) -> None:
+        """Without named principals, IAM policies alone decide who may START and STOP."""
+        if not config.invoke_principals:
+            Annotations.of(self).add_warning_v2(
+                OPEN_TO_ACCOUNT,
+                f"{context_key('invoke_principals')} is not set: every principal of this "
+                "account whose IAM policy allows execute-api:Invoke on this API may START and "
+                "STOP any stream. Name the producers' roles to allow them and deny everyone else.",
+            )
+
     def _build_outputs(self) -> None:
+        CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn)
         CfnOutput(self, "LeaseTableName", value=self.lease_table.table_name)
         CfnOutput(self, "MessagesTableName", value=self.messages_table.table_name)
         CfnOutput(self, "ApiUrl", value=self.ingestion.api.url)

@@ -20,7 +20,8 @@ class Role(StrEnum):
 
 @dataclass(frozen=True)
 class Placement:
-    """A stack's role and its explicit environment (account and Region)."""
+    """A stack's role and its environment: always a Region; the account only if configured
+    (otherwise the stack is account-agnostic and deploys into the credentials' account)."""
 
     role: Role
     env: Environment
@@ -38,12 +39,14 @@ class Placement:
             choices = ", ".join(repr(r.value) for r in Role)
             raise ValueError(f"role: expected one of {choices}, got {role!r}") from None
         region = config.primary_region if parsed is Role.PRIMARY else config.secondary_region
+        if config.account is None:
+            return cls(parsed, Environment(region=region))
         return cls(parsed, Environment(account=config.account, region=region))
 
 
 class RegionalStack(Stack):
-    """A stack in the primary or the secondary Region, always with an explicit ``env``:
-    global table replicas and Availability Zones need a concrete Region at synth time."""
+    """A stack in the primary or the secondary Region, always with an explicit Region: global
+    table replicas need a concrete Region at synth time. The account may stay unresolved."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, config: AppConfig, role: str, purpose: str

@@ -2,7 +2,9 @@
 with its alarm and health check, and (with a custom domain) this Region's failover record.
 
 These are stacks of their own, next to the fleet's: the two halves of the product share the
-Regions and the account, not their resources, and each can be deployed without the other.
+Regions and the account, and each Region's singletons, which the fleet stack of that Region owns
+(the API Gateway CloudWatch role the stage's access logs need, and the alarm topic, addressed by
+name). So each WebSocket stack deploys after its Region's fleet stack.
 Both Regions' stacks are built alike; the primary declares the state global table (the secondary
 references its replica) and the PRIMARY failover record, the secondary the SECONDARY record. The
 records share one name in one hosted zone, so neither stack needs a value from the other Region.
@@ -10,12 +12,13 @@ records share one name in one hosted zone, so neither stack needs a value from t
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, App, CfnOutput
+from aws_cdk import Annotations, App, CfnOutput, Stack
 from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_route53 as route53
 from constructs import Construct
 
 from stacks.regional import RegionalStack, Role
+from streamfleet_cdk.alarms import AlarmNotifications, topic_by_name
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
 from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
 from streamfleet_cdk.failover_dns import FailoverRecords, FailoverRecordsProps, FailoverTarget
@@ -46,6 +49,8 @@ class WebSocketApiStack(RegionalStack):
         websocket: this Region's :class:`WebSocketApi`.
         canary: this Region's :class:`WebSocketCanary` (alarm and health check).
         failover: this Region's :class:`FailoverRecords` (``None`` without a custom domain).
+        alarm_topic: the Region's alarm topic (declared by the fleet stack); every alarm of
+            this stack notifies it.
     """
 
     def __init__(
@@ -82,6 +87,9 @@ class WebSocketApiStack(RegionalStack):
                 custom_domain=self._custom_domain(config),
                 throttling_rate_limit=config.ws_api_rate_limit,
                 throttling_burst_limit=config.ws_api_burst_limit,
+                reserved_concurrency=config.ws_handler_reserved_concurrency,
+                authorizer_reserved_concurrency=config.authorizer_reserved_concurrency,
+                log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
             ),
         )
@@ -97,9 +105,13 @@ class WebSocketApiStack(RegionalStack):
                 signing_key_secret_name=config.canary_signing_key_secret_name,
                 token_transport=config.canary_token_transport,
                 healthy_runs_to_recover=config.canary_healthy_runs_to_recover,
+                reserved_concurrency=config.canary_reserved_concurrency,
+                log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
             ),
         )
+        self.alarm_topic = topic_by_name(self, "AlarmTopic")
+        AlarmNotifications.apply(self, self.alarm_topic)
         self.failover = self._build_failover(config)
         self._annotate(config)
         self._build_outputs()
@@ -183,11 +195,27 @@ class WebSocketApiStack(RegionalStack):
 
 
 def add_websocket_stacks(
-    app: App, config: AppConfig
+    app: App, config: AppConfig, *, region_owners: tuple[Stack, Stack] | None = None
 ) -> tuple[WebSocketApiStack, WebSocketApiStack]:
     """Add the primary and the secondary WebSocket API stack; the secondary deploys second
-    (its state table is the replica of the global table the primary declares)."""
+    (its state table is the replica of the global table the primary declares).
+
+    ``region_owners``: the ``(primary, secondary)`` stacks that own each Region's API Gateway
+    CloudWatch role and alarm topic (the fleet stacks, as ``app.py`` passes them); each
+    WebSocket stack deploys after its Region's. ``None`` (tests of these stacks alone): the
+    Region's role and topic are assumed to exist already.
+    """
     primary = WebSocketApiStack(app, PRIMARY_WS_STACK_NAME, config=config, role=Role.PRIMARY)
     secondary = WebSocketApiStack(app, SECONDARY_WS_STACK_NAME, config=config, role=Role.SECONDARY)
     secondary.add_stack_dependency(primary, "the state global table and its replica are there")
+    if region_owners is not None:
+        for stack, owner in zip((primary, secondary), region_owners, strict=True):
+            if owner.region != stack.region:
+                raise ValueError(
+                    f"region_owners: {owner.stack_name} is in {owner.region}, "
+                    f"{stack.stack_name} in {stack.region}"
+                )
+            stack.add_stack_dependency(
+                owner, "the Region's API Gateway CloudWatch role and alarm topic are there"
+            )
     return primary, secondary

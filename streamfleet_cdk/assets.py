@@ -11,10 +11,12 @@ package lives in one of two places:
 
 Neither synth path needs Docker: :func:`stage_worker_image_context` only assembles a build
 context that ``ContainerImage.from_asset`` hashes (the image is built at deploy time), and
-:func:`router_code` bundles the Lambda by copying the package (:class:`PackageCopy`), never in a
-container. :func:`bundled_code` adds third-party distributions (the WebSocket authorizer's and
-canary's ``cryptography`` and ``websockets``) the same way, after checking each wheel against the
-Lambda runtime it will run on (:class:`LambdaPythonTarget`).
+:func:`lambda_code` bundles a Lambda by copying the package (:class:`PackageCopy`), never in a
+container, plus the third-party distributions it names (the WebSocket authorizer's and canary's
+``cryptography``, ``PyJWT`` and ``websockets``), each checked against the Lambda runtime it will
+run on (:class:`LambdaPythonTarget`) and fetched for it where the installed wheel does not fit.
+
+Every function of the app runs on one runtime and one architecture, :data:`LAMBDA_TARGET`.
 """
 
 from __future__ import annotations
@@ -166,39 +168,17 @@ class PackageCopy:
         return True
 
 
-def router_code(runtime: lambda_.Runtime) -> lambda_.Code:
-    """The event router's Lambda code: the ``streamfleet`` package at the bundle's root.
-
-    The hash is the bundle's (``OUTPUT``), so it changes exactly when the copied code does. The
-    bundling image is only a fallback CDK requires; :class:`PackageCopy` always succeeds first.
-    """
-    package_dir = runtime_package_dir()
-    return lambda_.Code.from_asset(
-        str(package_dir),
-        asset_hash_type=cdk.AssetHashType.OUTPUT,
-        bundling=cdk.BundlingOptions(image=runtime.bundling_image, local=PackageCopy(package_dir)),
-    )
-
-
-def package_code(runtime: lambda_.Runtime) -> lambda_.Code:
-    """A Lambda bundle of the ``streamfleet`` package alone (pure Python; boto3 comes from the
-    Lambda runtime): :func:`router_code`, under a name that does not say "router"."""
-    return router_code(runtime)
-
-
 # --- Lambda bundles with third-party distributions ---------------------------------------------
 #
-# The WebSocket API's authorizer needs ``cryptography`` (compiled) and the canary ``websockets``
-# (and ``cryptography`` to mint its tokens). They are bundled without Docker, from the
-# distributions installed in the interpreter that runs the synth, after checking each one's wheel
-# tags against the Lambda runtime it will run on. What this venv holds shows why the check is
-# needed: cryptography 50's wheel here is ``cp311-abi3-manylinux_2_34_x86_64`` and imports cffi's
-# ``_cffi_backend``, a ``cp311-cp311`` extension. The Python 3.11 Lambda runtime runs on Amazon
-# Linux 2 (glibc 2.26): cffi fits, that cryptography wheel does not (``GLIBC_2.33 not found`` at
-# import). The Python 3.12+ runtimes (glibc 2.34) would take that cryptography but not a cp311
-# ``_cffi_backend``. A distribution whose installed wheel does not fit is therefore fetched once,
-# as the same version built for the target (``pip install --platform ... --only-binary=:all:``,
-# from PyPI or pip's cache), and kept in a staging cache; the others are copied as installed.
+# The WebSocket API's authorizer needs ``PyJWT`` and ``cryptography`` (compiled), the canary
+# ``websockets`` too. They are bundled without Docker, from the distributions installed in the
+# interpreter that runs the synth, after checking each one's wheel tags against the Lambda
+# runtime it will run on. The synth interpreter is rarely that runtime: this venv's cryptography
+# wheel is ``cp311-abi3-manylinux_2_34_x86_64`` and loads cffi's ``_cffi_backend``, a
+# ``cp311-cp311`` x86_64 extension, while every function runs CPython 3.14 on arm64. A
+# distribution whose installed wheel does not fit is therefore fetched once, as the same version
+# built for the target (``pip install --platform ... --only-binary=:all:``, from PyPI or pip's
+# cache), and kept in a staging cache; the others (pure Python) are copied as installed.
 
 RUNTIME_PROVIDED_DISTRIBUTIONS = frozenset(
     # What every Lambda Python runtime ships: never bundled, so the runtime's copy is used.
@@ -275,14 +255,24 @@ class LambdaPythonTarget:
             "extra": "",
         }
 
+    @property
+    def description(self) -> str:
+        """``python3.14/arm64/glibc2.34``: what a bundle for this target is built for."""
+        return f"{self.runtime.name}/{self.architecture.name}/glibc{self.glibc[0]}.{self.glibc[1]}"
 
-PYTHON_3_11_X86_64 = LambdaPythonTarget(
-    runtime=lambda_.Runtime.PYTHON_3_11,
-    architecture=lambda_.Architecture.X86_64,
-    python=(3, 11),
-    machine="x86_64",
-    glibc=(2, 26),  # the Python 3.11 runtime runs on Amazon Linux 2
+
+PYTHON_3_14_ARM64 = LambdaPythonTarget(
+    runtime=lambda_.Runtime.PYTHON_3_14,
+    architecture=lambda_.Architecture.ARM_64,
+    python=(3, 14),
+    machine="aarch64",
+    glibc=(2, 34),  # the Python 3.12+ runtimes run on Amazon Linux 2023
 )
+
+# The one runtime and architecture of every function: the newest Python CDK knows (cdk-nag's
+# AwsSolutions-L1 asks for it) on Graviton (cheaper per GB-second than x86_64). Compiled
+# dependencies are fetched for it (cp314, manylinux aarch64) whatever the synth machine runs.
+LAMBDA_TARGET = PYTHON_3_14_ARM64
 
 
 def _canonical(name: str) -> str:
@@ -469,17 +459,54 @@ class SitePackagesBundling:
         return True
 
 
-def bundled_code(distributions: tuple[str, ...], target: LambdaPythonTarget) -> lambda_.Code:
-    """Lambda code: the ``streamfleet`` package and ``distributions`` for ``target``.
+def bundle_declaration(distributions: tuple[str, ...], target: LambdaPythonTarget) -> str:
+    """What a bundle holds, in words: the package, each distribution ``name==version`` of the
+    closure, and the target, e.g. ``streamfleet + cryptography==50.0.2 + ... for python3.14/
+    arm64/glibc2.34``. Two bundles with different contents never have the same declaration."""
+    closure = distribution_closure(distributions, target) if distributions else []
+    parts = [PACKAGE_NAME, *(f"{_canonical(d.metadata['Name'])}=={d.version}" for d in closure)]
+    return f"{' + '.join(parts)} for {target.description}"
 
-    The asset hash is the bundle's, so it changes exactly when a copied file does.
+
+def bundle_fingerprint(
+    distributions: tuple[str, ...],
+    target: LambdaPythonTarget,
+    package_dir: Path | None = None,
+) -> str:
+    """SHA-256 of what a bundle declares: every file of the package (path and content) and
+    :func:`bundle_declaration` (each distribution's version, the target). The third-party files
+    follow from those: the same version for the same target is the same wheel."""
+    package_dir = package_dir or runtime_package_dir()
+    layout = {f"{PACKAGE_NAME}/{rel}": path for rel, path in package_files(package_dir)}
+    digest = hashlib.sha256(bundle_declaration(distributions, target).encode())
+    digest.update(b"\0")
+    digest.update(content_hash(layout).encode())
+    return digest.hexdigest()
+
+
+def lambda_code(
+    distributions: tuple[str, ...] = (), target: LambdaPythonTarget = LAMBDA_TARGET
+) -> lambda_.Code:
+    """Lambda code: the ``streamfleet`` package and ``distributions`` (with their dependencies)
+    built for ``target``; with no distributions, the package alone (boto3 comes from the
+    Lambda runtime).
+
+    The asset hash is :func:`bundle_fingerprint`, the bundle's declared contents. CDK caches
+    staged assets by source path, bundling options and asset hash, and a local bundler is not
+    part of that key: with a hash of the bundle's *output* (computed after the cache lookup),
+    every bundle of this source directory with the same bundling image got the first one's
+    contents (the canary once shipped with the authorizer's bundle, without ``websockets``).
+    The bundling image is only a fallback CDK requires; the local bundler always succeeds first.
     """
     package_dir = runtime_package_dir()
+    local: PackageCopy | SitePackagesBundling = (
+        SitePackagesBundling(distributions, target, package_dir=package_dir)
+        if distributions
+        else PackageCopy(package_dir)
+    )
     return lambda_.Code.from_asset(
         str(package_dir),
-        asset_hash_type=cdk.AssetHashType.OUTPUT,
-        bundling=cdk.BundlingOptions(
-            image=target.runtime.bundling_image,
-            local=SitePackagesBundling(distributions, target, package_dir=package_dir),
-        ),
+        asset_hash_type=cdk.AssetHashType.CUSTOM,
+        asset_hash=bundle_fingerprint(distributions, target, package_dir),
+        bundling=cdk.BundlingOptions(image=target.runtime.bundling_image, local=local),
     )

@@ -18,8 +18,8 @@ keeping its streaks in the Region's connections table (``CANARY#<api id>``).
 
 The canary authenticates like a client, with a short-lived token it mints from a signing key in
 Secrets Manager; the authorizer must trust the matching public key (publish it in the JWKS).
-Its bundle holds ``websockets`` and ``cryptography`` (to sign RS256/ES256 tokens), so it runs
-on the same Python 3.11 x86_64 runtime as the authorizer, for the same reason.
+Its bundle holds ``websockets``, and ``PyJWT`` with ``cryptography`` to sign RS256/ES256
+tokens, built (like every function's) for Python 3.14 on arm64.
 """
 
 from __future__ import annotations
@@ -42,11 +42,16 @@ from constructs import Construct
 from streamfleet import model
 from streamfleet.client.reconnecting import TokenTransport
 from streamfleet.wsapi import canary as canary_runtime
-from streamfleet_cdk.assets import PYTHON_3_11_X86_64, bundled_code
+from streamfleet_cdk.functions import (
+    DEFAULT_LOG_LEVEL,
+    check_log_level,
+    check_reserved_concurrency,
+    function_alarms,
+    python_function,
+)
 from streamfleet_cdk.nag import acknowledge
 
-CANARY_TARGET = PYTHON_3_11_X86_64
-CANARY_DISTRIBUTIONS = ("websockets", "cryptography")
+CANARY_DISTRIBUTIONS = ("websockets", "PyJWT", "cryptography")
 CANARY_ENTRY = f"{canary_runtime.handler.__module__}.{canary_runtime.handler.__name__}"
 
 SCHEDULE_RATE = Duration.minutes(1)
@@ -82,6 +87,11 @@ class WebSocketCanaryProps:
         healthy_runs_to_recover: consecutive healthy probes needed before a failed-over Region
             reports healthy again (fail-back hysteresis, K in the design).
         probe_timeout: how long one probe may take, handshake to pong.
+        reserved_concurrency: concurrency reserved for the canary, so a flood elsewhere in the
+            account cannot throttle the probe (which would read as unhealthy and fail the Region
+            over). It runs once a minute, so 2 leaves room for a late run overlapping the next
+            (``None``: unreserved).
+        log_level: application log level (JSON logs).
         log_retention: retention of the canary's logs.
     """
 
@@ -96,9 +106,13 @@ class WebSocketCanaryProps:
     probe_timeout: Duration = field(
         default_factory=lambda: Duration.seconds(canary_runtime.DEFAULT_TIMEOUT_SECONDS)
     )
+    reserved_concurrency: int | None = None
+    log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
 
     def __post_init__(self) -> None:
+        check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
+        check_log_level("log_level", self.log_level)
         if self.token_transport not in tuple(TokenTransport):
             choices = ", ".join(t.value for t in TokenTransport)
             raise ValueError(f"token_transport: expected one of {choices}")
@@ -128,6 +142,8 @@ class WebSocketCanary(Construct):
         alarm: in ALARM after 2 of 2 unhealthy or missing datapoints.
         health_check: the Route 53 health check following the alarm.
         signing_key: the secret the canary's token key is read from (``None`` without one).
+        function_alarms: the canary function's own errors and throttles alarms (a canary that
+            cannot run reads as an unhealthy Region; these say it is the canary).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketCanaryProps) -> None:
@@ -144,6 +160,7 @@ class WebSocketCanary(Construct):
         self.metric = self._build_metric()
         self.alarm = self._build_alarm()
         self.health_check = self._build_health_check()
+        self.function_alarms = function_alarms(self, self.function, what="the WebSocket canary")
         self._acknowledge_findings()
 
     # --- Canary ---
@@ -215,19 +232,19 @@ class WebSocketCanary(Construct):
         return env
 
     def _build_function(self) -> lambda_.Function:
-        timeout = self._props.probe_timeout.to_seconds() * 2 + 10  # token, probe, state, metric
-        return lambda_.Function(
+        props = self._props
+        timeout = props.probe_timeout.to_seconds() * 2 + 10  # token, probe, state, metric
+        return python_function(
             self,
             "Function",
             description="StreamFleet WebSocket canary: heartbeat probe of the regional endpoint",
-            runtime=CANARY_TARGET.runtime,
-            architecture=CANARY_TARGET.architecture,
             handler=CANARY_ENTRY,
-            code=bundled_code(CANARY_DISTRIBUTIONS, CANARY_TARGET),
+            distributions=CANARY_DISTRIBUTIONS,
             role=self.role,
             log_group=self.log_group,
-            memory_size=256,
             timeout=Duration.seconds(timeout),
+            reserved_concurrency=props.reserved_concurrency,
+            log_level=props.log_level,
             environment=self._build_environment(),
         )
 
@@ -286,12 +303,6 @@ class WebSocketCanary(Construct):
     # --- cdk-nag ---
 
     def _acknowledge_findings(self) -> None:
-        acknowledge(
-            self.function,
-            "L1",
-            "Python 3.11 on purpose: the canary bundles cryptography with cffi's _cffi_backend "
-            "built for CPython 3.11, to mint its tokens; see streamfleet_cdk.websocket_api.",
-        )
         acknowledge(
             self.role,
             "IAM5[Resource::*]",

@@ -5,18 +5,20 @@ line (``cdk synth -c streamfleet:secondary_region=eu-west-1``). A bad value fail
 ``ValueError`` whose message starts with that key, instead of surfacing later as a CloudFormation
 error about a Region or a table that does not exist.
 
-``streamfleet:account`` is normally left unset: the CLI then supplies ``CDK_DEFAULT_ACCOUNT``
-from the ambient credentials, and without credentials a placeholder account is used so that
-``cdk synth`` (and the tests) work anywhere. Nothing can be deployed to the placeholder.
+``streamfleet:account`` is normally left unset: the stacks are then *account-agnostic* (their
+Region is fixed, their account is ``AWS::AccountId``), so ``cdk synth`` needs no credentials and
+writes the same templates on every machine, and ``cdk deploy`` deploys them into the account of
+the credentials it runs with. Nothing is ever synthesized for a made-up account, so a
+synth-once-deploy-later pipeline cannot deploy one. Set it to pin both stacks to one account:
+the CDK CLI then refuses to deploy them with another account's credentials.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
@@ -26,12 +28,14 @@ from constructs import Node
 from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
 from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
+from streamfleet_cdk.alarms import EMAIL_PATTERN
+from streamfleet_cdk.event_ingestion import check_invoke_principals
+from streamfleet_cdk.functions import DEFAULT_LOG_LEVEL, check_log_level
 from streamfleet_cdk.upstreams import SEPARATOR, check_allowed_upstreams
-from streamfleet_cdk.worker_fleet import FARGATE_MEMORY, MAX_STOP_TIMEOUT_SECONDS
+from streamfleet_cdk.worker_fleet import FARGATE_MEMORY, MAX_STOP_TIMEOUT_SECONDS, VPC_AZS
 
 CONTEXT_PREFIX = "streamfleet:"
 
-PLACEHOLDER_ACCOUNT = "111111111111"
 DEFAULT_PRIMARY_REGION = "us-east-1"
 DEFAULT_SECONDARY_REGION = "us-west-2"
 
@@ -100,6 +104,14 @@ LOG_RETENTION = {
 
 _TRUE_WORDS = frozenset({"true", "yes", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "0"})
+# A reserved-concurrency key set to this leaves the function in the account's unreserved pool.
+UNRESERVED = "none"
+RESERVED_CONCURRENCY_SETTINGS = (
+    "router_reserved_concurrency",
+    "ws_handler_reserved_concurrency",
+    "authorizer_reserved_concurrency",
+    "canary_reserved_concurrency",
+)
 
 
 def context_key(field_name: str) -> str:
@@ -107,16 +119,13 @@ def context_key(field_name: str) -> str:
     return f"{CONTEXT_PREFIX}{field_name}"
 
 
-def _default_account(environ: Mapping[str, str] = os.environ) -> str:
-    return environ.get("CDK_DEFAULT_ACCOUNT") or PLACEHOLDER_ACCOUNT
-
-
 @dataclass(frozen=True, kw_only=True)
 class AppConfig:
     """Where and how the fleet is deployed.
 
     Attributes:
-        account: the AWS account of both stacks (one account, two Regions).
+        account: the AWS account of every stack (one account, two Regions); ``None`` (the
+            default): account-agnostic stacks, deployed into the deploying credentials' account.
         primary_region: Region whose stack declares the global tables.
         secondary_region: Region of the replica and of the standby stack.
         deletion_protection: DynamoDB deletion protection on both tables and every replica.
@@ -168,9 +177,28 @@ class AppConfig:
         ws_api_burst_limit: the WebSocket stage's burst, per Region.
         ws_state_table_name: physical name of the WebSocket API's state table (global).
         ws_connections_table_name: physical name of each Region's connections table.
+        api_gateway_cloudwatch_role: create each Region's API Gateway CloudWatch role (the
+            account setting every stage's logs go through) in that Region's fleet stack. Turn
+            off where the account baseline sets it.
+        invoke_principals: IAM role/user ARNs (``*`` allowed in the name), account root ARNs or
+            account ids that may call the events API; empty: this account's principals, as
+            their IAM policies allow.
+        router_reserved_concurrency: reserved concurrency of the event router (``none``:
+            unreserved).
+        ws_handler_reserved_concurrency: reserved concurrency of the WebSocket handler.
+        authorizer_reserved_concurrency: reserved concurrency of the WebSocket authorizer (a
+            ``$connect`` flood is refused at this cap).
+        canary_reserved_concurrency: reserved concurrency of the canary.
+        lambda_log_level: application log level of every function (JSON logs).
+        alarm_email: an e-mail address subscribed to each Region's alarm topic (``None``: no
+            subscription; subscribe anything else to the ``StreamFleet-Alarms`` topic).
+        nat_gateways: NAT gateways of each Region's VPC, 1 to its AZ count (default: one per
+            AZ, so one AZ's failure leaves the other's workers their outbound connections).
+        message_retention_days: how long stored messages are kept (the workers'
+            ``MESSAGE_RETENTION_DAYS``; the messages table's TTL deletes them after that).
     """
 
-    account: str = field(default_factory=_default_account)
+    account: str | None = None
     primary_region: str = DEFAULT_PRIMARY_REGION
     secondary_region: str = DEFAULT_SECONDARY_REGION
     deletion_protection: bool = True
@@ -210,6 +238,16 @@ class AppConfig:
     ws_api_burst_limit: int = 1000
     ws_state_table_name: str = model.DEFAULT_WSAPI_STATE_TABLE_NAME
     ws_connections_table_name: str = model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
+    api_gateway_cloudwatch_role: bool = True
+    invoke_principals: tuple[str, ...] = ()
+    router_reserved_concurrency: int | None = 100
+    ws_handler_reserved_concurrency: int | None = 200
+    authorizer_reserved_concurrency: int | None = 100
+    canary_reserved_concurrency: int | None = 2
+    lambda_log_level: str = DEFAULT_LOG_LEVEL
+    alarm_email: str | None = None
+    nat_gateways: int = VPC_AZS
+    message_retention_days: int = model.DEFAULT_MESSAGE_RETENTION_DAYS
 
     def __post_init__(self) -> None:
         self._check_placement()
@@ -218,9 +256,11 @@ class AppConfig:
         self._check_consistency()
         self._check_websocket_api()
         self._check_websocket_domain()
+        self._check_operations()
 
     def _check_placement(self) -> None:
-        _check_pattern("account", self.account, ACCOUNT_PATTERN, "12 digits")
+        if self.account is not None:
+            _check_pattern("account", self.account, ACCOUNT_PATTERN, "12 digits")
         for name in ("primary_region", "secondary_region"):
             _check_pattern(name, getattr(self, name), REGION_PATTERN, "a Region like us-east-1")
         if self.primary_region == self.secondary_region:
@@ -239,7 +279,11 @@ class AppConfig:
                 f"{context_key('messages_table_name')}: must differ from "
                 f"{context_key('lease_table_name')} ({self.lease_table_name})"
             )
-        for name in ("secondary_active", "multi_region_strong_consistency"):
+        for name in (
+            "secondary_active",
+            "multi_region_strong_consistency",
+            "api_gateway_cloudwatch_role",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{context_key(name)}: expected true or false")
 
@@ -415,6 +459,25 @@ class AppConfig:
                 "refused, so the primary Region would never be healthy"
             )
 
+    def _check_operations(self) -> None:
+        with _naming_context_key("invoke_principals"):
+            check_invoke_principals("invoke_principals", self.invoke_principals)
+        for name in RESERVED_CONCURRENCY_SETTINGS:
+            value = getattr(self, name)
+            if value is not None:
+                _check_number(name, value, whole=True, minimum=1)
+        with _naming_context_key("lambda_log_level"):
+            check_log_level("lambda_log_level", self.lambda_log_level)
+        if self.alarm_email is not None:
+            _check_pattern("alarm_email", self.alarm_email, EMAIL_PATTERN, "an e-mail address")
+        _check_number("nat_gateways", self.nat_gateways, whole=True, minimum=1)
+        if self.nat_gateways > VPC_AZS:
+            raise ValueError(
+                f"{context_key('nat_gateways')}: at most {VPC_AZS} (one per AZ of the VPC), "
+                f"got {self.nat_gateways}"
+            )
+        _check_number("message_retention_days", self.message_retention_days, whole=True, minimum=1)
+
     @property
     def ws_custom_domain(self) -> bool:
         """Whether the WebSocket API has a custom domain and failover records."""
@@ -437,12 +500,13 @@ class AppConfig:
         return (self.secondary_region,)
 
     @classmethod
-    def from_context(cls, app_node: Node, *, environ: Mapping[str, str] | None = None) -> AppConfig:
+    def from_context(cls, app_node: Node) -> AppConfig:
         """Read every ``streamfleet:<field>`` context key; unset (or null) keys keep defaults.
 
-        ``environ`` (default :data:`os.environ`) supplies ``CDK_DEFAULT_ACCOUNT`` when
-        ``streamfleet:account`` is unset. Values given with ``-c`` arrive as strings, values
-        from ``cdk.json`` as JSON types; booleans accept both (``true``/``false``).
+        Values given with ``-c`` arrive as strings, values from ``cdk.json`` as JSON types;
+        booleans accept both (``true``/``false``). The account is never taken from the
+        environment (``CDK_DEFAULT_ACCOUNT``): unset, the stacks are account-agnostic, and the
+        same synth gives the same templates with or without credentials.
         """
         types = get_type_hints(cls)
         values: dict[str, Any] = {}
@@ -452,8 +516,6 @@ class AppConfig:
                 continue
             parse = _PARSERS.get(types[spec.name], _require_str)
             values[spec.name] = parse(spec.name, raw)
-        if "account" not in values:
-            values["account"] = _default_account(os.environ if environ is None else environ)
         return cls(**values)
 
 
@@ -501,6 +563,18 @@ def _parse_float(name: str, value: object) -> float:
     raise ValueError(f"{context_key(name)}: expected a number, got {value!r}")
 
 
+def _parse_optional_int(name: str, value: object) -> int | None:
+    """A whole number, or :data:`UNRESERVED` for none."""
+    if isinstance(value, str) and value.strip().lower() == UNRESERVED:
+        return None
+    try:
+        return _parse_int(name, value)
+    except ValueError:
+        raise ValueError(
+            f"{context_key(name)}: expected a whole number or {UNRESERVED!r}, got {value!r}"
+        ) from None
+
+
 def _parse_str_tuple(name: str, value: object) -> tuple[str, ...]:
     """A JSON list of strings (cdk.json), or one comma-separated string (``-c``)."""
     if isinstance(value, str):
@@ -537,6 +611,7 @@ def _check_pattern(name: str, value: object, pattern: re.Pattern[str], expected:
 _PARSERS: dict[Any, Any] = {
     bool: _parse_bool,
     int: _parse_int,
+    int | None: _parse_optional_int,
     float: _parse_float,
     tuple[str, ...]: _parse_str_tuple,
 }

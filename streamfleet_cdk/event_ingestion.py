@@ -5,13 +5,21 @@ from :mod:`streamfleet.event_router`, the code that serves them) reach one Lambd
 writer of ``desired_state``. When a START makes a connection claimable, the router sends one
 notification (:func:`streamfleet.model.notification_body`) to the queue the workers poll, so a
 peer claims it within a second instead of at its next orphan scan.
+
+Who may call the API is decided twice: IAM (SigV4) authorization on every method, and a resource
+policy that names the principals allowed to invoke it (``invoke_principals``, plus whoever
+:meth:`EventIngestion.grant_invoke` is given) and denies everyone else, so a principal of the
+account whose own IAM policy happens to allow ``execute-api:Invoke`` on ``*`` still cannot
+START or STOP streams unless it is named here.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from aws_cdk import Duration
+import jsii
+from aws_cdk import Duration, IStableListProducer, Lazy, Stack
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -23,12 +31,16 @@ from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from streamfleet import event_router, validation
-from streamfleet_cdk.assets import router_code
+from streamfleet_cdk.functions import (
+    DEFAULT_LOG_LEVEL,
+    check_log_level,
+    check_reserved_concurrency,
+    function_alarms,
+    python_function,
+)
 from streamfleet_cdk.nag import acknowledge
 from streamfleet_cdk.upstreams import allowed_upstreams_env, check_allowed_upstreams
 
-# The newest Python runtime CDK knows; cdk-nag's AwsSolutions-L1 requires the newest.
-ROUTER_RUNTIME = lambda_.Runtime.PYTHON_3_14
 ROUTER_HANDLER = f"{event_router.handler.__module__}.{event_router.handler.__name__}"
 
 # API Gateway gives up on an integration after 29 s; the router must answer before that.
@@ -43,6 +55,14 @@ JSON_CONTENT_TYPE = "application/json"
 CONNECTION_ID_SCHEMA_PATTERN = (
     f"^{validation.ID_PATTERN.pattern.removesuffix('+')}{{1,{validation.MAX_ID_BYTES}}}$"
 )
+
+INVOKE_ACTION = "execute-api:Invoke"
+# An IAM role or user ARN (``*`` allowed in the name: ``role/producer-*``), an account's root
+# ARN, or a 12-digit account id (every principal of that account).
+PRINCIPAL_ARN_PATTERN = re.compile(
+    r"arn:aws[a-z-]*:iam::(?P<account>\d{12}):(?P<name>root|(role|user)/[\w+=,.@/*-]+)"
+)
+ACCOUNT_ID_PATTERN = re.compile(r"\d{12}")
 
 ROUTER_ACTIONS = {
     "lease_table": ("dynamodb:GetItem", "dynamodb:UpdateItem"),
@@ -66,12 +86,21 @@ class EventIngestionProps:
         throttling_burst_limit: stage-wide burst, in requests.
         stage_name: the API's stage (the first path segment of its URL).
         tracing: X-Ray tracing on the API stage and the router.
-        execution_logging_level: API Gateway execution logging (``ERROR`` or ``INFO``). Off by
-            default: it needs the account-wide API Gateway CloudWatch role, which belongs to the
-            account's baseline, not to this stack. Access logs are always on.
+        execution_logging_level: API Gateway execution logging (``ERROR``, the default, or
+            ``INFO``; ``None`` turns it off). Like the access logs (always on), it is written
+            through the Region's API Gateway CloudWatch role (see
+            :class:`~streamfleet_cdk.api_gateway_account.ApiGatewayAccount`). Request and
+            response bodies are never logged (no data trace).
+        invoke_principals: who may call the API: IAM role or user ARNs (``*`` allowed in the
+            name), account root ARNs or account ids. Empty (the default): this account's
+            principals, as their IAM policies allow. Named: those principals (and whoever
+            :meth:`EventIngestion.grant_invoke` is given) and nobody else, whatever their IAM
+            policies say.
         web_acl_arn: a WAFv2 web ACL (REGIONAL scope) to associate with the stage.
         log_retention: how long the router's logs and the API's access logs are kept.
-        reserved_concurrency: cap on concurrent router invocations (``None``: unreserved).
+        reserved_concurrency: concurrency reserved for (and the cap of) the router
+            (``None``: unreserved).
+        log_level: the router's application log level (JSON logs).
         router_memory_mib: the router's memory (and so its CPU share).
         router_timeout: the router's timeout; at most 29 s (API Gateway's integration limit).
         queue_retention: how long an unclaimed notification stays in the queue. Notifications
@@ -86,10 +115,14 @@ class EventIngestionProps:
     throttling_burst_limit: int = 100
     stage_name: str = "v1"
     tracing: bool = False
-    execution_logging_level: apigateway.MethodLoggingLevel | None = None
+    execution_logging_level: apigateway.MethodLoggingLevel | None = (
+        apigateway.MethodLoggingLevel.ERROR
+    )
+    invoke_principals: tuple[str, ...] = ()
     web_acl_arn: str | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     reserved_concurrency: int | None = None
+    log_level: str = DEFAULT_LOG_LEVEL
     router_memory_mib: int = 256
     router_timeout: Duration = field(default_factory=lambda: Duration.seconds(15))
     queue_retention: Duration = field(default_factory=lambda: Duration.days(1))
@@ -102,8 +135,9 @@ class EventIngestionProps:
         _check_whole("throttling_burst_limit", self.throttling_burst_limit, minimum=1)
         if not self.stage_name or not self.stage_name.replace("_", "").isalnum():
             raise ValueError(f"stage_name: letters, digits and _ only, got {self.stage_name!r}")
-        if self.reserved_concurrency is not None:
-            _check_whole("reserved_concurrency", self.reserved_concurrency, minimum=1)
+        check_invoke_principals("invoke_principals", self.invoke_principals)
+        check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
+        check_log_level("log_level", self.log_level)
         _check_whole("router_memory_mib", self.router_memory_mib, minimum=128, maximum=10240)
         timeout = self.router_timeout.to_seconds()
         if not 1 <= timeout <= MAX_ROUTER_TIMEOUT_SECONDS:
@@ -115,6 +149,35 @@ class EventIngestionProps:
         if not 60 <= retention <= 14 * 24 * 3600:
             raise ValueError(f"queue_retention: {retention} s is outside SQS's 60 s to 14 days")
         _check_whole("max_receive_count", self.max_receive_count, minimum=1, maximum=1000)
+
+
+def check_invoke_principals(field: str, value: object) -> tuple[str, ...]:
+    """A tuple of IAM role/user ARNs, account root ARNs or account ids; ``ValueError`` naming
+    ``field`` otherwise."""
+    if isinstance(value, str) or not isinstance(value, tuple):
+        raise ValueError(f"{field}: expected a tuple of IAM principal ARNs or account ids")
+    for entry in value:
+        if not isinstance(entry, str) or not (
+            PRINCIPAL_ARN_PATTERN.fullmatch(entry) or ACCOUNT_ID_PATTERN.fullmatch(entry)
+        ):
+            raise ValueError(
+                f"{field}: {entry!r} is not an IAM role or user ARN "
+                "(arn:aws:iam::<account>:role/<name>), an account root ARN or an account id"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError(f"{field}: duplicate entry in {value!r}")
+    return value
+
+
+@jsii.implements(IStableListProducer)
+class _ArnList:
+    """A list that may still grow until synth (``grant_invoke``), rendered when resolved."""
+
+    def __init__(self, values: list[str]) -> None:
+        self.values = values
+
+    def produce(self) -> list[str]:
+        return list(self.values)
 
 
 def _check_whole(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
@@ -142,7 +205,9 @@ class EventIngestion(Construct):
         function: the event router Lambda.
         function_role: the router's execution role.
         function_log_group: the router's log group.
-        api: the REST API.
+        function_alarms: the router's errors and throttles alarms.
+        api: the REST API (with its resource policy).
+        server_error_alarm: in ALARM when the API answered 5XX in the last five minutes.
         access_log_group: the API stage's access logs.
     """
 
@@ -156,10 +221,34 @@ class EventIngestion(Construct):
         self.function_role = self._build_function_role()
         self.function = self._build_function()
         self.access_log_group = self._build_log_group("AccessLogs")
+        self._invoke_arns: list[str] = []
         self.api = self._build_api()
+        self._build_resource_policy()
         self._build_routes()
         self._build_web_acl_association()
+        self.function_alarms = function_alarms(self, self.function, what="the event router")
+        self.server_error_alarm = self._build_server_error_alarm()
         self._acknowledge_findings()
+
+    def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` (an IAM role or user) call every method of the API.
+
+        Adds ``execute-api:Invoke`` to the grantee's policy and, when the API is limited to
+        named principals, names the grantee in the resource policy too.
+        """
+        principal = grantee.grant_principal
+        arn = getattr(principal, "role_arn", None) or getattr(principal, "user_arn", None)
+        if arn is None:
+            raise ValueError(
+                "grantee: only an IAM role or user can be named in the API's resource policy"
+            )
+        if self._props.invoke_principals:
+            self._invoke_arns.append(arn)
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=[INVOKE_ACTION],
+            resource_arns=[self.api.arn_for_execute_api()],
+        )
 
     # --- Queue ---
 
@@ -228,20 +317,18 @@ class EventIngestion(Construct):
 
     def _build_function(self) -> lambda_.Function:
         props = self._props
-        return lambda_.Function(
+        return python_function(
             self,
             "Router",
             description="StreamFleet event router: POST /events, GET /connections/{id}",
-            runtime=ROUTER_RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
             handler=ROUTER_HANDLER,
-            code=router_code(ROUTER_RUNTIME),
             role=self.function_role,
             log_group=self.function_log_group,
             memory_size=props.router_memory_mib,
             timeout=props.router_timeout,
-            reserved_concurrent_executions=props.reserved_concurrency,
-            tracing=lambda_.Tracing.ACTIVE if props.tracing else lambda_.Tracing.DISABLED,
+            reserved_concurrency=props.reserved_concurrency,
+            log_level=props.log_level,
+            tracing=props.tracing,
             environment={
                 "TABLE_NAME": props.lease_table.table_name,
                 "QUEUE_URL": self.queue.queue_url,
@@ -286,6 +373,82 @@ class EventIngestion(Construct):
                     user=True,
                 ),
             ),
+        )
+
+    def _build_resource_policy(self) -> None:
+        """This account's principals by default; else exactly the named ones (see the props).
+
+        Named principals are matched on ``aws:PrincipalArn`` (a role's sessions carry the role's
+        ARN there), in an Allow and in a Deny for everyone else: in the API's own account an
+        identity policy alone would otherwise be enough to call it. The account's root user is
+        always on the list (nothing can lock it out of its own account anyway).
+        """
+        props = self._props
+        every_method = "execute-api:/*"
+        if not props.invoke_principals:
+            self.api.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="InvokeFromThisAccount",
+                    principals=[iam.AccountRootPrincipal()],
+                    actions=[INVOKE_ACTION],
+                    resources=[every_method],
+                )
+            )
+            return
+        stack = Stack.of(self)
+        accounts: list[str] = []
+        self._invoke_arns.append(f"arn:{stack.partition}:iam::{stack.account}:root")
+        for entry in props.invoke_principals:
+            match = PRINCIPAL_ARN_PATTERN.fullmatch(entry)
+            if match is None:
+                accounts.append(entry)
+            elif match["name"] == "root":
+                accounts.append(match["account"])
+            else:
+                self._invoke_arns.append(entry)
+        arns = Lazy.list(_ArnList(self._invoke_arns))
+        self.api.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="InvokeByNamedPrincipals",
+                principals=[iam.AnyPrincipal()],
+                actions=[INVOKE_ACTION],
+                resources=[every_method],
+                conditions={"ArnLike": {"aws:PrincipalArn": arns}},
+            )
+        )
+        deny_unless: dict[str, dict[str, object]] = {"ArnNotLike": {"aws:PrincipalArn": arns}}
+        if accounts:
+            self.api.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="InvokeByNamedAccounts",
+                    principals=[iam.AccountPrincipal(account) for account in accounts],
+                    actions=[INVOKE_ACTION],
+                    resources=[every_method],
+                )
+            )
+            deny_unless["StringNotEquals"] = {"aws:PrincipalAccount": accounts}
+        self.api.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DenyEveryoneElse",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=[INVOKE_ACTION],
+                resources=[every_method],
+                conditions=deny_unless,
+            )
+        )
+
+    def _build_server_error_alarm(self) -> cloudwatch.Alarm:
+        """A 5XX from the control plane means a START or STOP may not have been recorded."""
+        return cloudwatch.Alarm(
+            self,
+            "ServerErrorAlarm",
+            alarm_description="StreamFleet: the events API answered 5XX (router or DynamoDB)",
+            metric=self.api.metric_server_error(period=Duration.minutes(5), statistic="Sum"),
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
     def _build_event_model(self) -> apigateway.Model:
@@ -391,9 +554,8 @@ class EventIngestion(Construct):
             acknowledge(
                 self.api,
                 "APIG6",
-                "Access logs of every request go to a dedicated log group; execution logging "
-                "needs the account-wide API Gateway CloudWatch role, which is account baseline, "
-                "not this stack's (enable it with execution_logging_level).",
+                "Execution logging was turned off by the caller (execution_logging_level=None); "
+                "access logs of every request still go to a dedicated log group.",
             )
         if props.tracing:
             acknowledge(

@@ -8,7 +8,7 @@ next to it is still checked.
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, Validations
+from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
 AWS_SOLUTIONS = "AwsSolutions"
@@ -21,3 +21,23 @@ def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
     if len(reason.strip()) < MIN_REASON_CHARS:
         raise ValueError(f"reason: acknowledging {rule} needs a specific reason, got {reason!r}")
     Validations.of(scope).acknowledge(Acknowledgment(id=f"{AWS_SOLUTIONS}-{rule}", reason=reason))
+
+
+def nag_text(stack: Stack, value: str) -> str:
+    """A CloudFormation value as cdk-nag spells it in a finding id: intrinsics flattened,
+    ``Ref`` as ``<Id>`` and ``GetAtt`` as ``<Id.Attr>`` (to acknowledge one finding only)."""
+
+    def flatten(item: object) -> str:
+        if isinstance(item, str):
+            return item
+        if isinstance(item, dict) and len(item) == 1:
+            ((function, argument),) = item.items()
+            if function == "Fn::Join":
+                return str(argument[0]).join(flatten(part) for part in argument[1])
+            if function == "Ref":
+                return f"<{argument}>"
+            if function == "Fn::GetAtt":
+                return f"<{argument[0]}.{argument[1]}>"
+        raise ValueError(f"no cdk-nag spelling for {item!r}")
+
+    return flatten(stack.resolve(value))

@@ -46,7 +46,9 @@ class FleetTablesProps:
         deletion_protection: DynamoDB's own guard against ``DeleteTable``, on every replica. A
             lost lease table means every connection loses its owner at once, so it defaults on.
         message_ttl: enable TTL on the messages table's ``model.MESSAGES_TABLE.ttl_attribute``,
-            so stored messages expire instead of growing the table forever.
+            so stored messages expire instead of growing the table forever (the workers write
+            it from ``MESSAGE_RETENTION_DAYS``). Every other table gets its spec's TTL
+            attribute, if it has one (the lease table: ended sessions).
         lease_table_name: physical name of the lease table; ``None`` means the model's default.
             Names are fixed rather than generated because other Regions' stacks and the worker
             (``TABLE_NAME``) must know them without a cross-Region reference.
@@ -129,16 +131,13 @@ class FleetTables(Construct):
             "LeaseTable",
             spec=model.LEASE_TABLE,
             table_name=props.lease_table_name or model.LEASE_TABLE.default_name,
-            time_to_live_attribute=None,
             strong=props.strong_consistency,
         )
         self.messages_table: dynamodb.TableV2 = self._build_table(
             "MessagesTable",
             spec=model.MESSAGES_TABLE,
             table_name=props.messages_table_name or model.MESSAGES_TABLE.default_name,
-            time_to_live_attribute=(
-                model.MESSAGES_TABLE.ttl_attribute if props.message_ttl else None
-            ),
+            ttl=props.message_ttl,
         )
 
     def _build_table(
@@ -147,10 +146,11 @@ class FleetTables(Construct):
         *,
         spec: model.TableSpec,
         table_name: str,
-        time_to_live_attribute: str | None,
+        ttl: bool = True,
         strong: bool = False,
     ) -> dynamodb.TableV2:
-        """One global table from its spec; everything but keys and indexes is shared policy."""
+        """One global table from its spec (keys, indexes, TTL attribute); everything else is
+        shared policy. ``ttl=False`` leaves the spec's TTL attribute off."""
         return dynamodb.TableV2(
             self,
             construct_id,
@@ -165,7 +165,7 @@ class FleetTables(Construct):
                 point_in_time_recovery_enabled=True
             ),
             deletion_protection=self._props.deletion_protection,
-            time_to_live_attribute=time_to_live_attribute,
+            time_to_live_attribute=spec.ttl_attribute if ttl else None,
             replicas=self._build_replicas(),
             removal_policy=self._build_removal_policy(),
             multi_region_consistency=dynamodb.MultiRegionConsistency.STRONG if strong else None,

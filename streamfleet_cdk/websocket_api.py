@@ -10,17 +10,14 @@ there) and the connection ids in the Region's own *connections table*.
 Route keys, the route-selection field, table specs and environment names are read from
 :mod:`streamfleet.model` and from the runtime modules that serve them, never retyped.
 
-Bundles (no Docker at synth):
+Bundles (no Docker at synth), both for the app's one Lambda target
+(:data:`~streamfleet_cdk.assets.LAMBDA_TARGET`, Python 3.14 on arm64):
 
-* the handler needs only the ``streamfleet`` package (boto3 comes from the Lambda runtime): it
-  runs on the newest Python runtime, on Graviton, like the event router;
-* the authorizer verifies RS256/ES256 signatures with ``cryptography``, a compiled package whose
-  Rust extension loads cffi's ``_cffi_backend``, a CPython-3.11-only extension in this venv. It
-  runs on :data:`~streamfleet_cdk.assets.PYTHON_3_11_X86_64` (the ABI of the synth interpreter,
-  so the very bundle that is deployed is import-checked by the tests), and
-  :func:`~streamfleet_cdk.assets.bundled_code` checks every wheel against that runtime's glibc
-  (Amazon Linux 2: 2.26), fetching a fitting build of the same version where the installed one
-  does not fit.
+* the handler needs only the ``streamfleet`` package (boto3 comes from the Lambda runtime);
+* the authorizer verifies RS256/ES256 signatures with ``PyJWT`` over ``cryptography``, a compiled
+  package (and cffi's ``_cffi_backend``): :func:`~streamfleet_cdk.assets.lambda_code` checks
+  every wheel against the target and fetches the same version built for it (cp314, manylinux
+  aarch64) where the synth interpreter's wheel does not fit.
 """
 
 from __future__ import annotations
@@ -45,14 +42,19 @@ from constructs import Construct
 from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
-from streamfleet_cdk.assets import PYTHON_3_11_X86_64, bundled_code, package_code
-from streamfleet_cdk.nag import acknowledge
+from streamfleet_cdk.functions import (
+    DEFAULT_LOG_LEVEL,
+    check_log_level,
+    check_reserved_concurrency,
+    function_alarms,
+    python_function,
+)
+from streamfleet_cdk.nag import acknowledge, nag_text
 
-# The newest Python runtime CDK knows (cdk-nag's AwsSolutions-L1), as for the event router.
-HANDLER_RUNTIME = lambda_.Runtime.PYTHON_3_14
 HANDLER_ENTRY = f"{handlers_runtime.handler.__module__}.{handlers_runtime.handler.__name__}"
-AUTHORIZER_TARGET = PYTHON_3_11_X86_64
-AUTHORIZER_DISTRIBUTIONS = ("cryptography",)
+# PyJWT verifies; its RS256/ES256 algorithms need cryptography (PyJWT's "crypto" extra, which
+# the bundler does not follow, hence named here).
+AUTHORIZER_DISTRIBUTIONS = ("PyJWT", "cryptography")
 AUTHORIZER_ENTRY = f"{authorizer_runtime.handler.__module__}.{authorizer_runtime.handler.__name__}"
 
 CONNECT = handlers_runtime.CONNECT
@@ -177,7 +179,13 @@ class WebSocketApiProps:
             API Gateway's two-hour limit plus a margin).
         handler_memory_mib: the handler's memory.
         handler_timeout: the handler's timeout; at most 29 s (API Gateway's limit).
-        reserved_concurrency: cap on concurrent handler invocations (``None``: unreserved).
+        reserved_concurrency: concurrency reserved for (and the cap of) the handler
+            (``None``: unreserved).
+        authorizer_reserved_concurrency: concurrency reserved for (and the cap of) the
+            authorizer, which runs on every ``$connect``, token or not: a connection flood is
+            refused at this cap instead of taking the account's concurrency from every other
+            function (``None``: unreserved).
+        log_level: application log level of both functions (JSON logs).
         log_retention: retention of the Lambdas' logs and the access logs.
     """
 
@@ -193,6 +201,8 @@ class WebSocketApiProps:
     handler_memory_mib: int = 256
     handler_timeout: Duration = field(default_factory=lambda: Duration.seconds(10))
     reserved_concurrency: int | None = None
+    authorizer_reserved_concurrency: int | None = None
+    log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
 
     def __post_init__(self) -> None:
@@ -215,28 +225,11 @@ class WebSocketApiProps:
                 f"handler_timeout: {timeout} s is outside 1-{MAX_INTEGRATION_TIMEOUT_SECONDS} s "
                 "(API Gateway stops waiting after 29 s)"
             )
-        if self.reserved_concurrency is not None:
-            _check_whole("reserved_concurrency", self.reserved_concurrency, minimum=1)
-
-
-def nag_text(stack: Stack, value: str) -> str:
-    """A CloudFormation value as cdk-nag spells it in a finding id: intrinsics flattened,
-    ``Ref`` as ``<Id>`` and ``GetAtt`` as ``<Id.Attr>`` (to acknowledge one finding only)."""
-
-    def flatten(item: object) -> str:
-        if isinstance(item, str):
-            return item
-        if isinstance(item, dict) and len(item) == 1:
-            ((function, argument),) = item.items()
-            if function == "Fn::Join":
-                return str(argument[0]).join(flatten(part) for part in argument[1])
-            if function == "Ref":
-                return f"<{argument}>"
-            if function == "Fn::GetAtt":
-                return f"<{argument[0]}.{argument[1]}>"
-        raise ValueError(f"no cdk-nag spelling for {item!r}")
-
-    return flatten(stack.resolve(value))
+        check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
+        check_reserved_concurrency(
+            "authorizer_reserved_concurrency", self.authorizer_reserved_concurrency
+        )
+        check_log_level("log_level", self.log_level)
 
 
 def _check_whole(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
@@ -376,8 +369,9 @@ class WebSocketApi(Construct):
     stage (``POST @connections/*``: replies only) and write its log group. The authorizer's role
     may only write its log group.
 
-    Access logs, like the REST API's, are delivered through the account's API Gateway
-    CloudWatch role, which belongs to the account's baseline, not to this stack.
+    Access logs, like the REST API's, are delivered through the Region's API Gateway
+    CloudWatch role (:class:`~streamfleet_cdk.api_gateway_account.ApiGatewayAccount`, declared
+    by the fleet stack of the same Region, or by the account's baseline).
 
     Attributes:
         api: the WebSocket API (route selection ``$request.body.action``).
@@ -391,6 +385,7 @@ class WebSocketApi(Construct):
         authorizer_function: the authorizer Lambda.
         authorizer_role: its execution role.
         authorizer_log_group: its log group.
+        alarms: the functions' errors and throttles alarms.
         access_log_group: the stage's access logs.
         domain_name: the custom domain (``None`` without one).
         api_mapping: the custom domain's mapping to the stage (``None`` without one).
@@ -421,6 +416,10 @@ class WebSocketApi(Construct):
         self._grant_handler()
         self._grant_authorizer()
         self.domain_name, self.api_mapping = self._build_custom_domain()
+        self.alarms = (
+            *function_alarms(self, self.handler, what="the WebSocket handler"),
+            *function_alarms(self, self.authorizer_function, what="the WebSocket authorizer"),
+        )
         self._acknowledge_findings()
 
     @property
@@ -453,37 +452,34 @@ class WebSocketApi(Construct):
         }
         if props.connection_ttl_seconds is not None:
             environment["CONNECTION_TTL_SECONDS"] = str(props.connection_ttl_seconds)
-        return lambda_.Function(
+        return python_function(
             self,
             "Handler",
             description="StreamFleet WebSocket API: $connect, $disconnect, messages",
-            runtime=HANDLER_RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
             handler=HANDLER_ENTRY,
-            code=package_code(HANDLER_RUNTIME),
             role=self.handler_role,
             log_group=self.handler_log_group,
             memory_size=props.handler_memory_mib,
             timeout=props.handler_timeout,
-            reserved_concurrent_executions=props.reserved_concurrency,
+            reserved_concurrency=props.reserved_concurrency,
+            log_level=props.log_level,
             environment=environment,
         )
 
     def _build_authorizer_function(self) -> lambda_.Function:
-        """Python 3.11 on x86_64: see the module docstring (``cryptography`` and cffi)."""
-        return lambda_.Function(
+        props = self._props
+        return python_function(
             self,
             "AuthorizerFunction",
             description="StreamFleet WebSocket API: $connect JWT authorizer",
-            runtime=AUTHORIZER_TARGET.runtime,
-            architecture=AUTHORIZER_TARGET.architecture,
             handler=AUTHORIZER_ENTRY,
-            code=bundled_code(AUTHORIZER_DISTRIBUTIONS, AUTHORIZER_TARGET),
+            distributions=AUTHORIZER_DISTRIBUTIONS,
             role=self.authorizer_role,
             log_group=self.authorizer_log_group,
-            memory_size=256,
             timeout=Duration.seconds(10),
-            environment=self._props.jwt.environment(),
+            reserved_concurrency=props.authorizer_reserved_concurrency,
+            log_level=props.log_level,
+            environment=props.jwt.environment(),
         )
 
     # --- API ---
@@ -589,13 +585,6 @@ class WebSocketApi(Construct):
                     "authorized connection, and the handler reads the verified user from the "
                     "authorizer context.",
                 )
-        acknowledge(
-            self.authorizer_function,
-            "L1",
-            "Python 3.11 on purpose: the authorizer bundles cffi's _cffi_backend built for "
-            "CPython 3.11 (cryptography loads it), so the deployed bundle is exactly the one "
-            "the tests import with this project's interpreter; see streamfleet_cdk.websocket_api.",
-        )
         acknowledge(
             self.handler_role,
             f"IAM5[Resource::{nag_text(Stack.of(self), self.management_connections_arn)}]",

@@ -35,7 +35,7 @@ METRICS_EVERY_SECONDS = 60
 # ECS allows a container at most 120 s between SIGTERM and SIGKILL on Fargate.
 MAX_STOP_TIMEOUT_SECONDS = 120
 DEFAULT_SERVICE_NAME = "streamfleet-worker"
-VPC_AZS = 2  # a created VPC spans two AZs: one may fail, and one NAT gateway serves both
+VPC_AZS = 2  # a created VPC spans two AZs (one may fail), each with its own NAT gateway by default
 
 # Fargate's valid (cpu units -> memory MiB) combinations for the sizes a worker may sensibly use.
 FARGATE_MEMORY = {
@@ -56,8 +56,15 @@ TASK_ACTIONS = {
         "dynamodb:BatchGetItem",
     ),
     "messages_table": ("dynamodb:BatchWriteItem", "dynamodb:Query"),
-    # SendMessageBatch and DeleteMessageBatch are authorized as SendMessage and DeleteMessage.
-    "queue": ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:SendMessage"),
+    # SendMessageBatch, DeleteMessageBatch and ChangeMessageVisibilityBatch are authorized as
+    # SendMessage, DeleteMessage and ChangeMessageVisibility (a notification a worker cannot act
+    # on now is made visible again at once instead of after the visibility timeout).
+    "queue": (
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:SendMessage",
+        "sqs:ChangeMessageVisibility",
+    ),
 }
 
 
@@ -75,7 +82,10 @@ class WorkerFleetProps:
         messages_table: the messages table (or its local replica).
         queue: the claim-notification queue the workers poll and publish handoffs to.
         allowed_upstreams: ``scheme://host[:port]`` entries a worker may dial.
-        vpc: where the tasks run; ``None`` creates one (2 AZs, 1 NAT gateway, flow logs).
+        vpc: where the tasks run; ``None`` creates one (2 AZs, ``nat_gateways``, flow logs).
+        nat_gateways: NAT gateways of a created VPC; ``None`` means one per AZ, so losing an AZ
+            does not take the other AZ's outbound connections with it. ``1`` saves one NAT's
+            hourly charge at that risk.
         availability_zones: AZs of a created VPC; ``None`` means the stack's first two
             ``availability_zones``. (An environment-specific stack looks its AZs up with AWS
             credentials unless it overrides ``Stack.availability_zones``, as ``FleetStack``
@@ -98,6 +108,8 @@ class WorkerFleetProps:
         heartbeat_seconds: ``HEARTBEAT_EVERY``: session renewal interval.
         reconcile_seconds: ``RECONCILE_EVERY``: orphan scan interval.
         stop_timeout: SIGTERM to SIGKILL; must exceed the worker's shutdown budget (handoff).
+        message_retention_days: how long stored messages are kept (the worker writes each
+            message's TTL attribute, ``expires_at``, that far ahead: ``MESSAGE_RETENTION_DAYS``).
         log_retention: how long worker logs (and the created VPC's flow logs) are kept.
     """
 
@@ -106,6 +118,7 @@ class WorkerFleetProps:
     queue: sqs.IQueue
     allowed_upstreams: tuple[str, ...]
     vpc: ec2.IVpc | None = None
+    nat_gateways: int | None = None
     availability_zones: tuple[str, ...] | None = None
     subnets: ec2.SubnetSelection | None = None
     service_name: str = DEFAULT_SERVICE_NAME
@@ -122,6 +135,7 @@ class WorkerFleetProps:
     heartbeat_seconds: float = 5.0
     reconcile_seconds: float = 10.0
     stop_timeout: Duration = field(default_factory=lambda: Duration.seconds(30))
+    message_retention_days: int = model.DEFAULT_MESSAGE_RETENTION_DAYS
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
 
     def __post_init__(self) -> None:
@@ -132,6 +146,14 @@ class WorkerFleetProps:
             raise ValueError("availability_zones: at least two, so one AZ can fail")
         if not self.service_name or not self.service_name.replace("-", "").isalnum():
             raise ValueError(f"service_name: letters, digits and - only, got {self.service_name!r}")
+        if self.nat_gateways is not None:
+            zones = len(self.availability_zones or ()) or VPC_AZS
+            _check_whole("nat_gateways", self.nat_gateways, minimum=1)
+            if self.nat_gateways > zones:
+                raise ValueError(
+                    f"nat_gateways: {self.nat_gateways} is more than the VPC's {zones} AZs"
+                )
+        _check_whole("message_retention_days", self.message_retention_days, minimum=1)
         self._check_size()
         self._check_capacity()
         self._check_timing()
@@ -219,6 +241,8 @@ class WorkerFleet(Construct):
         scaling: the service's scalable task count.
         active_connections: the metric the scaling policy tracks.
         leases_lost_alarm: in ALARM when workers lost leases in the last five minutes.
+        running_tasks_alarm: in ALARM when fewer tasks than ``min_capacity`` ran for five
+            minutes (``None`` for a standby fleet, whose minimum is 0).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: WorkerFleetProps) -> None:
@@ -234,12 +258,13 @@ class WorkerFleet(Construct):
         self.active_connections = self._build_active_connections_metric()
         self.scaling = self._build_scaling()
         self.leases_lost_alarm = self._build_leases_lost_alarm()
+        self.running_tasks_alarm = self._build_running_tasks_alarm()
         self._acknowledge_findings()
 
     # --- Network and cluster ---
 
     def _build_vpc(self) -> ec2.Vpc:
-        """Two AZs, private subnets behind one NAT gateway (workers dial out, nothing dials in).
+        """Two AZs, private subnets behind NAT gateways (workers dial out, nothing dials in).
 
         A DynamoDB gateway endpoint keeps lease and message traffic off the NAT gateway (it is
         free, the NAT's per-GB charge is not); flow logs record every flow for investigations.
@@ -251,7 +276,7 @@ class WorkerFleet(Construct):
             "Vpc",
             availability_zones=list(zones) if zones else None,
             max_azs=None if zones else VPC_AZS,
-            nat_gateways=1,
+            nat_gateways=self._props.nat_gateways or len(zones or ()) or VPC_AZS,
             subnet_configuration=[
                 ec2.SubnetConfiguration(
                     name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
@@ -369,6 +394,7 @@ class WorkerFleet(Construct):
             "RECONCILE_EVERY": _seconds(props.reconcile_seconds),
             "MAX_CONNECTIONS": str(props.max_connections),
             "METRICS_EVERY": str(METRICS_EVERY_SECONDS),
+            model.ENV_MESSAGE_RETENTION_DAYS: str(props.message_retention_days),
         }
 
     # --- Service and scaling ---
@@ -419,6 +445,35 @@ class WorkerFleet(Construct):
             evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+    def _build_running_tasks_alarm(self) -> cloudwatch.Alarm | None:
+        """Fewer running workers than the minimum for five minutes: tasks keep failing to start
+        (image, permissions, capacity) or keep dying. Missing data is breaching: Container
+        Insights stops reporting a service that runs nothing."""
+        minimum = self._props.min_capacity
+        if minimum < 1:
+            return None
+        return cloudwatch.Alarm(
+            self,
+            "RunningTasksAlarm",
+            alarm_description=(
+                f"StreamFleet: fewer than {minimum} worker task(s) running for 5 minutes"
+            ),
+            metric=cloudwatch.Metric(
+                namespace="ECS/ContainerInsights",
+                metric_name="RunningTaskCount",
+                dimensions_map={
+                    "ClusterName": self.cluster.cluster_name,
+                    "ServiceName": self.service.service_name,
+                },
+                statistic="Minimum",
+                period=Duration.minutes(1),
+            ),
+            threshold=minimum,
+            evaluation_periods=5,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
 
     def _build_scaling(self) -> ecs.ScalableTaskCount:

@@ -74,7 +74,7 @@ def test_cdk_json_sets_only_known_settings_and_they_are_valid():
         if key.startswith(CONTEXT_PREFIX)
     }
     assert settings <= {spec.name for spec in fields(AppConfig)}
-    config = AppConfig.from_context(cdk.App(context=cdk_json_context()).node, environ={})
+    config = AppConfig.from_context(cdk.App(context=cdk_json_context()).node)
     assert config.allowed_upstreams  # synth works out of the box, with a placeholder
 
 
@@ -113,7 +113,7 @@ def test_app_py_registers_cdk_nag_so_synth_fails_on_an_unacknowledged_finding(mo
 
 
 def config_from(context: dict[str, Any]) -> AppConfig:
-    return AppConfig.from_context(cdk.App(context=context).node, environ={})
+    return AppConfig.from_context(cdk.App(context=context).node)
 
 
 def test_fleet_defaults():
@@ -130,9 +130,54 @@ def test_fleet_defaults():
         10.0,
     )
     assert config.stop_timeout_seconds == 30
+    assert config.nat_gateways == 2  # one per AZ
+    assert config.message_retention_days == 7
     assert config.secondary_active is False
     assert config.multi_region_strong_consistency is False
     assert config.witness_region is None
+
+
+def test_operations_defaults():
+    config = config_from({})
+    assert config.account is None  # account-agnostic: never a made-up account
+    assert config.api_gateway_cloudwatch_role is True
+    assert config.invoke_principals == ()
+    assert (
+        config.router_reserved_concurrency,
+        config.ws_handler_reserved_concurrency,
+        config.authorizer_reserved_concurrency,
+        config.canary_reserved_concurrency,
+    ) == (100, 200, 100, 2)
+    assert config.lambda_log_level == "INFO"
+    assert config.alarm_email is None
+
+
+def test_operations_settings_accept_cli_strings_and_json_types():
+    config = config_from(
+        {
+            context_key("api_gateway_cloudwatch_role"): "false",
+            context_key("invoke_principals"): (
+                "arn:aws:iam::123456789012:role/producer-*, 210987654321"
+            ),
+            context_key("router_reserved_concurrency"): "none",
+            context_key("authorizer_reserved_concurrency"): "50",
+            context_key("canary_reserved_concurrency"): 3,
+            context_key("lambda_log_level"): "DEBUG",
+            context_key("alarm_email"): "oncall@example.com",
+            context_key("nat_gateways"): "1",
+            context_key("message_retention_days"): 30,
+        }
+    )
+    assert config.api_gateway_cloudwatch_role is False
+    assert config.invoke_principals == (
+        "arn:aws:iam::123456789012:role/producer-*",
+        "210987654321",
+    )
+    assert config.router_reserved_concurrency is None  # unreserved
+    assert (config.authorizer_reserved_concurrency, config.canary_reserved_concurrency) == (50, 3)
+    assert config.lambda_log_level == "DEBUG"
+    assert config.alarm_email == "oncall@example.com"
+    assert (config.nat_gateways, config.message_retention_days) == (1, 30)
 
 
 def test_fleet_settings_accept_cli_strings_and_json_types():
@@ -192,6 +237,21 @@ def test_strong_consistency_with_a_witness_in_the_same_region_set():
         ("secondary_active", "maybe", "true or false"),
         ("witness_region", "us-east-2", "only used with"),
         ("multi_region_strong_consistency", True, None),
+        ("nat_gateways", 0, "at least 1"),
+        ("nat_gateways", 3, "at most 2"),
+        ("message_retention_days", 0, "at least 1"),
+        ("message_retention_days", "a week", "whole number"),
+        ("router_reserved_concurrency", 0, "at least 1"),
+        ("ws_handler_reserved_concurrency", -5, "at least 1"),
+        ("authorizer_reserved_concurrency", "lots", "whole number or 'none'"),
+        ("canary_reserved_concurrency", 1.5, "whole number"),
+        ("lambda_log_level", "VERBOSE", "expected one of TRACE, DEBUG, INFO"),
+        ("alarm_email", "oncall", "an e-mail address"),
+        ("invoke_principals", "arn:aws:iam::123456789012:group/ops", "not an IAM role"),
+        ("invoke_principals", "1234", "not an IAM role"),
+        ("invoke_principals", "123456789012,123456789012", "duplicate"),
+        ("api_gateway_cloudwatch_role", "maybe", "true or false"),
+        ("account", "1234", "12 digits"),
     ],
 )
 def test_fleet_settings_are_validated_naming_the_context_key(key, value, message):

@@ -19,7 +19,7 @@ import aws_cdk as cdk
 import jsonschema
 import pytest
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Annotations, Match, Template
 
@@ -28,11 +28,11 @@ from streamfleet import event_router, model
 from streamfleet.worker.config import WorkerConfig
 from streamfleet.worker.upstream_policy import UpstreamPolicy
 from streamfleet_cdk import assets
+from streamfleet_cdk.api_gateway_account import LOGGING_ACTIONS
 from streamfleet_cdk.config import context_key
 from streamfleet_cdk.event_ingestion import (
     ROUTER_ACTIONS,
     ROUTER_HANDLER,
-    ROUTER_RUNTIME,
     EventIngestion,
     EventIngestionProps,
 )
@@ -227,25 +227,38 @@ def test_an_alarm_fires_on_the_first_dead_lettered_message(built):
 # --- Event router ---
 
 
-def test_router_runs_the_router_module_on_the_newest_python_on_arm(built):
-    newest = max(
-        (runtime for runtime in lambda_.Runtime.ALL if runtime.name.startswith("python3.")),
-        key=lambda runtime: int(runtime.name.removeprefix("python3.")),
-    )
-    assert ROUTER_RUNTIME.name == newest.name
+def test_router_runs_the_router_module_on_the_app_target_with_json_logs(built):
     assert ROUTER_HANDLER == "streamfleet.event_router.handler"
     for stack, template in stacks_of(built):
         function_id = logical_id(stack, stack.ingestion.function)
         function = template.to_json()["Resources"][function_id]["Properties"]
-        assert function["Runtime"] == newest.name
+        assert function["Runtime"] == assets.LAMBDA_TARGET.runtime.name == "python3.14"
         assert function["Architectures"] == ["arm64"]
         assert function["Handler"] == ROUTER_HANDLER
         assert function["Timeout"] == 15
         assert function["LoggingConfig"] == {
-            "LogGroup": {"Ref": logical_id(stack, stack.ingestion.function_log_group)}
+            "LogGroup": {"Ref": logical_id(stack, stack.ingestion.function_log_group)},
+            "LogFormat": "JSON",
+            "ApplicationLogLevel": "INFO",
+            "SystemLogLevel": "WARN",
         }
-        assert "ReservedConcurrentExecutions" not in function
+        assert function["ReservedConcurrentExecutions"] == 100
         assert "TracingConfig" not in function or function["TracingConfig"]["Mode"] == "PassThrough"
+
+
+def test_router_concurrency_and_log_level_follow_the_configuration():
+    built = build_app(
+        {
+            context_key("router_reserved_concurrency"): "none",
+            context_key("lambda_log_level"): "DEBUG",
+        }
+    )
+    stack = built.primary
+    function = built.template(stack).to_json()["Resources"][
+        logical_id(stack, stack.ingestion.function)
+    ]["Properties"]
+    assert "ReservedConcurrentExecutions" not in function
+    assert function["LoggingConfig"]["ApplicationLogLevel"] == "DEBUG"
 
 
 def test_router_environment_is_what_the_router_accepts(built):
@@ -366,8 +379,9 @@ def test_stage_is_regional_throttled_and_access_logged(built):
         assert stage["StageName"] == "v1"
         assert stage["MethodSettings"] == [
             {
-                "DataTraceEnabled": False,
+                "DataTraceEnabled": False,  # execution logs without request or response bodies
                 "HttpMethod": "*",
+                "LoggingLevel": "ERROR",
                 "ResourcePath": "/*",
                 "ThrottlingBurstLimit": 100,
                 "ThrottlingRateLimit": 50,
@@ -377,7 +391,126 @@ def test_stage_is_regional_throttled_and_access_logged(built):
         assert log_group_id in json.dumps(stage["AccessLogSetting"]["DestinationArn"])
         assert json.loads(stage["AccessLogSetting"]["Format"])["status"] == "$context.status"
         assert stage.get("TracingEnabled", False) is False
-        template.resource_count_is("AWS::ApiGateway::Account", 0)  # no account-wide role
+
+
+# --- The Region's API Gateway CloudWatch role ---
+
+
+def test_each_fleet_stack_sets_its_regions_api_gateway_cloudwatch_role(built):
+    for stack, template in stacks_of(built):
+        account_id, account = only(template, "AWS::ApiGateway::Account")
+        role = stack.api_gateway_account.role
+        assert account["CloudWatchRoleArn"] == {"Fn::GetAtt": [logical_id(stack, role), "Arn"]}
+        properties = template.to_json()["Resources"][logical_id(stack, role)]
+        assert properties["Properties"]["AssumeRolePolicyDocument"]["Statement"] == [
+            {
+                "Action": "sts:AssumeRole",
+                "Effect": "Allow",
+                "Principal": {"Service": "apigateway.amazonaws.com"},
+            }
+        ]
+        assert properties["DeletionPolicy"] == "Retain"  # the account setting outlives us
+        grants = role_grants(template, logical_id(stack, role))
+        region_logs = f"arn:aws:logs:{stack.region}:{TEST_ACCOUNT}:log-group:*"
+        assert grants == {region_logs: set(LOGGING_ACTIONS)}
+        # The stage logs from its first deployment: it is created after the setting.
+        stage_id, _ = only(template, "AWS::ApiGateway::Stage")
+        assert account_id in template.to_json()["Resources"][stage_id]["DependsOn"]
+
+
+def test_an_account_baseline_can_keep_the_api_gateway_role():
+    built = build_app({context_key("api_gateway_cloudwatch_role"): False})
+    for stack, template in stacks_of(built):
+        assert stack.api_gateway_account is None
+        template.resource_count_is("AWS::ApiGateway::Account", 0)
+        stage_id, _ = only(template, "AWS::ApiGateway::Stage")
+        assert "DependsOn" not in template.to_json()["Resources"][stage_id]
+
+
+# --- Who may call the API ---
+
+
+def resource_policy(template: Template) -> list[dict[str, Any]]:
+    _, api = only(template, "AWS::ApiGateway::RestApi")
+    return api["Policy"]["Statement"]
+
+
+def test_by_default_the_api_is_open_to_this_accounts_principals_only(built):
+    for stack, template in stacks_of(built):
+        assert resource_policy(template) == [
+            {
+                "Sid": "InvokeFromThisAccount",
+                "Action": "execute-api:Invoke",
+                "Effect": "Allow",
+                "Principal": {"AWS": f"arn:aws:iam::{TEST_ACCOUNT}:root"},
+                "Resource": "execute-api:/*",
+            }
+        ]
+        Annotations.from_stack(stack).has_warning(
+            "*", Match.string_like_regexp("streamfleet:invoke_principals is not set")
+        )
+
+
+def test_named_invoke_principals_are_allowed_and_everyone_else_denied():
+    producer = "arn:aws:iam::123456789012:role/producer-*"
+    built = build_app(
+        {context_key("invoke_principals"): [producer, "arn:aws:iam::210987654321:root"]}
+    )
+    stack = built.primary
+    statements = {s["Sid"]: s for s in resource_policy(built.template(stack))}
+    assert set(statements) == {
+        "InvokeByNamedPrincipals",
+        "InvokeByNamedAccounts",
+        "DenyEveryoneElse",
+    }
+    named = [f"arn:aws:iam::{TEST_ACCOUNT}:root", producer]
+    assert statements["InvokeByNamedPrincipals"]["Condition"] == {
+        "ArnLike": {"aws:PrincipalArn": named}
+    }
+    assert statements["InvokeByNamedAccounts"]["Principal"] == {
+        "AWS": "arn:aws:iam::210987654321:root"
+    }
+    deny = statements["DenyEveryoneElse"]
+    assert (deny["Effect"], deny["Principal"], deny["Action"]) == (
+        "Deny",
+        {"AWS": "*"},
+        "execute-api:Invoke",
+    )
+    assert deny["Condition"] == {
+        "ArnNotLike": {"aws:PrincipalArn": named},
+        "StringNotEquals": {"aws:PrincipalAccount": ["210987654321"]},
+    }
+    assert not Annotations.from_stack(stack).find_warning(
+        "*", Match.string_like_regexp("invoke_principals")
+    )
+
+
+def test_grant_invoke_gives_the_grantee_the_action_and_names_it_in_the_policy():
+    stack = construct_stack()
+    tables = FleetTables(stack, "Tables", props=FleetTablesProps())
+    ingestion = EventIngestion(
+        stack,
+        "Ingestion",
+        props=EventIngestionProps(
+            lease_table=tables.lease_table,
+            allowed_upstreams=ALLOWED,
+            invoke_principals=("arn:aws:iam::123456789012:role/scheduler",),
+        ),
+    )
+    producer = iam.Role(stack, "Producer", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+    ingestion.grant_invoke(producer)
+    template = Template.from_stack(stack)
+    producer_id = logical_id(stack, producer)
+    api_id = logical_id(stack, ingestion.api)
+    grants = role_grants(template, producer_id)
+    assert grants == {arn_text(stack, ingestion.api.arn_for_execute_api()): {"execute-api:Invoke"}}
+    assert arn_text(stack, ingestion.api.arn_for_execute_api()).endswith(f":<{api_id}>/*/*/*")
+    statements = {s["Sid"]: s for s in resource_policy(template)}
+    named = statements["InvokeByNamedPrincipals"]["Condition"]["ArnLike"]["aws:PrincipalArn"]
+    assert {"Fn::GetAtt": [producer_id, "Arn"]} in named
+    assert named == statements["DenyEveryoneElse"]["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
+    with pytest.raises(ValueError, match=r"^grantee: "):
+        ingestion.grant_invoke(iam.ServicePrincipal("events.amazonaws.com"))
 
 
 def event_schema(template: Template) -> dict[str, Any]:
@@ -497,7 +630,11 @@ def test_worker_environment_is_what_the_worker_accepts(built):
             "RECONCILE_EVERY",
             "MAX_CONNECTIONS",
             "METRICS_EVERY",
+            model.ENV_MESSAGE_RETENTION_DAYS,
         }
+        # The messages table's TTL only works if the workers write expires_at: they do, from
+        # this retention (streamfleet:message_retention_days, 7 days by default).
+        assert environment[model.ENV_MESSAGE_RETENTION_DAYS] == "7"
         assert environment["TABLE_NAME"] == stack.resolve(stack.lease_table.table_name)
         assert environment["MESSAGES_TABLE_NAME"] == stack.resolve(stack.messages_table.table_name)
         assert environment["QUEUE_URL"] == stack.resolve(stack.ingestion.queue.queue_url)
@@ -637,6 +774,7 @@ def test_task_role_has_exactly_the_workers_grants(built):
         "sqs:ReceiveMessage",
         "sqs:DeleteMessage",
         "sqs:SendMessage",
+        "sqs:ChangeMessageVisibility",
     }
 
 
@@ -669,14 +807,20 @@ def test_execution_role_pulls_only_the_image_and_writes_only_the_worker_logs(bui
 # --- Worker fleet: network and cluster ---
 
 
-def test_created_vpc_spans_two_azs_with_one_nat_flow_logs_and_a_dynamodb_endpoint(built):
-    for _, template in stacks_of(built):
+def test_created_vpc_spans_two_azs_with_a_nat_each_flow_logs_and_a_dynamodb_endpoint(built):
+    for stack, template in stacks_of(built):
         subnets = template.find_resources("AWS::EC2::Subnet")
         zones = {json.dumps(s["Properties"]["AvailabilityZone"]) for s in subnets.values()}
         assert zones == {
             json.dumps({"Fn::Select": [index, {"Fn::GetAZs": ""}]}) for index in (0, 1)
         }
-        template.resource_count_is("AWS::EC2::NatGateway", 1)
+        # One NAT gateway per AZ: losing an AZ leaves the other AZ's workers their egress.
+        nats = template.find_resources("AWS::EC2::NatGateway")
+        assert len(nats) == 2
+        public = {
+            stack.resolve(subnet.subnet_id)["Ref"] for subnet in stack.fleet.vpc.public_subnets
+        }
+        assert {nat["Properties"]["SubnetId"]["Ref"] for nat in nats.values()} == public
         _, flow_log = only(template, "AWS::EC2::FlowLog")
         assert (flow_log["LogDestinationType"], flow_log["TrafficType"]) == (
             "cloud-watch-logs",
@@ -685,6 +829,19 @@ def test_created_vpc_spans_two_azs_with_one_nat_flow_logs_and_a_dynamodb_endpoin
         _, endpoint = only(template, "AWS::EC2::VPCEndpoint")
         assert endpoint["VpcEndpointType"] == "Gateway"
         assert "dynamodb" in json.dumps(endpoint["ServiceName"])
+
+
+def test_the_nat_gateway_count_follows_the_configuration():
+    built = build_app({context_key("nat_gateways"): 1})
+    for _, template in stacks_of(built):
+        template.resource_count_is("AWS::EC2::NatGateway", 1)
+
+
+def test_worker_message_retention_follows_the_configuration():
+    built = build_app({context_key("message_retention_days"): 30})
+    for _, template in stacks_of(built):
+        environment = environment_of(worker_container(template))
+        assert environment[model.ENV_MESSAGE_RETENTION_DAYS] == "30"
 
 
 def test_cluster_has_container_insights(built):
@@ -817,6 +974,9 @@ def fleet_props(**overrides: Any) -> WorkerFleetProps:
         ({"reconcile_seconds": 0}, "^reconcile_seconds: "),
         ({"availability_zones": ("eu-west-1a",)}, "^availability_zones: "),
         ({"service_name": "bad name"}, "^service_name: "),
+        ({"nat_gateways": 0}, "^nat_gateways: "),
+        ({"nat_gateways": 3}, "^nat_gateways: .*more than the VPC's 2 AZs"),
+        ({"message_retention_days": 0}, "^message_retention_days: "),
     ],
 )
 def test_worker_fleet_props_are_validated_naming_the_field(overrides, message):
@@ -835,6 +995,9 @@ def test_worker_fleet_props_are_validated_naming_the_field(overrides, message):
         ({"queue_retention": cdk.Duration.seconds(30)}, "^queue_retention: "),
         ({"max_receive_count": 0}, "^max_receive_count: "),
         ({"stage_name": "v 1"}, "^stage_name: "),
+        ({"invoke_principals": "arn:aws:iam::123456789012:root"}, "^invoke_principals: "),
+        ({"invoke_principals": ("arn:aws:iam::123456789012:policy/x",)}, "^invoke_principals: "),
+        ({"log_level": "LOUD"}, "^log_level: "),
     ],
 )
 def test_event_ingestion_props_are_validated_naming_the_field(overrides, message):
@@ -963,6 +1126,46 @@ def test_local_bundling_copies_the_package_without_docker(tmp_path):
         "streamfleet/worker/__init__.py",
         "streamfleet/worker/__main__.py",
     ]
+
+
+def test_every_function_and_the_api_have_their_alarms(built):
+    for stack, template in stacks_of(built):
+        alarms = {
+            logical_id(stack, alarm): alarm
+            for alarm in (*stack.ingestion.function_alarms, stack.ingestion.server_error_alarm)
+        }
+        resources = template.to_json()["Resources"]
+        errors, throttles = (
+            resources[logical_id(stack, a)]["Properties"] for a in stack.ingestion.function_alarms
+        )
+        function = {
+            "Name": "FunctionName",
+            "Value": {"Ref": logical_id(stack, stack.ingestion.function)},
+        }
+        assert (errors["MetricName"], errors["Dimensions"]) == ("Errors", [function])
+        assert (throttles["MetricName"], throttles["Dimensions"]) == ("Throttles", [function])
+        server = resources[logical_id(stack, stack.ingestion.server_error_alarm)]["Properties"]
+        assert (server["Namespace"], server["MetricName"]) == ("AWS/ApiGateway", "5XXError")
+        for alarm_id in alarms:
+            alarm = resources[alarm_id]["Properties"]
+            assert (alarm["Statistic"], alarm["Period"], alarm["Threshold"]) == ("Sum", 300, 1)
+            assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_an_active_fleet_alarms_when_fewer_tasks_than_its_minimum_run(built):
+    stack = built.primary
+    alarm = built.template(stack).to_json()["Resources"][
+        logical_id(stack, stack.fleet.running_tasks_alarm)
+    ]["Properties"]
+    assert (alarm["Namespace"], alarm["MetricName"]) == (
+        "ECS/ContainerInsights",
+        "RunningTaskCount",
+    )
+    assert {d["Name"] for d in alarm["Dimensions"]} == {"ClusterName", "ServiceName"}
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 1)
+    assert (alarm["EvaluationPeriods"], alarm["TreatMissingData"]) == (5, "breaching")
+    # The standby Region runs nothing on purpose: no such alarm there.
+    assert built.secondary.fleet.running_tasks_alarm is None
 
 
 def test_the_leases_lost_alarm_watches_exactly_the_metric_the_workers_emit(primary: Template):

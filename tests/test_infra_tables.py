@@ -7,6 +7,7 @@ copy of the names.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,12 +19,18 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from stacks import PRIMARY_STACK_NAME, SECONDARY_STACK_NAME, FleetStack, add_fleet_stacks
+from stacks import (
+    PRIMARY_STACK_NAME,
+    PRIMARY_WS_STACK_NAME,
+    SECONDARY_STACK_NAME,
+    SECONDARY_WS_STACK_NAME,
+    FleetStack,
+    add_fleet_stacks,
+)
 from streamfleet import model
 from streamfleet_cdk.config import (
     DEFAULT_PRIMARY_REGION,
     DEFAULT_SECONDARY_REGION,
-    PLACEHOLDER_ACCOUNT,
     AppConfig,
     context_key,
 )
@@ -151,12 +158,29 @@ def test_deletion_protection_off_when_configured():
             assert replica["DeletionProtectionEnabled"] is False, replica["Region"]
 
 
-def test_messages_expire_through_the_model_ttl_attribute(primary):
-    assert table_of(primary, model.MESSAGES_TABLE)["TimeToLiveSpecification"] == {
-        "AttributeName": model.MESSAGES_TABLE.ttl_attribute,
+@pytest.mark.parametrize("spec", [model.LEASE_TABLE, model.MESSAGES_TABLE])
+def test_every_table_expires_items_through_its_model_ttl_attribute(primary, spec):
+    # Messages after MESSAGE_RETENTION_DAYS; ended sessions of the lease table after a day.
+    assert spec.ttl_attribute
+    assert table_of(primary, spec)["TimeToLiveSpecification"] == {
+        "AttributeName": spec.ttl_attribute,
         "Enabled": True,
     }
-    assert "TimeToLiveSpecification" not in table_of(primary, model.LEASE_TABLE)
+
+
+def test_a_ttl_attribute_added_to_the_model_needs_no_construct_change(monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setattr(model, "LEASE_TABLE", replace(model.LEASE_TABLE, ttl_attribute="gone_at"))
+    stack = cdk.Stack(cdk.App(), "T", env=cdk.Environment(region="eu-west-1"))
+    FleetTables(stack, "Tables", props=FleetTablesProps())
+    Template.from_stack(stack).has_resource_properties(
+        GLOBAL_TABLE,
+        {
+            "TableName": model.LEASE_TABLE.default_name,
+            "TimeToLiveSpecification": {"AttributeName": "gone_at", "Enabled": True},
+        },
+    )
 
 
 def test_construct_props_turn_off_ttl_and_retention_and_rename_tables():
@@ -226,7 +250,7 @@ def test_primary_stack_outputs_the_table_names(primary):
         primary.has_output(output, {"Value": {"Ref": logical_id}})
 
 
-def test_stacks_have_explicit_environments_and_deploy_in_order():
+def test_stacks_have_explicit_regions_and_deploy_in_order():
     app = cdk.App(context={context_key("account"): TEST_ACCOUNT})
     primary, secondary = add_fleet_stacks(app, AppConfig.from_context(app.node))
     assert (primary.stack_name, primary.region) == (PRIMARY_STACK_NAME, DEFAULT_PRIMARY_REGION)
@@ -251,23 +275,24 @@ def test_unknown_role_is_refused():
 # --- Configuration ---
 
 
-def config_from(context: dict[str, Any], environ: dict[str, str] | None = None) -> AppConfig:
-    return AppConfig.from_context(cdk.App(context=context).node, environ=environ or {})
+def config_from(context: dict[str, Any]) -> AppConfig:
+    return AppConfig.from_context(cdk.App(context=context).node)
 
 
 def test_config_defaults_without_context_or_credentials():
     config = config_from({})
-    assert config.account == PLACEHOLDER_ACCOUNT
+    assert config.account is None
     assert (config.primary_region, config.secondary_region) == ("us-east-1", "us-west-2")
     assert config.deletion_protection is True
     assert config.lease_table_name == model.LEASE_TABLE.default_name
     assert config.messages_table_name == model.MESSAGES_TABLE.default_name
 
 
-def test_config_takes_the_cli_account_when_the_context_has_none():
-    assert config_from({}, {"CDK_DEFAULT_ACCOUNT": "210987654321"}).account == "210987654321"
-    context = {context_key("account"): TEST_ACCOUNT}
-    assert config_from(context, {"CDK_DEFAULT_ACCOUNT": "210987654321"}).account == TEST_ACCOUNT
+def test_config_never_takes_the_account_from_the_environment(monkeypatch):
+    # The same synth gives the same templates with or without credentials.
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "210987654321")
+    assert config_from({}).account is None
+    assert config_from({context_key("account"): TEST_ACCOUNT}).account == TEST_ACCOUNT
 
 
 def test_config_reads_every_key_from_context():
@@ -348,5 +373,20 @@ def test_cdk_cli_synthesizes_both_stacks_without_aws_credentials(tmp_path):
         check=False,
     )
     assert result.returncode == 0, f"cdk synth failed:\n{result.stdout}\n{result.stderr}"
-    for name in (PRIMARY_STACK_NAME, SECONDARY_STACK_NAME):
+    manifest = json.loads((out / "manifest.json").read_text())
+    stacks = {
+        name: artifact
+        for name, artifact in manifest["artifacts"].items()
+        if artifact["type"] == "aws:cloudformation:stack"
+    }
+    assert set(stacks) == {
+        PRIMARY_STACK_NAME,
+        SECONDARY_STACK_NAME,
+        PRIMARY_WS_STACK_NAME,
+        SECONDARY_WS_STACK_NAME,
+    }
+    for name, artifact in stacks.items():
         assert (out / f"{name}.template.json").is_file(), f"{name} was not synthesized"
+        # No credentials, no made-up account: deployable into whichever account deploys it.
+        assert artifact["environment"].startswith("aws://unknown-account/"), name
+    assert not [p.name for p in out.glob("*.json") if "111111111111" in p.read_text()]

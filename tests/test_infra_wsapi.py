@@ -5,21 +5,15 @@ a custom domain (the default) and once with every domain setting. Names come fro
 runtime reads them (:mod:`streamfleet.model`, the handlers, the authorizer, the canary), and the
 environment the constructs give each Lambda is fed to that Lambda's own configuration parser.
 
-The Lambda bundles are built with the constructs' own local bundling and imported by a Python
-that sees only the bundle (plus, for the two functions that use boto3, the packages every Lambda
-Python runtime provides) and the standard library: a bundle missing a module, or carrying a
-compiled wheel the target runtime cannot load, fails here.
+The Lambda assets themselves (each function's own, what it holds, that its handler imports from
+it in a clean interpreter, compiled for the app's one target) are checked in
+``tests/test_assets.py``, from the synthesized assembly.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
-import sysconfig
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,8 +45,6 @@ from streamfleet_cdk import canary as canary_construct
 from streamfleet_cdk.canary import (
     ALARM_DATAPOINTS,
     CANARY_ACTIONS,
-    CANARY_DISTRIBUTIONS,
-    CANARY_TARGET,
     WebSocketCanaryProps,
 )
 from streamfleet_cdk.config import AppConfig, context_key
@@ -65,8 +57,6 @@ from streamfleet_cdk.failover_dns import (
 from streamfleet_cdk.nag import AWS_SOLUTIONS, MIN_REASON_CHARS
 from streamfleet_cdk.websocket_api import (
     AUTHORIZER_ACTIONS,
-    AUTHORIZER_DISTRIBUTIONS,
-    AUTHORIZER_TARGET,
     HANDLER_ACTIONS,
     JwtSettings,
     WebSocketApi,
@@ -106,7 +96,6 @@ LOG_ACTIONS = {"logs:CreateLogStream", "logs:PutLogEvents"}
 # Every acknowledgment per WebSocket stack: a new one fails this list on purpose.
 EXPECTED_ACKNOWLEDGMENTS = {
     f"{AWS_SOLUTIONS}-APIG4",  # WebSocket APIs authorize on $connect only
-    f"{AWS_SOLUTIONS}-L1",  # authorizer and canary on Python 3.11 (cffi's cp311 extension)
     f"{AWS_SOLUTIONS}-IAM5[Resource::*]",  # cloudwatch:PutMetricData has no resource scope
     # The handler's execute-api:ManageConnections on POST @connections/* (one stage's);
     # the full finding id names the API, see test_every_acknowledgment_is_specific.
@@ -303,12 +292,74 @@ def test_lambda_permissions_are_scoped_to_this_api(built):
 # --- Lambdas and their environment ---
 
 
-def test_handler_runs_the_runtime_entry_on_the_newest_python_with_its_config(built):
+TARGET = (assets.LAMBDA_TARGET.runtime.name, [assets.LAMBDA_TARGET.architecture.name])
+
+
+def test_every_function_runs_on_the_app_target_with_json_logs_and_reserved_concurrency(built):
+    # streamfleet:*_reserved_concurrency defaults: handler 200, authorizer 100, canary 2.
+    for stack, template in stacks_of(built):
+        for function, log_group, reserved in (
+            (stack.websocket.handler, stack.websocket.handler_log_group, 200),
+            (stack.websocket.authorizer_function, stack.websocket.authorizer_log_group, 100),
+            (stack.canary.function, stack.canary.log_group, 2),
+        ):
+            properties = function_of(template, stack, function)
+            assert (properties["Runtime"], properties["Architectures"]) == TARGET
+            assert TARGET == ("python3.14", ["arm64"])
+            assert properties["LoggingConfig"] == {
+                "LogGroup": {"Ref": logical_id(stack, log_group)},
+                "LogFormat": "JSON",
+                "ApplicationLogLevel": "INFO",
+                "SystemLogLevel": "WARN",
+            }
+            assert properties["ReservedConcurrentExecutions"] == reserved
+
+
+def test_reserved_concurrency_and_log_level_follow_the_configuration():
+    built = build_websocket_app(
+        {
+            context_key("ws_handler_reserved_concurrency"): "none",
+            context_key("authorizer_reserved_concurrency"): 30,
+            context_key("canary_reserved_concurrency"): 5,
+            context_key("lambda_log_level"): "WARN",
+        }
+    )
+    stack = built.primary
+    template = built.template(stack)
+    handler = function_of(template, stack, stack.websocket.handler)
+    assert "ReservedConcurrentExecutions" not in handler
+    authorizer = function_of(template, stack, stack.websocket.authorizer_function)
+    canary = function_of(template, stack, stack.canary.function)
+    assert (authorizer["ReservedConcurrentExecutions"], canary["ReservedConcurrentExecutions"]) == (
+        30,
+        5,
+    )
+    for properties in (handler, authorizer, canary):
+        assert properties["LoggingConfig"]["ApplicationLogLevel"] == "WARN"
+
+
+def test_every_function_has_an_errors_and_a_throttles_alarm(built):
+    for stack, template in stacks_of(built):
+        alarms = [
+            template.to_json()["Resources"][logical_id(stack, alarm)]["Properties"]
+            for alarm in (*stack.websocket.alarms, *stack.canary.function_alarms)
+        ]
+        watched = sorted(
+            (alarm["Dimensions"][0]["Value"]["Ref"], alarm["MetricName"]) for alarm in alarms
+        )
+        functions = (stack.websocket.handler, stack.websocket.authorizer_function)
+        expected = [
+            (logical_id(stack, function), metric)
+            for function in (*functions, stack.canary.function)
+            for metric in ("Errors", "Throttles")
+        ]
+        assert watched == sorted(expected)
+
+
+def test_handler_runs_the_runtime_entry_with_its_config(built):
     for stack, template in stacks_of(built):
         handler = function_of(template, stack, stack.websocket.handler)
         assert handler["Handler"] == "streamfleet.wsapi.handlers.handler"
-        assert handler["Runtime"] == websocket_api.HANDLER_RUNTIME.name
-        assert handler["Architectures"] == ["arm64"]
         assert handler["Timeout"] <= 29
         variables = variables_of(handler)
         state = deployed(
@@ -345,8 +396,6 @@ def test_authorizer_environment_is_what_the_authorizer_accepts(with_domain):
     for stack, template in stacks_of(with_domain):
         function = function_of(template, stack, stack.websocket.authorizer_function)
         assert function["Handler"] == "streamfleet.wsapi.authorizer.handler"
-        assert function["Runtime"] == "python3.11"
-        assert function["Architectures"] == ["x86_64"]
         config = authorizer_runtime.AuthorizerConfig.from_env(variables_of(function))
         assert config.issuer == "https://login.example.org/"
         assert config.audience == "auction-clients"
@@ -358,7 +407,6 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
     for stack, template in stacks_of(with_domain):
         function = function_of(template, stack, stack.canary.function)
         assert function["Handler"] == "streamfleet.wsapi.canary.handler"
-        assert (function["Runtime"], function["Architectures"]) == ("python3.11", ["x86_64"])
         variables = variables_of(function)
         api_id = logical_id(stack, stack.websocket.api)
         # The regional stage URL, never the failover name: the canary judges this Region.
@@ -567,7 +615,7 @@ def test_canary_runs_every_minute_without_retries(built):
 
 def test_alarm_is_two_of_two_minutes_on_the_canary_metric_with_missing_data_breaching(built):
     for stack, template in stacks_of(built):
-        _, alarm = only(template, "AWS::CloudWatch::Alarm")
+        alarm = template.to_json()["Resources"][logical_id(stack, stack.canary.alarm)]["Properties"]
         assert alarm["Namespace"] == model.HEALTH_METRIC_NAMESPACE == "App"
         assert alarm["MetricName"] == model.HEALTH_METRIC_NAME == "WebSocketHealth"
         assert alarm["Dimensions"] == [
@@ -753,7 +801,7 @@ def test_failover_props_are_validated(primary, secondary, message):
 
 
 def config_from(context: dict[str, Any]) -> AppConfig:
-    return AppConfig.from_context(cdk.App(context=context).node, environ={})
+    return AppConfig.from_context(cdk.App(context=context).node)
 
 
 def test_websocket_defaults_synth_without_a_domain():
@@ -1013,189 +1061,21 @@ def test_template_matches_snapshot(which, role, snapshot_json):
     assert mask_asset_hashes(template) == snapshot_json
 
 
-# --- Lambda bundles, imported in isolation ---
+# --- The Lambda target's wheel tags ---
 
 
 @pytest.mark.parametrize(
     ("tags", "accepted"),
     [
-        (("cp311-abi3-manylinux_2_34_x86_64",), False),  # needs glibc 2.34; AL2 has 2.26
-        (("cp311-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64",), True),
-        (("cp311-cp311-manylinux_2_17_x86_64",), True),
-        (("cp312-cp312-manylinux_2_17_x86_64",), False),
-        (("cp311-cp311-manylinux_2_17_aarch64",), False),
-        (("cp311-cp311-linux_x86_64",), False),
+        (("cp311-abi3-manylinux_2_34_aarch64",), True),  # abi3 from 3.11 loads on 3.14
+        (("cp311-abi3-manylinux_2_34_x86_64",), False),  # the synth venv's: wrong CPU
+        (("cp314-cp314-manylinux_2_35_aarch64",), False),  # needs glibc 2.35; AL2023 has 2.34
+        (("cp314-cp314-manylinux2014_aarch64.manylinux_2_17_aarch64",), True),
+        (("cp311-cp311-manylinux_2_17_aarch64",), False),  # a cp311-only extension
+        (("cp314-cp314-linux_aarch64",), False),  # not a manylinux wheel
         (("py3-none-any",), True),
-        (("cp311-cp311-manylinux_2_28_x86_64", "cp311-cp311-manylinux1_x86_64"), True),
+        (("cp314-cp314-manylinux_2_39_aarch64", "cp314-cp314-manylinux_2_28_aarch64"), True),
     ],
 )
 def test_the_lambda_target_accepts_only_wheels_it_can_load(tags, accepted):
-    assert assets.PYTHON_3_11_X86_64.accepts(tags) is accepted
-
-
-BUNDLE_CHECKS = {
-    # Verifies a real RS256 and ES256 token, from the query string and from the subprotocol,
-    # through the Lambda entry point: cryptography and cffi must load from the bundle.
-    "authorizer": """
-        import json, os, time
-        from streamfleet import model
-        from streamfleet.wsapi import authorizer, jwt
-        for alg in ("RS256", "ES256"):
-            key = jwt.generate_signing_key(alg, kid=alg)
-            os.environ.update(
-                JWT_ISSUER="https://issuer.test/",
-                JWT_AUDIENCE="aud",
-                JWT_KEYS=json.dumps(jwt.jwks_document([key])),
-            )
-            claims = {"sub": "u1", "iss": "https://issuer.test/", "aud": "aud",
-                      "exp": int(time.time()) + 60}
-            token = jwt.sign(claims, key)
-            arn = "arn:aws:execute-api:us-east-1:123456789012:api/v1/$connect"
-            protocols = f"{model.WS_APP_SUBPROTOCOL}, {model.WS_BEARER_SUBPROTOCOL_PREFIX}{token}"
-            for event in (
-                {"methodArn": arn, "queryStringParameters": {"token": token}},
-                {"methodArn": arn, "headers": {"Sec-WebSocket-Protocol": protocols}},
-            ):
-                result = authorizer.handler(event, None)
-                assert result["policyDocument"]["Statement"][0]["Effect"] == "Allow", result
-                assert result["principalId"] == "u1"
-    """,
-    # Mints an ES256 token the way the deployed canary does, with websockets from the bundle.
-    "canary": """
-        import asyncio
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from streamfleet.wsapi import canary, jwt
-        import websockets
-        pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode()
-        env = {"CANARY_SIGNING_KEY": pem, "JWT_ISSUER": "https://i.test/", "JWT_AUDIENCE": "a"}
-        source = canary.token_source_from_env(env)
-        token = asyncio.run(source.token())
-        key = jwt.signing_key_from_text(pem)
-        claims = jwt.verify(token, [key.public()], issuer="https://i.test/", audience="a")
-        assert claims["sub"] == "canary", claims
-        assert callable(canary.handler)
-    """,
-    # Answers a heartbeat through the Lambda entry's class, replying through a stand-in.
-    "handlers": """
-        from streamfleet.wsapi import handlers
-        config = handlers.HandlerConfig.from_env({
-            "STATE_TABLE_NAME": "s", "CONNECTIONS_TABLE_NAME": "c", "AWS_REGION": "us-east-1",
-        })
-        sent = []
-        class Replier:
-            def post(self, context, connection_id, data):
-                sent.append(data)
-        api = handlers.WsApiHandlers(config, dynamodb=object(), replier=Replier())
-        event = {"requestContext": {"routeKey": "heartbeat", "connectionId": "c1"},
-                 "body": '{"action": "heartbeat"}'}
-        assert api(event) == {"statusCode": 200}
-        assert b'"pong"' in sent[0], sent
-        assert callable(handlers.handler)
-    """,
-}
-BUNDLES = {
-    # name: (third-party distributions, target, needs the Lambda runtime's boto3)
-    "authorizer": (AUTHORIZER_DISTRIBUTIONS, AUTHORIZER_TARGET, False),
-    "canary": (CANARY_DISTRIBUTIONS, CANARY_TARGET, True),
-    "handlers": ((), AUTHORIZER_TARGET, True),
-}
-
-ISOLATED_RUNNER = """
-import json, sys, sysconfig
-sys.path[:0] = json.loads(sys.argv[1])
-exec(compile(sys.argv[2], "<check>", "exec"))
-roots = [*json.loads(sys.argv[1]), sysconfig.get_paths()["stdlib"],
-         sysconfig.get_paths()["platstdlib"]]
-outside = sorted(
-    f"{name}: {module.__file__}"
-    for name, module in list(sys.modules.items())
-    if getattr(module, "__file__", None) and not any(module.__file__.startswith(r) for r in roots)
-)
-print(json.dumps({"outside": outside, "path": sys.path}))
-"""
-
-
-@pytest.fixture(scope="module")
-def runtime_provided(tmp_path_factory) -> Path:
-    """What every Lambda Python runtime provides on its own: boto3 and its dependencies."""
-    directory = tmp_path_factory.mktemp("lambda-runtime")
-    assets.bundle_distributions(("boto3",), assets.PYTHON_3_11_X86_64, directory, skip=frozenset())
-    return directory
-
-
-def build_bundle(name: str, directory: Path) -> Path:
-    distributions, target, _ = BUNDLES[name]
-    bundling = assets.SitePackagesBundling(distributions, target)
-    assert bundling.try_bundle(str(directory)) is True
-    return directory
-
-
-@pytest.mark.skipif(
-    sys.implementation.name != "cpython"
-    or sys.version_info[:2] != AUTHORIZER_TARGET.python
-    or sysconfig.get_platform() != "linux-x86_64",
-    reason="the bundles target CPython 3.11 on x86_64 Linux: only such a Python can import them",
-)
-@pytest.mark.parametrize("name", sorted(BUNDLES))
-def test_bundle_imports_with_nothing_but_itself_and_the_standard_library(
-    name, tmp_path, runtime_provided
-):
-    bundle = build_bundle(name, tmp_path / "bundle")
-    _, target, needs_boto3 = BUNDLES[name]
-    # Nothing the Lambda runtime provides is bundled; every wheel in it fits the runtime.
-    installed = {path.name.split("-")[0].lower() for path in bundle.glob("*.dist-info")}
-    assert not installed & {"boto3", "botocore", "urllib3", "s3transfer"}
-    for wheel in bundle.glob("*.dist-info/WHEEL"):
-        tags = tuple(
-            line.split(":", 1)[1].strip()
-            for line in wheel.read_text().splitlines()
-            if line.startswith("Tag:")
-        )
-        assert target.accepts(tags), (wheel.parent.name, tags)
-    paths = [str(bundle), *([str(runtime_provided)] if needs_boto3 else [])]
-    result = subprocess.run(
-        # -I: no PYTHONPATH, no user site, no script directory; -S: no site-packages at all.
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            ISOLATED_RUNNER,
-            json.dumps(paths),
-            textwrap.dedent(BUNDLE_CHECKS[name]),
-        ],
-        cwd=tmp_path,
-        env={"PATH": os.environ.get("PATH", ""), "AWS_DEFAULT_REGION": "us-east-1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["outside"] == []
-    assert not any("site-packages" in entry for entry in report["path"]), report["path"]
-
-
-@pytest.mark.parametrize("name", ["authorizer", "canary"])
-def test_bundle_carries_the_third_party_packages_the_runtime_imports(name, tmp_path):
-    bundle = build_bundle(name, tmp_path / "bundle")
-    expected = {"cryptography", "cffi", "pycparser", *(["websockets"] if name == "canary" else [])}
-    installed = {path.name.split("-")[0].lower() for path in bundle.glob("*.dist-info")}
-    assert installed == expected
-    assert (bundle / "streamfleet" / "wsapi" / f"{name}.py").is_file()
-    assert not list(bundle.rglob("__pycache__"))
-
-
-def test_handler_bundle_is_the_package_alone(with_domain):
-    # The handler's asset: the streamfleet package and nothing else (boto3 from the runtime).
-    stack = with_domain.primary
-    function = function_of(with_domain.template(stack), stack, stack.websocket.handler)
-    key = function["Code"]["S3Key"].removesuffix(".zip")
-    asset = Path(with_domain.assembly.directory) / f"asset.{key}"
-    assert sorted(path.name for path in asset.iterdir()) == ["streamfleet"]
+    assert assets.LAMBDA_TARGET.accepts(tags) is accepted
