@@ -49,7 +49,7 @@ from streamfleet_cdk.functions import (
     function_alarms,
     python_function,
 )
-from streamfleet_cdk.nag import acknowledge
+from streamfleet_cdk.nag import acknowledge, nag_text
 
 CANARY_DISTRIBUTIONS = ("websockets", "PyJWT", "cryptography")
 CANARY_ENTRY = f"{canary_runtime.handler.__module__}.{canary_runtime.handler.__name__}"
@@ -62,6 +62,11 @@ HEALTHY_THRESHOLD = 1  # the metric is 1 (healthy) or 0: alarm when below 1
 
 CANARY_ACTIONS = {
     "state_table": ("dynamodb:GetItem", "dynamodb:PutItem"),
+    # While the Region reports unhealthy, every run closes its client connections: the ids come
+    # from a Scan of the connections table (API Gateway cannot list connections), each is
+    # closed with DeleteConnection and its record deleted.
+    "sweep": ("dynamodb:Scan", "dynamodb:DeleteItem"),
+    "disconnect": ("execute-api:ManageConnections",),
     "metrics": ("cloudwatch:PutMetricData",),
     "signing_key": ("secretsmanager:GetSecretValue",),
     "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
@@ -75,14 +80,19 @@ class WebSocketCanaryProps:
     Attributes:
         api: the WebSocket API to judge (its id is the metric's ``ApiId``).
         stage: its stage; the canary dials the stage's regional URL.
-        state_table: where the canary keeps its hysteresis streaks (the Region's connections
-            table: per-Region state that must not be replicated).
-        jwt_issuer: ``iss`` of the tokens the canary mints (the authorizer's issuer).
-        jwt_audience: ``aud`` of the tokens the canary mints.
+        state_table: where the canary keeps its hysteresis streaks: the Region's connections
+            table (per-Region state that must not be replicated), whose client records it also
+            reads to close them while the Region is unhealthy.
+        jwt_audience: ``aud`` of the tokens the canary mints (its ``iss`` is always
+            :data:`streamfleet.model.CANARY_TOKEN_ISSUER`: the canary's own identity).
         signing_key_secret_name: a Secrets Manager secret *in this Region* (a replica, for a
-            secret shared by both Regions) holding the canary's private key (PEM or JWK).
-            ``None``: the canary connects without a token, which the authorizer refuses, so it
-            always reports unhealthy: fine for a synth, never for a deployment with failover.
+            secret shared by both Regions) holding the canary's private key (PEM or JWK); the
+            authorizer must hold its public key (``JwtSettings.canary_keys``). ``None``: the
+            canary connects without a token, which the authorizer refuses, so it always reports
+            unhealthy: fine for a synth, never for a deployment with failover.
+        disconnect_when_unhealthy: while the Region reports unhealthy, close every client
+            connection of it each run, so clients that take any frame for "alive" reconnect
+            through the failover name (``CANARY_DISCONNECT_WHEN_UNHEALTHY``).
         token_transport: how the canary presents its token (``subprotocol`` or ``query``).
         healthy_runs_to_recover: consecutive healthy probes needed before a failed-over Region
             reports healthy again (fail-back hysteresis, K in the design).
@@ -98,9 +108,9 @@ class WebSocketCanaryProps:
     api: apigwv2.IWebSocketApi
     stage: apigwv2.WebSocketStage
     state_table: dynamodb.ITableV2
-    jwt_issuer: str
     jwt_audience: str
     signing_key_secret_name: str | None = None
+    disconnect_when_unhealthy: bool = True
     token_transport: str = TokenTransport.SUBPROTOCOL.value
     healthy_runs_to_recover: int = canary_runtime.DEFAULT_HEALTHY_RUNS_TO_RECOVER
     probe_timeout: Duration = field(
@@ -131,7 +141,9 @@ class WebSocketCanary(Construct):
 
     The canary's role may ``GetItem``/``PutItem`` its state table, ``PutMetricData`` only into
     the ``App`` namespace (PutMetricData has no resource-level permissions; the
-    ``cloudwatch:namespace`` condition bounds it), read the signing key and write its log group.
+    ``cloudwatch:namespace`` condition bounds it), read the signing key and write its log group;
+    with ``disconnect_when_unhealthy``, also ``Scan``/``DeleteItem`` that table and
+    ``execute-api:ManageConnections`` on this stage's ``DELETE @connections/*``.
 
     Attributes:
         function: the canary Lambda.
@@ -197,6 +209,14 @@ class WebSocketCanary(Construct):
                 resources=[self.log_group.log_group_arn],
             ),
         }
+        if props.disconnect_when_unhealthy:
+            statements["sweep"] = iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["sweep"]), resources=[props.state_table.table_arn]
+            )
+            statements["disconnect"] = iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["disconnect"]),
+                resources=[self.management_disconnect_arn],
+            )
         if self.signing_key is not None:
             # A secret named without its random suffix: Secrets Manager appends six characters.
             statements["signing_key"] = iam.PolicyStatement(
@@ -206,6 +226,15 @@ class WebSocketCanary(Construct):
         for statement in statements.values():
             role.add_to_policy(statement)
         return role
+
+    @property
+    def management_disconnect_arn(self) -> str:
+        """``execute-api`` ARN of this stage's ``DELETE @connections/*`` (closing clients)."""
+        return Stack.of(self).format_arn(
+            service="execute-api",
+            resource=self._props.api.api_id,
+            resource_name=f"{self._props.stage.stage_name}/DELETE/@connections/*",
+        )
 
     def _build_environment(self) -> dict[str, str]:
         """What :func:`streamfleet.wsapi.canary.canary_from_env` reads."""
@@ -218,6 +247,9 @@ class WebSocketCanary(Construct):
             "CANARY_FAILURES_TO_TRIP": str(ALARM_DATAPOINTS),
             "CANARY_STATE_TABLE_NAME": props.state_table.table_name,
             "CANARY_TOKEN_TRANSPORT": props.token_transport,
+            model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY: (
+                "true" if props.disconnect_when_unhealthy else "false"
+            ),
         }
         if props.signing_key_secret_name is not None:
             env.update(
@@ -225,15 +257,16 @@ class WebSocketCanary(Construct):
                     # The runtime passes it to GetSecretValue as SecretId: a name is resolved
                     # in the canary's own Region, so each Region reads its own replica.
                     "CANARY_SIGNING_KEY_SECRET_ARN": props.signing_key_secret_name,
-                    "JWT_ISSUER": props.jwt_issuer,
-                    "JWT_AUDIENCE": props.jwt_audience,
+                    model.ENV_JWT_AUDIENCE: props.jwt_audience,
                 }
             )
         return env
 
     def _build_function(self) -> lambda_.Function:
         props = self._props
-        timeout = props.probe_timeout.to_seconds() * 2 + 10  # token, probe, state, metric
+        # Token, probe, state, metric, and (while unhealthy) the sweep's own budget.
+        sweep = canary_runtime.DEFAULT_DISCONNECT_BUDGET_SECONDS
+        timeout = props.probe_timeout.to_seconds() * 2 + 10 + sweep
         return python_function(
             self,
             "Function",
@@ -309,3 +342,11 @@ class WebSocketCanary(Construct):
             "cloudwatch:PutMetricData supports no resource-level permissions; the statement "
             "is limited to the App namespace by the cloudwatch:namespace condition.",
         )
+        if self._props.disconnect_when_unhealthy:
+            acknowledge(
+                self.role,
+                f"IAM5[Resource::{nag_text(Stack.of(self), self.management_disconnect_arn)}]",
+                "execute-api:ManageConnections is scoped to this API's stage and to DELETE "
+                "@connections/* (closing clients while the Region is unhealthy); connection "
+                "ids are created per client at run time, so they cannot be listed.",
+            )

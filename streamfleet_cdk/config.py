@@ -32,6 +32,7 @@ from streamfleet_cdk.alarms import EMAIL_PATTERN
 from streamfleet_cdk.event_ingestion import check_invoke_principals
 from streamfleet_cdk.functions import DEFAULT_LOG_LEVEL, check_log_level
 from streamfleet_cdk.upstreams import SEPARATOR, check_allowed_upstreams
+from streamfleet_cdk.websocket_api import check_canary_public_keys
 from streamfleet_cdk.worker_fleet import FARGATE_MEMORY, MAX_STOP_TIMEOUT_SECONDS, VPC_AZS
 
 CONTEXT_PREFIX = "streamfleet:"
@@ -170,6 +171,10 @@ class AppConfig:
         canary_signing_key_secret_name: Secrets Manager secret (a name, replicated to both
             Regions) with the private key the canaries mint their tokens with; required with a
             custom domain (a canary without a token always reports unhealthy).
+        canary_public_keys: the public key(s) matching the canary's signing key (a JWKS
+            document, a JWK or a PEM public key), given to the authorizer (``JWT_CANARY_KEYS``):
+            the only keys that verify a canary token, which is allowed on ``heartbeat`` only.
+            Required with ``canary_signing_key_secret_name``; never a shared secret.
         canary_token_transport: ``subprotocol`` or ``query``: how the canary sends its token.
         canary_healthy_runs_to_recover: consecutive healthy probes before a failed Region
             reports healthy again (fail-back is slower than failover).
@@ -232,6 +237,7 @@ class AppConfig:
     jwt_audience: str = DEFAULT_JWT_AUDIENCE
     jwt_jwks_url: str = DEFAULT_JWT_JWKS_URL
     canary_signing_key_secret_name: str | None = None
+    canary_public_keys: str | None = None
     canary_token_transport: str = CANARY_TOKEN_TRANSPORTS[0]
     canary_healthy_runs_to_recover: int = 5
     ws_api_rate_limit: float = 500.0
@@ -401,6 +407,20 @@ class AppConfig:
                     f"{context_key('canary_signing_key_secret_name')}: expected the secret's "
                     "name, not an ARN: each Region's canary reads its own replica"
                 )
+            if self.canary_public_keys is None:
+                raise ValueError(
+                    f"{context_key('canary_public_keys')}: required with "
+                    f"{context_key('canary_signing_key_secret_name')}: without the canary's "
+                    "public key the authorizer refuses its tokens, and the Region never reports "
+                    "healthy"
+                )
+        if self.canary_public_keys is not None:
+            if secret is None:
+                raise ValueError(
+                    f"{context_key('canary_public_keys')}: only used with "
+                    f"{context_key('canary_signing_key_secret_name')}"
+                )
+            check_canary_public_keys(context_key("canary_public_keys"), self.canary_public_keys)
         for name in ("ws_state_table_name", "ws_connections_table_name"):
             _check_pattern(
                 name, getattr(self, name), TABLE_NAME_PATTERN, "3-255 of A-Z a-z 0-9 _ . -"

@@ -42,6 +42,7 @@ from constructs import Construct
 from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
+from streamfleet.wsapi import jwt as jwt_runtime
 from streamfleet_cdk.functions import (
     DEFAULT_LOG_LEVEL,
     check_log_level,
@@ -112,6 +113,10 @@ class JwtSettings:
         jwks_url: the issuer's JWKS document (https); its keys are cached by the authorizer.
         keys: or the public keys themselves (a JWKS document, one JWK or a PEM public key).
         leeway_seconds: clock skew allowed on ``exp``/``nbf`` (``None``: the runtime default).
+        canary_keys: the canary's public key(s) (``JWT_CANARY_KEYS``: a JWKS document, one JWK
+            or a PEM public key), the only keys that verify a canary token, which the handlers
+            confine to ``heartbeat``. Public keys only: the environment is readable by whoever
+            can read the stack. ``None``: the authorizer accepts no canary token.
     """
 
     issuer: str
@@ -119,6 +124,7 @@ class JwtSettings:
     jwks_url: str | None = None
     keys: str | None = None
     leeway_seconds: float | None = None
+    canary_keys: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -127,6 +133,8 @@ class JwtSettings:
             raise ValueError(f"jwt: {exc}") from None
         if self.jwks_url is not None and urlsplit(self.jwks_url).scheme != "https":
             raise ValueError("jwt: JWT_JWKS_URL: must be an https URL in a deployment")
+        if self.canary_keys is not None:
+            check_canary_public_keys(f"jwt: {model.ENV_JWT_CANARY_KEYS}", self.canary_keys)
 
     def environment(self) -> dict[str, str]:
         """The authorizer's environment (what ``AuthorizerConfig.from_env`` reads)."""
@@ -137,7 +145,23 @@ class JwtSettings:
             env["JWT_KEYS"] = self.keys
         if self.leeway_seconds is not None:
             env["JWT_LEEWAY_SECONDS"] = f"{self.leeway_seconds:g}"
+        if self.canary_keys is not None:
+            env[model.ENV_JWT_CANARY_KEYS] = self.canary_keys
         return env
+
+
+def check_canary_public_keys(field: str, text: object) -> str:
+    """Asymmetric public keys the authorizer can parse; ``ValueError`` naming ``field``."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{field}: expected a JWKS document, a JWK or a PEM public key")
+    try:
+        jwt_runtime.parse_key_material(text, allow_symmetric=False)
+    except jwt_runtime.KeyMaterialError as exc:
+        raise ValueError(
+            f"{field}: {exc} (public keys only: a shared secret in the stack's environment "
+            "would be readable by anyone who can read the stack)"
+        ) from None
+    return text
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,6 +75,12 @@ ZONE_ID = "Z0123456789ABCDEFGHIJ"
 CERT_PRIMARY = f"arn:aws:acm:{PRIMARY_REGION}:{TEST_ACCOUNT}:certificate/11111111-aaaa"
 CERT_SECONDARY = f"arn:aws:acm:{SECONDARY_REGION}:{TEST_ACCOUNT}:certificate/22222222-bbbb"
 SECRET_NAME = "streamfleet/canary-signing-key"
+# The public half of a canary signing key (fixed, so the snapshots do not change with it).
+CANARY_PUBLIC_KEYS = (
+    '{"keys":[{"alg":"ES256","use":"sig","kid":"canary-1","kty":"EC","crv":"P-256",'
+    '"x":"GAgudWH6Vm9s8iNR4XqnWfcfFxnNH8TozCwC5lHoJt8",'
+    '"y":"kH4vJBDjruLYPtJ39BibmJ9MHElZSrG7Y_FnxIUL4tQ"}]}'
+)
 DOMAIN_CONTEXT = {
     context_key("ws_domain_name"): DOMAIN,
     context_key("hosted_zone_id"): ZONE_ID,
@@ -82,6 +88,7 @@ DOMAIN_CONTEXT = {
     context_key("ws_certificate_arn_primary"): CERT_PRIMARY,
     context_key("ws_certificate_arn_secondary"): CERT_SECONDARY,
     context_key("canary_signing_key_secret_name"): SECRET_NAME,
+    context_key("canary_public_keys"): CANARY_PUBLIC_KEYS,
     context_key("jwt_issuer"): "https://login.example.org/",
     context_key("jwt_audience"): "auction-clients",
     context_key("jwt_jwks_url"): "https://login.example.org/.well-known/jwks.json",
@@ -401,6 +408,9 @@ def test_authorizer_environment_is_what_the_authorizer_accepts(with_domain):
         assert config.audience == "auction-clients"
         assert config.jwks_url == "https://login.example.org/.well-known/jwks.json"
         assert config.keys is None
+        # The canary's own identity: its public key, for canary tokens only.
+        assert config.canary_keys == CANARY_PUBLIC_KEYS
+        assert authorizer_runtime.StaticKeys.parse(config.canary_keys).keys
 
 
 def test_canary_environment_is_what_the_canary_accepts(with_domain):
@@ -432,10 +442,10 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         source = canary_runtime.token_source_from_env(env, secrets=object())
         assert isinstance(source, canary_runtime.SecretToken)
         assert variables["CANARY_SIGNING_KEY_SECRET_ARN"] == SECRET_NAME
-        assert (variables["JWT_ISSUER"], variables["JWT_AUDIENCE"]) == (
-            "https://login.example.org/",
-            "auction-clients",
-        )
+        assert variables["JWT_AUDIENCE"] == "auction-clients"
+        assert config.disconnect_when_unhealthy is True
+        # Every variable the canary is given is one it reads (its issuer is its own, fixed).
+        assert set(variables) <= set(model.CANARY_ENV), set(variables) - set(model.CANARY_ENV)
 
 
 def test_canary_without_a_signing_key_connects_without_a_token(built):
@@ -509,11 +519,19 @@ def test_canary_role_has_exactly_its_grants(with_domain, built):
         for stack, template in stacks_of(app):
             canary = stack.canary
             grants = role_grants(template, logical_id(stack, canary.role))
+            api_id = logical_id(stack, stack.websocket.api)
             expected = {
                 arn_text(stack, stack.connections_table.table_arn): {
                     "dynamodb:GetItem",
                     "dynamodb:PutItem",
+                    # closing this Region's clients while it is unhealthy
+                    "dynamodb:Scan",
+                    "dynamodb:DeleteItem",
                 },
+                (
+                    f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>"
+                    "/v1/DELETE/@connections/*"
+                ): {"execute-api:ManageConnections"},
                 "*": {"cloudwatch:PutMetricData"},
                 arn_text(stack, canary.log_group.log_group_arn): LOG_ACTIONS,
             }
@@ -538,13 +556,20 @@ def test_canary_role_has_exactly_its_grants(with_domain, built):
     assert set(CANARY_ACTIONS["metrics"]) == {"cloudwatch:PutMetricData"}
 
 
-def test_no_policy_allows_wildcard_actions_or_scans(built, with_domain):
+def test_no_policy_allows_wildcard_actions_and_only_the_canary_scans(built, with_domain):
+    # The one Scan: the canary's, of this Region's connections table, to find the clients it
+    # closes while the Region is unhealthy (API Gateway cannot list connections).
     for app in (built, with_domain):
-        for _, template in stacks_of(app):
+        for stack, template in stacks_of(app):
+            canary_role = {"Ref": logical_id(stack, stack.canary.role)}
+            connections = stack.resolve(stack.connections_table.table_arn)
             for policy in resources(template, "AWS::IAM::Policy").values():
                 for statement in policy["PolicyDocument"]["Statement"]:
                     for action in as_list(statement["Action"]):
-                        assert "*" not in action and action != "dynamodb:Scan", action
+                        assert "*" not in action, action
+                        if action == "dynamodb:Scan":
+                            assert policy["Roles"] == [canary_role], policy["Roles"]
+                            assert as_list(statement["Resource"]) == [connections]
             for role in resources(template, "AWS::IAM::Role").values():
                 assert not role.get("ManagedPolicyArns")
 
@@ -838,7 +863,19 @@ def test_every_domain_setting_is_read_from_context():
         ({"hosted_zone_id": "abc"}, "hosted_zone_id", "Z"),
         ({"ws_certificate_arn_primary": "arn:x"}, "ws_certificate_arn_primary", "ACM"),
         ({"ws_certificate_arn_primary": CERT_SECONDARY}, "ws_certificate_arn_primary", "own"),
-        ({"canary_signing_key_secret_name": None}, "canary_signing_key_secret_name", "never"),
+        (
+            {"canary_signing_key_secret_name": None, "canary_public_keys": None},
+            "canary_signing_key_secret_name",
+            "never",
+        ),
+        ({"canary_public_keys": None}, "canary_public_keys", "required with"),
+        (
+            {"canary_public_keys": '{"kty":"oct","k":"c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"}'},
+            "canary_public_keys",
+            "public keys only",
+        ),
+        ({"canary_public_keys": "not a key"}, "canary_public_keys", "public keys only"),
+        ({"canary_signing_key_secret_name": None}, "canary_public_keys", "only used with"),
         (
             {"canary_signing_key_secret_name": "arn:aws:secretsmanager:x"},
             "canary_signing_key_secret_name",
@@ -934,10 +971,40 @@ def test_canary_props_are_validated(overrides, message):
             api=websocket.api,
             stage=websocket.stage,
             state_table=tables.connections_table,
-            jwt_issuer="https://i.example.com/",
             jwt_audience="a",
             **overrides,
         )
+
+
+def test_the_canary_may_leave_the_regions_clients_connected():
+    stack = construct_stack()
+    tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps())
+    websocket = WebSocketApi(stack, "Ws", props=websocket_props(tables))
+    canary = canary_construct.WebSocketCanary(
+        stack,
+        "Canary",
+        props=WebSocketCanaryProps(
+            api=websocket.api,
+            stage=websocket.stage,
+            state_table=tables.connections_table,
+            jwt_audience="a",
+            disconnect_when_unhealthy=False,
+        ),
+    )
+    template = Template.from_stack(stack)
+    variables = variables_of(function_of(template, stack, canary.function))
+    assert variables[model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY] == "false"
+    grants = role_grants(template, logical_id(stack, canary.role))
+    assert "dynamodb:Scan" not in set().union(*grants.values())
+    assert not any("DELETE/@connections" in resource for resource in grants)
+
+
+def test_canary_public_keys_must_be_public():
+    with pytest.raises(ValueError, match=r"^jwt: JWT_CANARY_KEYS: .*public keys only"):
+        jwt_settings(canary_keys='{"kty":"oct","k":"c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"}')
+    assert jwt_settings(canary_keys=CANARY_PUBLIC_KEYS).environment()["JWT_CANARY_KEYS"] == (
+        CANARY_PUBLIC_KEYS
+    )
 
 
 def test_tables_props_are_validated():
@@ -1018,8 +1085,10 @@ def test_every_acknowledgment_is_specific(built):
     # The ManageConnections acknowledgment names this API's stage ARN, nothing broader.
     for stack in built.stacks:
         api_id = logical_id(stack, stack.websocket.api)
-        arn = f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>/v1/POST/@connections/*"
-        assert f"{AWS_SOLUTIONS}-IAM5[Resource::{arn}]" in acknowledgments(stack)
+        stage = f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>/v1"
+        for method in ("POST", "DELETE"):  # the handler's replies, the canary's disconnects
+            arn = f"{stage}/{method}/@connections/*"
+            assert f"{AWS_SOLUTIONS}-IAM5[Resource::{arn}]" in acknowledgments(stack)
         assert f"{AWS_SOLUTIONS}-IAM5" not in acknowledgments(stack)
 
 

@@ -72,8 +72,7 @@ websocket = WebSocketApi(stack, "WebSocket", props=WebSocketApiProps(
     custom_domain=CustomDomain(domain_name="ws.example.org", certificate=certificate)))
 canary = WebSocketCanary(stack, "Canary", props=WebSocketCanaryProps(
     api=websocket.api, stage=websocket.stage, state_table=ws_tables.connections_table,
-    jwt_issuer="https://login.example.org/", jwt_audience="clients",
-    signing_key_secret_name="canary-key"))
+    jwt_audience="clients", signing_key_secret_name="canary-key"))
 zone = route53.HostedZone.from_hosted_zone_attributes(
     stack, "Zone", hosted_zone_id="Z0123456789ABCDEFGHIJ", zone_name="example.org")
 FailoverRecords(stack, "Failover", props=FailoverRecordsProps(
