@@ -654,6 +654,7 @@ def test_worker_environment_is_what_the_worker_accepts(built):
         assert (config.timing.lease_seconds, config.timing.heartbeat_seconds) == (20, 5)
         assert config.reconcile_every == 10
         assert config.service_name == DEFAULT_SERVICE_NAME
+        assert config.message_retention_seconds == 7 * 24 * 3600
 
 
 # --- Worker fleet: service and scaling ---
