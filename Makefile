@@ -64,8 +64,13 @@ test: lint pytest ## Everything CI runs: lint, then the whole test suite against
 local: setup ## The whole fleet on this machine with a live view (type k N to kill -9 worker N)
 	$(PYTHON) -m streamfleet_dev.local.mode --workers 3 --streams 12
 
-cli: setup ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
-	$(PYTHON) -m streamfleet.cli $(ARGS)
+cli: ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
+	@$(MAKE) --no-print-directory setup >&2
+	@$(PYTHON) -m streamfleet.cli $(ARGS)
+
+.PHONY: preflight
+preflight: synth ## With real credentials: what a deploy needs that synth cannot see (bootstrap, API Gateway role, Docker arm64, DNS, certificates, secret)
+	@$(PYTHON) -m streamfleet.cli preflight --assembly cdk.out
 
 synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no Docker)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices

@@ -1,0 +1,585 @@
+"""A recording reverse proxy for the AWS protocols, in front of moto and dynalite.
+
+Code under test reaches AWS only through the standard endpoint variables. Point
+``AWS_ENDPOINT_URL`` at this proxy and it:
+
+* **routes** DynamoDB requests by ``TableName`` (every table of a batch must live on the same
+  server) to different backends, so leases can live on dynalite (which serialises conditional
+  writes) and a table with a change stream on moto (which has streams), and forwards every other
+  service to one backend (or a backend of its own: the WebSocket Management API to a local
+  gateway, say);
+* **records** every request as ``(access key id, service, operation, resources)`` plus the Region,
+  the answer's status and the IAM condition values it can see (``cloudwatch:namespace``), in
+  memory and, if asked, as JSON lines in a file. Give each component its own access key id and
+  the record says who called what: the input of an IAM least-privilege check;
+* **injects faults**: added latency per request (for all services or one) and a "down" switch
+  that drops requests without an answer, as an unreachable endpoint would.
+
+It understands the wire formats botocore speaks: the JSON protocol (``X-Amz-Target``:
+DynamoDB, SQS, Secrets Manager), the query protocol (form ``Action=...``: CloudWatch with older
+SDKs), Smithy RPC v2 CBOR (``/service/<name>/operation/<op>``: CloudWatch with newer ones) and
+REST paths (the API Gateway Management API). Service, Region and caller come from the SigV4
+``Authorization`` header's credential scope.
+
+Python API::
+
+    with AwsProxy(default_backend=moto.endpoint, table_backends={"leases": dynalite.endpoint},
+                  record_path=Path("calls.jsonl")) as proxy:
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        proxy.set_latency(0.020, service="dynamodb")  # 20 ms on every DynamoDB request
+        proxy.set_down(True)                          # every request dropped
+        proxy.records()                               # RecordedRequest list
+
+Command line (a running proxy is also steered over HTTP: ``POST /__proxy__/latency?seconds=0.02
+[&service=dynamodb]``, ``POST /__proxy__/down?on=1``, ``GET /__proxy__/state``)::
+
+    python -m streamfleet_dev.local.aws_proxy --backend http://127.0.0.1:5000 \\
+        --table leases=http://127.0.0.1:8000 --record calls.jsonl --latency-ms 20 --port 4566
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+CONTROL_PREFIX = "/__proxy__/"
+BACKEND_TIMEOUT_SECONDS = 60.0
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade"}
+)
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/\d{8}/([^/]+)/([^/]+)/aws4_request")
+_CBOR_PATH = re.compile(r"/service/([^/]+)/operation/([^/?]+)")
+_MANAGEMENT_PATH = re.compile(r"/(?P<stage>[^/]+)/@connections/(?P<id>[^/?]+)")
+_MANAGEMENT_OPERATIONS = {"POST": "PostToConnection", "GET": "GetConnection"}
+_MANAGEMENT_OPERATIONS["DELETE"] = "DeleteConnection"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the proxy saw it.
+
+    Attributes:
+        ts: when it arrived (epoch seconds).
+        access_key_id: the caller's access key id (SigV4 credential scope).
+        region: the Region it was signed for.
+        service: the signing name (``dynamodb``, ``sqs``, ``monitoring``, ``execute-api``...).
+        operation: the API operation (``UpdateItem``, ``SendMessage``, ``PostToConnection``...).
+        resources: what it names: ``table/<name>``, ``table/<name>/index/<index>``,
+            ``queue/<name>``, ``secret/<id>``, ``<stage>/<METHOD>/@connections/<id>``, or ``*``.
+        status: the backend's HTTP status (0: dropped, never answered).
+        conditions: IAM condition values visible in the request (``cloudwatch:namespace``).
+    """
+
+    ts: float
+    access_key_id: str
+    region: str
+    service: str
+    operation: str
+    resources: tuple[str, ...]
+    status: int
+    conditions: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["resources"] = list(self.resources)
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> RecordedRequest:
+        data = json.loads(line)
+        data["resources"] = tuple(data["resources"])
+        return cls(**data)
+
+
+def read_records(path: Path) -> list[RecordedRequest]:
+    """The requests recorded in a JSON-lines file."""
+    return [RecordedRequest.from_json(line) for line in path.read_text().splitlines() if line]
+
+
+# --- Parsing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    access_key_id: str
+    region: str
+    service: str
+    operation: str
+    resources: tuple[str, ...]
+    tables: tuple[str, ...]  # DynamoDB tables, for routing
+    conditions: Mapping[str, str]
+
+
+def _cbor_decode(data: bytes) -> Any:
+    """Enough CBOR (RFC 8949) for a request body: maps, arrays, strings, numbers, booleans."""
+
+    def item(offset: int) -> tuple[Any, int]:
+        initial = data[offset]
+        major, info = initial >> 5, initial & 0x1F
+        offset += 1
+        if major == 7:
+            if info == 20:
+                return False, offset
+            if info == 21:
+                return True, offset
+            if info in (22, 23):
+                return None, offset
+            sizes = {25: (">e", 2), 26: (">f", 4), 27: (">d", 8)}
+            fmt, size = sizes[info]
+            return struct.unpack(fmt, data[offset : offset + size])[0], offset + size
+        if info < 24:
+            length = info
+        elif info == 31:
+            length = -1  # indefinite
+        else:
+            size = 1 << (info - 24)
+            length = int.from_bytes(data[offset : offset + size], "big")
+            offset += size
+        if major == 0:
+            return length, offset
+        if major == 1:
+            return -1 - length, offset
+        if major in (2, 3):
+            if length < 0:
+                chunks = []
+                while data[offset] != 0xFF:
+                    chunk, offset = item(offset)
+                    chunks.append(chunk)
+                joined = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks)
+                return (joined if major == 2 else joined.decode()), offset + 1
+            raw = data[offset : offset + length]
+            return (raw if major == 2 else raw.decode()), offset + length
+        if major == 4:
+            values = []
+            while (length < 0 and data[offset] != 0xFF) or len(values) < max(length, 0):
+                value, offset = item(offset)
+                values.append(value)
+            return values, offset + (1 if length < 0 else 0)
+        if major == 5:
+            mapping = {}
+            while (length < 0 and data[offset] != 0xFF) or len(mapping) < max(length, 0):
+                key, offset = item(offset)
+                mapping[key], offset = item(offset)
+            return mapping, offset + (1 if length < 0 else 0)
+        if major == 6:  # a tag (timestamps): the tagged value
+            return item(offset)
+        raise ValueError(f"CBOR: major type {major}")
+
+    return item(0)[0] if data else {}
+
+
+def _queue_name(url: str) -> str:
+    return urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _dynamodb_tables(operation: str, params: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    if "TableName" in params:
+        return [(str(params["TableName"]), params.get("IndexName"))]
+    if "RequestItems" in params:  # BatchGetItem, BatchWriteItem
+        return [(str(name), None) for name in params["RequestItems"]]
+    if "TransactItems" in params:
+        found = []
+        for entry in params["TransactItems"]:
+            for action in entry.values():
+                if isinstance(action, Mapping) and "TableName" in action:
+                    found.append((str(action["TableName"]), None))
+        return found
+    return []
+
+
+def parse_request(method: str, path: str, headers: Mapping[str, str], body: bytes) -> ParsedRequest:
+    """Who calls which operation on what, from the raw HTTP request."""
+    lower = {name.lower(): value for name, value in headers.items()}
+    access_key, region, service = "", "", ""
+    match = _CREDENTIAL.search(lower.get("authorization", ""))
+    if match is None:  # presigned: the scope is in the query string
+        query = parse_qs(urlsplit(path).query)
+        scope = (query.get("X-Amz-Credential") or [""])[0].split("/")
+        if len(scope) == 5:
+            access_key, region, service = scope[0], scope[2], scope[3]
+    else:
+        access_key, region, service = match.groups()
+    operation, params = "", {}
+    target = lower.get("x-amz-target", "")
+    content_type = lower.get("content-type", "")
+    cbor = _CBOR_PATH.search(urlsplit(path).path)
+    if target:
+        operation = target.rsplit(".", 1)[-1]
+        try:
+            params = json.loads(body or b"{}")
+        except ValueError:
+            params = {}
+    elif cbor:
+        operation = cbor.group(2)
+        try:
+            params = _cbor_decode(body)
+        except (ValueError, KeyError, IndexError, struct.error):
+            params = {}
+    elif "x-www-form-urlencoded" in content_type:
+        form = {k: v[-1] for k, v in parse_qs(body.decode(errors="replace")).items()}
+        operation, params = form.pop("Action", ""), form
+    if not isinstance(params, Mapping):
+        params = {}
+    resources: list[str] = []
+    tables: list[str] = []
+    conditions: dict[str, str] = {}
+    if service == "dynamodb":
+        for table, index in _dynamodb_tables(operation, params):
+            tables.append(table)
+            resources.append(f"table/{table}/index/{index}" if index else f"table/{table}")
+        if "StreamArn" in params:
+            resources.append(f"stream/{params['StreamArn']}")
+    elif service == "sqs":
+        if "QueueUrl" in params:
+            resources.append(f"queue/{_queue_name(str(params['QueueUrl']))}")
+        elif "QueueName" in params:
+            resources.append(f"queue/{params['QueueName']}")
+    elif service == "secretsmanager" and "SecretId" in params:
+        resources.append(f"secret/{params['SecretId']}")
+    elif service == "monitoring" and "Namespace" in params:
+        conditions["cloudwatch:namespace"] = str(params["Namespace"])
+    elif service == "execute-api":
+        managed = _MANAGEMENT_PATH.search(urlsplit(path).path)
+        if managed:
+            operation = _MANAGEMENT_OPERATIONS.get(method, method)
+            connection = unquote(managed.group("id"))
+            resources.append(f"{managed.group('stage')}/{method}/@connections/{connection}")
+    return ParsedRequest(
+        access_key_id=access_key,
+        region=region,
+        service=service,
+        operation=operation,
+        resources=tuple(resources) or ("*",),
+        tables=tuple(dict.fromkeys(tables)),
+        conditions=conditions,
+    )
+
+
+# --- The proxy ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Faults:
+    latency: dict[str | None, float] = field(default_factory=dict)  # service (None: all)
+    down: set[str | None] = field(default_factory=set)
+
+    def delay_for(self, service: str) -> float:
+        return self.latency.get(service, self.latency.get(None, 0.0))
+
+    def is_down(self, service: str) -> bool:
+        return None in self.down or service in self.down
+
+
+class AwsProxy:
+    """The recording, routing, fault-injecting proxy (see the module docstring).
+
+    Args:
+        default_backend: where requests go that nothing else routes (``http://host:port``).
+        table_backends: DynamoDB ``TableName`` -> backend.
+        service_backends: signing name (``dynamodb``, ``sqs``, ``execute-api``...) -> backend;
+            for DynamoDB, where tables not in ``table_backends`` go.
+        record_path: append every request as one JSON line to this file.
+        keep_records: also keep them in memory for :meth:`records` (turn off for long runs;
+            :meth:`counts` is always kept).
+        host, port: where to listen (port 0: any free port, see :attr:`endpoint`).
+    """
+
+    def __init__(
+        self,
+        *,
+        default_backend: str,
+        table_backends: Mapping[str, str] | None = None,
+        service_backends: Mapping[str, str] | None = None,
+        record_path: Path | None = None,
+        keep_records: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.default_backend = default_backend.rstrip("/")
+        self.table_backends = {k: v.rstrip("/") for k, v in (table_backends or {}).items()}
+        self.service_backends = {k: v.rstrip("/") for k, v in (service_backends or {}).items()}
+        self.record_path = record_path
+        self.keep_records = keep_records
+        self._faults = _Faults()
+        self._records: list[RecordedRequest] = []
+        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
+        self._server = _Server((host, port), _handler_class(self))
+        self._thread: threading.Thread | None = None
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> AwsProxy:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="aws-proxy", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> AwsProxy:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:<port>``: what ``AWS_ENDPOINT_URL`` should say."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # Routing ---------------------------------------------------------------------------------
+
+    def route_table(self, table_name: str, backend: str) -> None:
+        """Send DynamoDB requests for ``table_name`` to ``backend`` from now on."""
+        with self._lock:
+            self.table_backends[table_name] = backend.rstrip("/")
+
+    def backend_for(self, parsed: ParsedRequest) -> str:
+        """Where a request goes; ``ValueError`` if its tables live on different backends."""
+        service_default = self.service_backends.get(parsed.service, self.default_backend)
+        if parsed.service != "dynamodb" or not parsed.tables:
+            return service_default
+        backends = {self.table_backends.get(t, service_default) for t in parsed.tables}
+        if len(backends) > 1:
+            raise ValueError(f"tables {list(parsed.tables)} live on different backends")
+        return backends.pop()
+
+    # Faults ----------------------------------------------------------------------------------
+
+    def set_latency(self, seconds: float, *, service: str | None = None) -> None:
+        """Delay every request (of ``service``, or all) by ``seconds`` before forwarding it."""
+        if not seconds >= 0:
+            raise ValueError(f"seconds: {seconds!r} must be zero or more")
+        with self._lock:
+            if seconds:
+                self._faults.latency[service] = float(seconds)
+            else:
+                self._faults.latency.pop(service, None)
+
+    def set_down(self, down: bool, *, service: str | None = None) -> None:
+        """Drop every request (of ``service``, or all) without an answer while ``down``."""
+        with self._lock:
+            if down:
+                self._faults.down.add(service)
+            else:
+                self._faults.down.discard(service)
+
+    def state(self) -> dict[str, Any]:
+        """Current faults and request counts (what ``GET /__proxy__/state`` answers)."""
+        with self._lock:
+            return {
+                "latency": {k or "*": v for k, v in self._faults.latency.items()},
+                "down": sorted(k or "*" for k in self._faults.down),
+                "requests": sum(self._counts.values()),
+            }
+
+    # Records ---------------------------------------------------------------------------------
+
+    def records(self) -> list[RecordedRequest]:
+        """Every request recorded so far (if ``keep_records``)."""
+        with self._lock:
+            return list(self._records)
+
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        """``(access key id, service, operation) -> requests``."""
+        with self._lock:
+            return dict(self._counts)
+
+    def clear(self) -> None:
+        """Forget the records and counts (the file keeps what it has)."""
+        with self._lock:
+            self._records.clear()
+            self._counts.clear()
+
+    def _record(self, parsed: ParsedRequest, status: int) -> None:
+        record = RecordedRequest(
+            ts=time.time(),
+            access_key_id=parsed.access_key_id,
+            region=parsed.region,
+            service=parsed.service,
+            operation=parsed.operation,
+            resources=parsed.resources,
+            status=status,
+            conditions=dict(parsed.conditions),
+        )
+        with self._lock:
+            self._counts[(record.access_key_id, record.service, record.operation)] += 1
+            if self.keep_records:
+                self._records.append(record)
+            if self.record_path is not None:
+                with open(self.record_path, "a", encoding="utf-8") as handle:
+                    handle.write(record.to_json() + "\n")
+
+    # Control over HTTP -------------------------------------------------------------------------
+
+    def control(self, method: str, path: str) -> tuple[int, dict[str, Any]]:
+        parts = urlsplit(path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        command = parts.path.removeprefix(CONTROL_PREFIX)
+        service = query.get("service") or None
+        try:
+            if command == "state" and method == "GET":
+                return 200, self.state()
+            if command == "latency" and method == "POST":
+                self.set_latency(float(query.get("seconds", "0")), service=service)
+                return 200, self.state()
+            if command == "down" and method == "POST":
+                self.set_down(query.get("on", "1") not in ("0", "false"), service=service)
+                return 200, self.state()
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        return 404, {"error": f"{method} {parts.path}: no such control"}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
+    local = threading.local()
+
+    def connection_to(backend: str) -> http.client.HTTPConnection:
+        pool = getattr(local, "pool", None)
+        if pool is None:
+            pool = local.pool = {}
+        if backend not in pool:
+            parts = urlsplit(backend)
+            pool[backend] = http.client.HTTPConnection(
+                parts.hostname, parts.port, timeout=BACKEND_TIMEOUT_SECONDS
+            )
+        return pool[backend]
+
+    def drop_connection(backend: str) -> None:
+        pool = getattr(local, "pool", {})
+        connection = pool.pop(backend, None)
+        if connection is not None:
+            connection.close()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _body(self) -> bytes:
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+
+        def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+            self.send_response(status)
+            for name, value in headers:
+                if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _serve(self) -> None:
+            body = self._body()
+            if self.path.startswith(CONTROL_PREFIX):
+                status, payload = proxy.control(self.command, self.path)
+                data = json.dumps(payload).encode()
+                self._answer(status, [("Content-Type", "application/json")], data)
+                return
+            parsed = parse_request(self.command, self.path, dict(self.headers.items()), body)
+            delay = proxy._faults.delay_for(parsed.service)
+            if delay:
+                time.sleep(delay)
+            if proxy._faults.is_down(parsed.service):
+                proxy._record(parsed, 0)
+                self.close_connection = True
+                return
+            try:
+                backend = proxy.backend_for(parsed)
+            except ValueError as exc:
+                proxy._record(parsed, 400)
+                error = {"__type": "ValidationException", "message": f"proxy: {exc}"}
+                headers = [("Content-Type", "application/x-amz-json-1.0")]
+                self._answer(400, headers, json.dumps(error).encode())
+                return
+            forwarded = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            for attempt in range(2):  # a pooled connection the backend closed: once more
+                connection = connection_to(backend)
+                try:
+                    connection.request(self.command, self.path, body=body, headers=forwarded)
+                    response = connection.getresponse()
+                    data = response.read()
+                    break
+                except (OSError, http.client.HTTPException):
+                    drop_connection(backend)
+                    if attempt:
+                        proxy._record(parsed, 0)
+                        self.close_connection = True  # unreachable backend: no answer
+                        return
+            proxy._record(parsed, response.status)
+            self._answer(response.status, response.getheaders(), data)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve
+
+    return Handler
+
+
+# --- Command line -------------------------------------------------------------------------------
+
+
+def _pairs(values: list[str], option: str) -> Iterator[tuple[str, str]]:
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise SystemExit(f"{option}: {value!r} is not NAME=http://host:port")
+        yield name, url
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the proxy until interrupted."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", required=True, help="default backend, http://host:port")
+    parser.add_argument("--table", action="append", default=[], help="TABLE=backend (DynamoDB)")
+    parser.add_argument("--service", action="append", default=[], help="SERVICE=backend")
+    parser.add_argument("--record", type=Path, help="append requests as JSON lines here")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    proxy = AwsProxy(
+        default_backend=args.backend,
+        table_backends=dict(_pairs(args.table, "--table")),
+        service_backends=dict(_pairs(args.service, "--service")),
+        record_path=args.record,
+        keep_records=False,
+        host=args.host,
+        port=args.port,
+    )
+    proxy.set_latency(args.latency_ms / 1000)
+    print(f"aws proxy on {proxy.endpoint}", flush=True)
+    try:
+        proxy._server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proxy._server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

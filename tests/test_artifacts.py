@@ -1,0 +1,316 @@
+"""The synthesized Lambda functions, run from their asset directories, with their template's
+environment, against local servers: what ``cdk deploy`` would ship, not what the repo imports.
+
+For every Lambda function of every template: its asset must import in a clean interpreter that
+has only the asset and the Lambda runtime's boto3; it is driven with the event shapes its
+trigger sends (a REST proxy event for the router, every WebSocket route key of the template for
+the handler, a REQUEST authorizer event with and without a valid token, a scheduled event for
+the canary against a local gateway); and the variables its code reads must be the ones its
+template sets. A failure names the function by its construct path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from streamfleet import model
+from streamfleet_dev.local.lambda_runner import (
+    LambdaSpec,
+    rest_proxy_event,
+    scheduled_event,
+    wrong_target,
+)
+from tests.assembly_support import (
+    AUTHORIZER_ENTRY,
+    CANARY_ENTRY,
+    FLEET_STACKS,
+    HANDLER_ENTRY,
+    ROUTER_ENTRY,
+    WS_STACKS,
+    SigningKey,
+    artifact_assembly,
+    build_world,
+    client,
+    environment_findings,
+    eventually,
+    function_with_handler,
+    origin_findings,
+    user_token,
+    websocket_region,
+)
+
+pytestmark = pytest.mark.slow
+ROLES = ("primary", "secondary")
+DRIVEN_HANDLERS = {
+    ROUTER_ENTRY: "test_router_from_its_asset",
+    HANDLER_ENTRY: "test_websocket_routes_and_authorizer_from_their_assets",
+    AUTHORIZER_ENTRY: "test_websocket_routes_and_authorizer_from_their_assets",
+    CANARY_ENTRY: "test_canary_from_its_asset",
+}
+# CDK's own custom-resource providers (Node.js code that ships inside aws-cdk-lib and runs at
+# deploy time, never the project's code): their construct path names the provider.
+CDK_PROVIDER_PATH = re.compile(r"/Custom::[A-Za-z0-9]+CustomResourceProvider/Handler$")
+
+
+@pytest.fixture(scope="module")
+def world(servers, tmp_path_factory):
+    yield from build_world(servers, tmp_path_factory.mktemp("artifacts"))
+
+
+def test_every_lambda_function_of_every_template_is_driven():
+    undriven = []
+    for function in artifact_assembly().functions():
+        if function.is_python:
+            if function.handler not in DRIVEN_HANDLERS:
+                undriven.append(f"{function.label} ({function.handler})")
+        elif not CDK_PROVIDER_PATH.search(function.path):
+            undriven.append(f"{function.label} ({function.runtime}, not CDK's own provider)")
+    assert not undriven, f"functions no test here runs from their asset: {undriven}"
+    stacks = {f.stack for f in artifact_assembly().functions() if f.is_python}
+    assert stacks == {*FLEET_STACKS.values(), *WS_STACKS.values()}
+
+
+def test_compiled_code_in_each_asset_fits_its_function_runtime():
+    problems = []
+    for function in artifact_assembly().functions():
+        if function.is_python:
+            spec = LambdaSpec(
+                name=function.label,
+                asset_dir=function.asset_dir,
+                handler=function.handler,
+                runtime=function.runtime,
+                architecture=function.architecture,
+            )
+            problems += [f"{function.label}: {problem}" for problem in wrong_target(spec)]
+    assert not problems, problems
+
+
+def _path_parameters(resource: str, value: str) -> dict[str, str]:
+    return {name: value for name in re.findall(r"\{([^}+]+)\}", resource)}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_router_from_its_asset(world, role):
+    region = world.regions[role]
+    stack = region.fleet.stack
+    function = function_with_handler(stack, ROUTER_ENTRY)
+    router = world.start_function(region.fleet, function, access_key=f"router-{role}")
+    methods = {
+        (m.http_method, m.resource_path)
+        for m in stack.rest_methods()
+        if m.function == function.logical_id
+    }
+    assert ("POST", "/events") in methods and ("GET", "/connections/{connection_id}") in methods
+    connection_id = f"artifact-{role}-{uuid.uuid4().hex[:6]}"
+    ws_url = "ws://127.0.0.1:8765/streams/a"
+
+    def call(method: str, resource: str, body: dict | None = None, ident: str = connection_id):
+        event = rest_proxy_event(
+            method,
+            resource,
+            path_parameters=_path_parameters(resource, ident),
+            body=json.dumps(body) if body is not None else None,
+        )
+        answer = router.invoke(event)
+        return answer["statusCode"], json.loads(answer["body"])
+
+    start = {"event_type": "START", "connection_id": connection_id, "ws_url": ws_url}
+    assert call("POST", "/events", start)[0] == 201
+    assert call("POST", "/events", start)[0] == 200  # idempotent
+    status, body = call("GET", "/connections/{connection_id}")
+    assert status == 200 and body["state"][model.DESIRED_STATE] == "STARTED", body
+    status, body = call(
+        "POST", "/events", {**start, "connection_id": "x2", "ws_url": "wss://evil.example.org/"}
+    )
+    assert status == 400 and body["field"] == "ws_url", body
+    stop = {"event_type": "STOP", "connection_id": connection_id}
+    assert call("POST", "/events", stop)[0] == 200
+    assert call("GET", "/connections/{connection_id}", ident="never-started")[0] == 404
+    # What the router wrote is where the template's references point: the lease table and
+    # the intake queue, created from the same templates.
+    lease_table = region.fleet.environment({"t": function.environment["TABLE_NAME"]})["t"]
+    item = client("dynamodb", world.dynalite, region.name).get_item(
+        TableName=lease_table, Key={model.PK: {"S": model.connection_pk(connection_id)}}
+    )["Item"]
+    assert item[model.DESIRED_STATE]["S"] == "STOPPED"
+    queue_url = region.fleet.environment({"q": function.environment["QUEUE_URL"]})["q"]
+    sqs = client("sqs", world.moto, region.name)
+    bodies = [
+        m["Body"]
+        for m in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    ]
+    assert model.notification_body(model.connection_pk(connection_id)) in bodies
+    findings = environment_findings(function, router) + origin_findings(function, router)
+    assert not findings, findings
+
+
+ROUTE_MESSAGES = {
+    model.WS_ROUTE_HEARTBEAT: {"action": model.WS_ROUTE_HEARTBEAT, "requestId": "r-heartbeat"},
+    model.WS_ROUTE_GET_STATE: {
+        "action": model.WS_ROUTE_GET_STATE,
+        "requestId": "r-state",
+        "auction": "a1",
+    },
+    model.WS_ROUTE_BID: {
+        "action": model.WS_ROUTE_BID,
+        "requestId": "r-bid",
+        "auction": "a1",
+        "amount": 10,
+    },
+    "$default": {"action": "no-such-route", "requestId": "r-default"},
+}
+EXPECTED_REPLY = {
+    "r-heartbeat": model.WS_REPLY_PONG,
+    "r-state": model.WS_REPLY_STATE,
+    "r-bid": model.WS_REPLY_BID,
+    "r-default": model.WS_REPLY_ERROR,
+}
+
+
+async def _replies(socket, expected: set[str]) -> dict[str, str]:
+    """Reply type by requestId (a bare ``pong`` text frame answers the heartbeat)."""
+    found: dict[str, str] = {}
+    while set(found) < expected:
+        message = await asyncio.wait_for(socket.recv(), 10)
+        if message == model.WS_REPLY_PONG:
+            found["r-heartbeat"] = model.WS_REPLY_PONG
+            continue
+        payload = json.loads(message)
+        request_id = payload.get("requestId") or (
+            "r-heartbeat" if payload.get("type") == model.WS_REPLY_PONG else None
+        )
+        if request_id:
+            found[request_id] = payload.get("type")
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES)
+async def test_websocket_routes_and_authorizer_from_their_assets(world, role):
+    async with websocket_region(world, role) as api:
+        issuer = api.authorizer_function.environment["JWT_ISSUER"]
+        audience = api.authorizer_function.environment["JWT_AUDIENCE"]
+        offered = [model.WS_APP_SUBPROTOCOL]
+        with pytest.raises(InvalidStatus) as missing:
+            async with connect(api.url, subprotocols=offered, open_timeout=10):
+                pass
+        assert missing.value.response.status_code == 401
+        forged = user_token(SigningKey.generate("forged"), issuer=issuer, audience=audience)
+        with pytest.raises(InvalidStatus) as denied:
+            async with connect(
+                api.url, subprotocols=[*offered, f"bearer.{forged}"], open_timeout=10
+            ):
+                pass
+        assert denied.value.response.status_code == 403
+        token = user_token(world.idp_key, issuer=issuer, audience=audience)
+        async with connect(
+            api.url, subprotocols=[*offered, f"bearer.{token}"], open_timeout=10
+        ) as socket:
+            assert socket.subprotocol == model.WS_APP_SUBPROTOCOL
+            (connection_id,) = api.gateway.connection_ids
+            routes = [key for key in api.route_keys if key not in ("$connect", "$disconnect")]
+            unknown = [key for key in routes if key not in ROUTE_MESSAGES]
+            assert not unknown, f"routes of the template this test cannot drive: {unknown}"
+            for key in routes:
+                await socket.send(json.dumps(ROUTE_MESSAGES[key]))
+            wanted = {ROUTE_MESSAGES[key]["requestId"] for key in routes}
+            replies = await _replies(socket, wanted)
+            assert replies == {rid: EXPECTED_REPLY[rid] for rid in wanted}
+        await eventually(
+            lambda: api.gateway.stats.invocations.get("$disconnect"),
+            timeout=10,
+            what="$disconnect invoked",
+        )
+        invoked = set(api.gateway.stats.invocations)
+        assert set(api.route_keys) <= invoked, (
+            f"route keys never invoked: {set(api.route_keys) - invoked}"
+        )
+        connections_table = api.region.websocket.environment(
+            {"t": api.handler_function.environment[model.ENV_CONNECTIONS_TABLE_NAME]}
+        )["t"]
+        leftover = client("dynamodb", world.moto, api.region.name).get_item(
+            TableName=connections_table,
+            Key={model.PK: {"S": model.ws_connection_pk(connection_id)}},
+            ConsistentRead=True,
+        )
+        assert "Item" not in leftover  # $disconnect deleted what $connect wrote
+        findings = []
+        for function, process in (
+            (api.handler_function, api.handler),
+            (api.authorizer_function, api.authorizer),
+        ):
+            findings += environment_findings(function, process) + origin_findings(function, process)
+        assert not findings, findings
+
+
+@pytest.mark.parametrize("role", ROLES)
+async def test_canary_from_its_asset(world, role):
+    region = world.regions[role]
+    stack = region.websocket.stack
+    function = function_with_handler(stack, CANARY_ENTRY)
+    async with websocket_region(world, role) as api:
+        canary = await asyncio.to_thread(api.start_canary, world, function, f"canary-{role}")
+        rules = [
+            logical_id
+            for logical_id, rule in stack.of_type("AWS::Events::Rule").items()
+            if f'"{function.logical_id}"' in json.dumps(rule["Properties"].get("Targets"))
+        ]
+        assert rules, f"{function.label}: no schedule rule targets it"
+        event = scheduled_event(
+            region.name,
+            stack.account,
+            f"arn:aws:events:{region.name}:{stack.account}:rule/{rules[0]}",
+        )
+        result = await asyncio.to_thread(canary.invoke, event)
+        assert result["healthy"] is True, (result, canary.log_text()[-2000:])
+        metrics = client("cloudwatch", world.moto, region.name).list_metrics(
+            Namespace=model.HEALTH_METRIC_NAMESPACE,
+            MetricName=model.HEALTH_METRIC_NAME,
+            Dimensions=[{"Name": model.HEALTH_METRIC_DIMENSION_API_ID, "Value": region.api_id}],
+        )["Metrics"]
+        assert metrics, "the canary published no health datapoint for this API"
+        findings = environment_findings(function, canary) + origin_findings(function, canary)
+        assert not findings, findings
+
+
+@pytest.mark.parametrize("server", ["moto", "dynalite"])
+def test_local_tables_are_the_synthesized_ones(servers, server):
+    """create_tables (local mode, the tests) builds what the template declares, and says what a
+    server could not apply."""
+    from streamfleet_dev.assembly import default_assembly
+    from streamfleet_dev.tables import create_tables
+
+    dynamodb = client("dynamodb", servers[server].endpoint, "us-east-1")
+    suffix = uuid.uuid4().hex[:8]
+    created = create_tables(dynamodb, lease_table=f"t-l-{suffix}", messages_table=f"t-m-{suffix}")
+    try:
+        for table in created:
+            declared = default_assembly().table(table.definition.table_name)
+            described = dynamodb.describe_table(TableName=table.name)["Table"]
+            assert described["KeySchema"] == list(declared.key_schema)
+            indexes = {
+                index["IndexName"]: (index["KeySchema"], index["Projection"])
+                for index in described.get("GlobalSecondaryIndexes", ())
+            }
+            assert indexes == {
+                index.name: (list(index.key_schema), dict(index.projection))
+                for index in declared.indexes
+            }
+            if server == "moto":
+                assert not table.not_applied
+                ttl = dynamodb.describe_time_to_live(TableName=table.name)["TimeToLiveDescription"]
+                expected = declared.ttl_attribute
+                assert ttl.get("AttributeName") == expected if expected else True
+                stream = (described.get("StreamSpecification") or {}).get("StreamViewType")
+                assert stream == declared.stream_view_type
+            elif declared.ttl_attribute:  # dynalite has no TTL: said, not hidden
+                assert f"TTL on {declared.ttl_attribute}" in table.not_applied
+    finally:
+        for table in created:
+            dynamodb.delete_table(TableName=table.name)

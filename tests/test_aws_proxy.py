@@ -1,0 +1,120 @@
+"""The recording proxy: who called what, routed by table, with latency and outages on demand."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
+
+from streamfleet_dev.local.aws_proxy import AwsProxy, parse_request, read_records
+
+
+def _client(service: str, endpoint: str, key: str = "caller-a", **config):
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key="x",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, **config),
+    )
+
+
+def _table(dynamodb, name: str) -> None:
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+@pytest.fixture
+def proxy(servers, tmp_path):
+    with AwsProxy(
+        default_backend=servers["moto"].endpoint, record_path=tmp_path / "calls.jsonl"
+    ) as running:
+        yield running
+
+
+def test_requests_are_routed_by_table_and_recorded_per_caller(servers, proxy, tmp_path):
+    suffix = uuid.uuid4().hex[:8]
+    leases, messages = f"px-leases-{suffix}", f"px-messages-{suffix}"
+    proxy.route_table(leases, servers["dynalite"].endpoint)
+    dynamodb = _client("dynamodb", proxy.endpoint)
+    _table(dynamodb, leases)
+    _table(_client("dynamodb", proxy.endpoint, key="caller-b"), messages)
+    direct = {name: _client("dynamodb", servers[name].endpoint) for name in ("moto", "dynalite")}
+    assert leases in direct["dynalite"].list_tables()["TableNames"]
+    assert messages in direct["moto"].list_tables()["TableNames"]
+    dynamodb.query(
+        TableName=leases,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": "a"}},
+    )
+    with pytest.raises(ClientError, match="different backends"):
+        dynamodb.batch_get_item(
+            RequestItems={t: {"Keys": [{"pk": {"S": "a"}}]} for t in (leases, messages)}
+        )
+    sqs = _client("sqs", proxy.endpoint)
+    queue = sqs.create_queue(QueueName=f"px-{suffix}")["QueueUrl"]
+    sqs.send_message(QueueUrl=queue, MessageBody="x")
+    _client("cloudwatch", proxy.endpoint).put_metric_data(
+        Namespace="App", MetricData=[{"MetricName": "m", "Value": 1.0}]
+    )
+    seen = [(r.access_key_id, r.service, r.operation, r.resources) for r in proxy.records()]
+    assert seen == [
+        ("caller-a", "dynamodb", "CreateTable", (f"table/{leases}",)),
+        ("caller-b", "dynamodb", "CreateTable", (f"table/{messages}",)),
+        ("caller-a", "dynamodb", "Query", (f"table/{leases}",)),
+        ("caller-a", "dynamodb", "BatchGetItem", (f"table/{leases}", f"table/{messages}")),
+        ("caller-a", "sqs", "CreateQueue", (f"queue/px-{suffix}",)),
+        ("caller-a", "sqs", "SendMessage", (f"queue/px-{suffix}",)),
+        ("caller-a", "monitoring", "PutMetricData", ("*",)),
+    ]
+    assert proxy.records()[-1].conditions == {"cloudwatch:namespace": "App"}
+    assert read_records(tmp_path / "calls.jsonl") == proxy.records()
+
+
+def test_latency_and_outage_hooks(proxy):
+    sqs = _client("sqs", proxy.endpoint)
+    queue = sqs.create_queue(QueueName=f"px-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    proxy.set_latency(0.3, service="sqs")
+    started = time.monotonic()
+    sqs.get_queue_attributes(QueueUrl=queue)
+    assert time.monotonic() - started >= 0.3
+    proxy.set_latency(0, service="sqs")
+    proxy.set_down(True)
+    with pytest.raises((ConnectionClosedError, EndpointConnectionError)):
+        sqs.get_queue_attributes(QueueUrl=queue)
+    assert proxy.records()[-1].status == 0
+    request = urllib.request.Request(f"{proxy.endpoint}/__proxy__/down?on=0", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert b'"down": []' in answer.read()
+    sqs.get_queue_attributes(QueueUrl=queue)  # back
+
+
+def test_management_api_requests_name_the_connection():
+    parsed = parse_request(
+        "POST",
+        "/v1/@connections/abc%3D",
+        {
+            "Authorization": "AWS4-HMAC-SHA256 Credential=handler/20260101/us-west-2/"
+            "execute-api/aws4_request, SignedHeaders=host, Signature=0"
+        },
+        b"{}",
+    )
+    assert (parsed.access_key_id, parsed.region, parsed.service) == (
+        "handler",
+        "us-west-2",
+        "execute-api",
+    )
+    assert (parsed.operation, parsed.resources) == (
+        "PostToConnection",
+        ("v1/POST/@connections/abc=",),
+    )
