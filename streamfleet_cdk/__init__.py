@@ -10,14 +10,25 @@ The dependency goes one way only: the runtime never imports CDK.
 * :class:`FleetTables` / :class:`FleetTableReplicas`: the lease and messages global tables.
 * :class:`EventIngestion`: the REST API, the event router Lambda and the notification queue.
 * :class:`WorkerFleet`: the ECS Fargate workers, scaled on their ``ActiveConnections``.
+* :class:`ApiGatewayAccount`: a Region's API Gateway CloudWatch role (one per account and Region).
+* :class:`AlarmTopic` and :class:`AlarmNotifications`: a Region's alarm topic, and the aspect
+  that sends every alarm of a scope to it.
+
+The WebSocket API's constructs are in :mod:`streamfleet_cdk.websocket_api`,
+:mod:`streamfleet_cdk.canary` and :mod:`streamfleet_cdk.failover_dns`.
 """
 
+from streamfleet_cdk.alarms import AlarmNotifications, AlarmTopic
+from streamfleet_cdk.api_gateway_account import ApiGatewayAccount
 from streamfleet_cdk.config import AppConfig
 from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.tables import FleetTableReplicas, FleetTables, FleetTablesProps
 from streamfleet_cdk.worker_fleet import WorkerFleet, WorkerFleetProps
 
 __all__ = [
+    "AlarmNotifications",
+    "AlarmTopic",
+    "ApiGatewayAccount",
     "AppConfig",
     "EventIngestion",
     "EventIngestionProps",
