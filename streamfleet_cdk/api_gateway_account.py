@@ -46,27 +46,31 @@ class ApiGatewayAccount(Construct):
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        self.role = iam.Role(
-            self,
-            "CloudWatchRole",
-            assumed_by=iam.ServicePrincipal("apigateway.amazonaws.com"),
-            description="API Gateway: access and execution logs of this Region's stages",
-        )
-        self.role.apply_removal_policy(RemovalPolicy.RETAIN)
         log_groups = stack.format_arn(
             service="logs",
             resource="log-group",
             resource_name="*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        self.role.add_to_policy(
-            iam.PolicyStatement(actions=list(LOGGING_ACTIONS), resources=[log_groups])
+        # The policy is inline, so it is retained with the role: a separate policy resource
+        # would be deleted with the stack and leave the account setting on a powerless role.
+        self.role = iam.Role(
+            self,
+            "CloudWatchRole",
+            assumed_by=iam.ServicePrincipal("apigateway.amazonaws.com"),
+            description="API Gateway: access and execution logs of this Region's stages",
+            inline_policies={
+                "Logging": iam.PolicyDocument(
+                    statements=[
+                        iam.PolicyStatement(actions=list(LOGGING_ACTIONS), resources=[log_groups])
+                    ]
+                )
+            },
         )
+        self.role.apply_removal_policy(RemovalPolicy.RETAIN)
         self.account = apigateway.CfnAccount(
             self, "Account", cloud_watch_role_arn=self.role.role_arn
         )
-        # The account setting is checked when it is written: the role's policy must exist.
-        self.account.node.add_dependency(self.role)
         acknowledge(
             self.role,
             f"IAM5[Resource::{nag_text(stack, log_groups)}]",
