@@ -321,17 +321,8 @@ class World:
         environment = {
             name: str(_resolve(value, bindings)) for name, value in function.environment.items()
         }
-        spec = LambdaSpec(
-            name=function.label,
-            asset_dir=function.asset_dir,
-            handler=function.handler,
-            runtime=function.runtime,
-            architecture=function.architecture,
-            environment=environment,
-            timeout_seconds=function.timeout_seconds,
-            memory_mb=function.memory_mb,
-            region=local.stack.region,
-            credentials=(access_key, "local"),
+        spec = LambdaSpec.for_function(
+            function, environment, region=local.stack.region, credentials=(access_key, "local")
         )
         code_dir = host_twin(function.asset_dir) if native_mismatches(spec) else None
         process = LambdaProcess(
@@ -539,10 +530,7 @@ class WebSocketRegion:
 
 
 def function_with_handler(stack: Stack, handler: str) -> FunctionSpec:
-    found = [f for f in stack.functions() if f.handler == handler]
-    if len(found) != 1:
-        pytest.fail(f"{stack.name}: {len(found)} functions with handler {handler}, expected 1")
-    return found[0]
+    return stack.function_with_handler(handler)
 
 
 HANDLER_ENTRY = "streamfleet.wsapi.handlers.handler"

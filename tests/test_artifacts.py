@@ -314,3 +314,30 @@ def test_local_tables_are_the_synthesized_ones(servers, server):
     finally:
         for table in created:
             dynamodb.delete_table(TableName=table.name)
+
+
+def test_worker_launch_is_the_task_definitions_container():
+    """What fleet processes run locally: the image's command in the image's code, with the
+    image's ENV and the container's environment, ``python`` being the image's requirements."""
+    from streamfleet_dev.assembly import local_environment, reference_of
+    from streamfleet_dev.local.container import container_launch
+
+    stack = artifact_assembly().stack(FLEET_STACKS["primary"])
+    container = stack.container()
+    refs = {
+        reference_of(v): f"local-{k}" for k, v in container.environment.items() if reference_of(v)
+    }
+    environment = local_environment(
+        container.environment, stack, refs=refs, overrides={"HEALTH_PORT": "0"}
+    )
+    with pytest.raises(Exception, match="not in the template"):
+        local_environment(container.environment, stack, overrides={"NO_SUCH_VARIABLE": "1"})
+    launch = container_launch(container, environment, image_bin=container.image_dir / "bin")
+    assert launch.argv == ("python", "-m", "streamfleet.worker")  # the image's ENTRYPOINT
+    assert launch.cwd == container.image_dir and (launch.cwd / "streamfleet" / "worker").is_dir()
+    assert launch.env["PATH"].split(":")[0] == str(container.image_dir / "bin")
+    for name, value in container.image.env.items():  # image paths mapped to the build context
+        local = launch.env[name].replace(str(container.image_dir), container.image.workdir)
+        assert local == (value if name != "HEALTH_PORT" else "0"), name
+    assert launch.env["TABLE_NAME"] == refs[reference_of(container.environment["TABLE_NAME"])]
+    assert set(container.environment) <= set(launch.env)

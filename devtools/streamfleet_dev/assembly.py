@@ -579,6 +579,24 @@ class Stack:
             )
         return found[0]
 
+    def function_with_handler(self, handler: str) -> FunctionSpec:
+        """The one function whose ``Handler`` is ``handler`` (``module.function``)."""
+        found = [f for f in self.functions() if f.handler == handler]
+        if len(found) != 1:
+            raise AssemblyError(
+                f"handler: {len(found)} functions of {self.name} have {handler!r}, expected 1"
+            )
+        return found[0]
+
+    def container(self, name: str | None = None) -> ContainerSpec:
+        """The container called ``name`` (or the only one) of the stack's task definitions."""
+        found = [c for c in self.containers() if name is None or c.name == name]
+        if len(found) != 1:
+            raise AssemblyError(
+                f"container: {len(found)} containers of {self.name} match {name or 'any'}"
+            )
+        return found[0]
+
     def tables(self) -> list[TableDefinition]:
         """Every DynamoDB table of the template (global tables included)."""
         found = []
@@ -782,6 +800,37 @@ class Stack:
             "AWS::StackName": self.name,
             "AWS::NoValue": "",
         }
+
+
+def local_environment(
+    variables: Mapping[str, Any],
+    stack: Stack,
+    *,
+    refs: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A function's or container's ``Environment`` for a local run: references to the
+    resources in ``refs`` (logical id -> local name or URL) resolved to them, everything else
+    as the template says, then ``overrides`` (each one a local decision: an allow-list naming
+    the local upstream, say), which may only replace variables the template sets."""
+    unknown = sorted(set(overrides or {}) - set(variables))
+    if unknown:
+        raise AssemblyError(
+            f"overrides: {unknown} are not in the template's environment (pass them to the "
+            "process as local extras instead)"
+        )
+    template = stack.template_bindings()
+    bindings = Bindings(
+        refs={**template.refs, **(refs or {})},
+        attributes=template.attributes,
+        pseudo=template.pseudo,
+    )
+    return {**resolve_environment(variables, bindings), **(overrides or {})}
+
+
+def reference_of(value: Any) -> str | None:
+    """The logical id a ``Ref``/``Fn::GetAtt`` value points at (``None`` for a literal)."""
+    return _logical_id_of(value)
 
 
 def _logical_id_of(reference: Any) -> str | None:

@@ -45,7 +45,10 @@ def image_python(image_dir: Path, cache_root: Path | None = None) -> Path:
     install, as the image's build stage does; cached by the requirements' content)."""
     requirements = image_dir / "requirements.txt"
     text = requirements.read_text() if requirements.is_file() else ""
-    digest = hashlib.sha256((text + sys.version).encode()).hexdigest()[:24]
+    dockerfile = image_dir / "Dockerfile"
+    # An image that installs with --no-deps has only what the file lists: so must this.
+    no_deps = dockerfile.is_file() and "--no-deps" in dockerfile.read_text()
+    digest = hashlib.sha256(f"{text}{sys.version}{no_deps}".encode()).hexdigest()[:24]
     root = cache_root or Path(tempfile.gettempdir()) / IMAGE_ENV_DIR_NAME
     target = root / digest
     if (target / "bin" / "python").exists() and (target / ".complete").exists():
@@ -72,6 +75,7 @@ def image_python(image_dir: Path, cache_root: Path | None = None) -> Path:
                     "--quiet",
                     "--disable-pip-version-check",
                     "--no-compile",
+                    *(["--no-deps"] if no_deps else []),
                     "--target",
                     str(site),
                     "-r",

@@ -40,7 +40,10 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamfleet_dev.assembly import FunctionSpec
 
 BOOTSTRAP = Path(__file__).with_name("_lambda_bootstrap.py")
 # The SDK the runner puts on the path, as the Lambda runtime does. AWS no longer publishes the
@@ -152,6 +155,32 @@ class LambdaSpec:
     @property
     def function_name(self) -> str:
         return re.sub(r"[^A-Za-z0-9_-]", "-", self.name)[:64]
+
+    @classmethod
+    def for_function(
+        cls,
+        function: FunctionSpec,
+        environment: Mapping[str, str],
+        *,
+        region: str,
+        credentials: tuple[str, str] = ("local", "local"),
+    ) -> LambdaSpec:
+        """The spec of a synthesized function (asset, handler, runtime, timeout, memory) with
+        its environment already made local."""
+        if function.asset_dir is None:
+            raise ValueError(f"{function.label}: its code is not an asset of the assembly")
+        return cls(
+            name=function.label,
+            asset_dir=function.asset_dir,
+            handler=function.handler,
+            runtime=function.runtime,
+            architecture=function.architecture,
+            environment=dict(environment),
+            timeout_seconds=function.timeout_seconds,
+            memory_mb=function.memory_mb,
+            region=region,
+            credentials=credentials,
+        )
 
 
 @dataclass(frozen=True)
@@ -312,7 +341,8 @@ def _distributions_with_native_code(asset_dir: Path) -> list[tuple[str, str, lis
 def host_twin(asset_dir: Path, cache_root: Path | None = None) -> Path:
     """A copy of ``asset_dir`` whose compiled distributions are the same versions built for
     this interpreter and CPU (pure-Python files, the project's code included, untouched)."""
-    digest = hashlib.sha256(str(asset_dir.resolve()).encode())
+    # The asset directory's name is its content hash: the same code gets the same twin.
+    digest = hashlib.sha256(asset_dir.name.encode())
     digest.update(sysconfig.get_platform().encode() + sys.version.encode())
     root = cache_root or Path(tempfile.gettempdir()) / SDK_CACHE_DIR_NAME / "twins"
     target = root / digest.hexdigest()
