@@ -261,6 +261,13 @@ def _placeholder_account(account):
     return "credentials", "placeholder account", "-c streamfleet:account="
 
 
+def test_an_account_agnostic_assembly_deploys_into_the_credentials_account(aws):
+    account = Account.ready()
+    target = dataclasses.replace(account.target, account=preflight.AGNOSTIC_ACCOUNT)
+    result = _by_check(account.run(target))["credentials"]
+    assert result.status == preflight.PASS and LOCAL_ACCOUNT in result.detail
+
+
 MISSING = {
     "bootstrap stack": (_missing_bootstrap, None),
     "bootstrap too old": (_old_bootstrap, None),

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
-PLACEHOLDER_ACCOUNT = "111111111111"  # what synth uses without credentials or an account
+PLACEHOLDER_ACCOUNT = "111111111111"  # what synth used without credentials or an account
+AGNOSTIC_ACCOUNT = "unknown-account"  # an environment-agnostic stack's account in the manifest
 DEFAULT_BOOTSTRAP_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
 CLOUDWATCH_ROLE_CONTEXT = "streamfleet:api_gateway_cloudwatch_role"
 CANARY_SECRET_CONTEXT = "streamfleet:canary_signing_key_secret_name"
@@ -245,7 +246,9 @@ class Preflight:
                 f"synthesize with these credentials (make synth), or with "
                 f"-c streamfleet:account={account}",
             )
-        elif self.target.account and self.target.account != account:
+        elif self.target.account in ("", AGNOSTIC_ACCOUNT):
+            self.add("credentials", PASS, f"account {account}; the stacks deploy into it")
+        elif self.target.account != account:
             self.add(
                 "credentials",
                 FAIL,
