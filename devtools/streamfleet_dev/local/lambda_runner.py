@@ -708,19 +708,15 @@ def main(argv: list[str] | None = None) -> int:
     bindings = Bindings(pseudo=stack.pseudo_parameters())
     environment = {**resolve_environment(raw, bindings), **overrides}
     text = Path(args.event[1:]).read_text() if args.event.startswith("@") else args.event
-    spec = LambdaSpec(
-        name=function.label,
-        asset_dir=function.asset_dir,
-        handler=function.handler,
-        runtime=function.runtime,
-        architecture=function.architecture,
-        environment=environment,
-        timeout_seconds=function.timeout_seconds,
+    spec = LambdaSpec.for_function(
+        function,
+        environment,
         region=stack.region,
         credentials=(os.environ.get("AWS_ACCESS_KEY_ID", "local"), "local"),
     )
     passthrough = {k: v for k, v in os.environ.items() if k.startswith("AWS_ENDPOINT_URL")}
-    with LambdaProcess(spec, extra_env=passthrough) as process:
+    code_dir = host_twin(spec.asset_dir) if native_mismatches(spec) else None
+    with LambdaProcess(spec, extra_env=passthrough, code_dir=code_dir) as process:
         try:
             print(json.dumps(process.invoke(json.loads(text)), indent=2))
         except LambdaFunctionError as exc:
