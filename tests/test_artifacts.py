@@ -341,3 +341,21 @@ def test_worker_launch_is_the_task_definitions_container():
         assert local == (value if name != "HEALTH_PORT" else "0"), name
     assert launch.env["TABLE_NAME"] == refs[reference_of(container.environment["TABLE_NAME"])]
     assert set(container.environment) <= set(launch.env)
+
+
+def test_the_environment_check_names_both_kinds_of_mismatch(world):
+    """A template variable no code reads, and a variable the code reads that the template does
+    not set (here: the router's own TABLE_NAME, taken out of its template)."""
+    import dataclasses
+
+    region = world.regions["primary"]
+    function = function_with_handler(region.fleet.stack, ROUTER_ENTRY)
+    variables = {k: v for k, v in function.environment.items() if k != "TABLE_NAME"}
+    altered = dataclasses.replace(function, environment={**variables, "NOBODY_READS_THIS": "1"})
+    router = world.start_function(region.fleet, altered, access_key="router-altered")
+    event = rest_proxy_event("POST", "/events", body=json.dumps({"event_type": "STOP"}))
+    assert router.invoke(event)["statusCode"] == 500  # TABLE_NAME: required but not set
+    findings = environment_findings(altered, router)
+    label = function.label
+    assert f"{label}: the template sets NOBODY_READS_THIS but its code never reads it" in findings
+    assert any(f.startswith(f"{label}: its code reads TABLE_NAME") for f in findings), findings
