@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -206,21 +207,36 @@ def synthesize(
 def _prune(root: Path, *, keep: Path) -> None:
     """Drop cached assemblies beyond the newest :data:`KEEP_ASSEMBLIES` that are also older than
     an hour (another run may still read a recent one); each one holds every asset."""
+    def modified(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:  # another run pruned it just now
+            return 0.0
+
     cached = sorted(
         (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p != keep),
-        key=lambda p: p.stat().st_mtime,
+        key=modified,
         reverse=True,
     )
     cutoff = time.time() - 3600
     for stale in cached[KEEP_ASSEMBLIES - 1 :]:
-        if stale.stat().st_mtime < cutoff:
+        if modified(stale) < cutoff:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-@functools.cache
+_DEFAULT_LOCK = threading.Lock()
+
+
 def default_assembly() -> CloudAssembly:
     """The assembly of the app as ``cdk.json`` configures it: ``$STREAMFLEET_ASSEMBLY`` if set
-    (an existing ``cdk.out``), else one cached :func:`synthesize` (once per process)."""
+    (an existing ``cdk.out``), else one cached :func:`synthesize` (once per process, whichever
+    thread asks first; the others wait for it)."""
+    with _DEFAULT_LOCK:
+        return _default_assembly()
+
+
+@functools.cache
+def _default_assembly() -> CloudAssembly:
     configured = os.environ.get(ASSEMBLY_ENV)
     return load(Path(configured) if configured else synthesize())
 

@@ -43,11 +43,19 @@ class ClientSettings:
 class AsyncClient:
     """A boto3 low-level client whose calls run in the client's own bounded executor."""
 
-    def __init__(self, service: str, settings: ClientSettings | None = None, **client_kwargs: Any):
+    def __init__(
+        self,
+        service: str,
+        settings: ClientSettings | None = None,
+        *,
+        session: boto3.session.Session | None = None,
+        **client_kwargs: Any,
+    ):
         self.settings = settings or ClientSettings()
         self.service = service
         # Low-level clients are thread-safe once created; create them here, not in the threads.
-        self.client = boto3.session.Session().client(
+        # A shared ``session`` saves loading the service's model again for every client.
+        self.client = (session or boto3.session.Session()).client(
             service, config=self.settings.botocore_config(), **client_kwargs
         )
         self._executor = ThreadPoolExecutor(

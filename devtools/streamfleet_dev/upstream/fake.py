@@ -303,10 +303,11 @@ class FakeUpstream:
 
     # -- trouble -----------------------------------------------------------------------------
 
-    async def drop_clients(self, stream_id: str | None = None) -> int:
+    async def drop_clients(self, stream_id: str | None = None, *, epoch: int | None = None) -> int:
         """Cut connections without a closing handshake, like a network failure; returns how many.
 
-        ``None`` drops every stream's clients. Returns once their handlers have finished, so
+        ``None`` drops every stream's clients; ``epoch`` only those dialled with that epoch (the
+        sockets of one killed worker). Returns once their handlers have finished, so
         :meth:`stats` no longer counts them as connected.
         """
         if stream_id is None:
@@ -316,6 +317,8 @@ class FakeUpstream:
         dropped: list[_Client] = []
         for stream in streams:
             for client in list(stream.clients):
+                if epoch is not None and client.epoch != epoch:
+                    continue
                 stream.drops += 1
                 # abort(), not close(): the client must see an abnormal closure (1006) with no
                 # close frame, which is what its reconnect logic exists for.

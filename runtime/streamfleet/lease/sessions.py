@@ -116,10 +116,13 @@ class SessionKeeper:
         """Seconds until the holder's deadline (negative once it has passed)."""
         return self.deadline - self.clock.monotonic()
 
-    def require_live(self) -> int:
-        """The session version, or :class:`SessionLost` if the deadline has passed."""
+    def require_live(self, version: int | None = None) -> int:
+        """The session version, or :class:`SessionLost` if the deadline has passed (or, given a
+        ``version``, if that session is no longer the current one)."""
         if self.version is None or self.deadline_passed():
             raise SessionLost(f"{self.worker_id}: session deadline passed")
+        if version is not None and version != self.version:
+            raise SessionLost(f"{self.worker_id}: session {version} is over")
         return self.version
 
     # -- operations ----------------------------------------------------------------------------

@@ -97,6 +97,7 @@ class Connection:
         self.checkpointed_seq = start
         self.end_reason: EndReason | None = None
         self.connected = False
+        self.abandoned = False  # its release failed while its session may still be live
         self._context = context
         self._on_finished = on_finished
         self._unstored = 0
@@ -308,7 +309,9 @@ class Connection:
             context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
             return
         except (SessionLost, StoreUnavailable) as exc:
-            # Nothing more can be written; the lease expires with the session.
+            # Nothing could be written: the worker retries the release while its session lives,
+            # and otherwise the lease ends with the session.
+            self.abandoned = isinstance(exc, StoreUnavailable)
             context.log("lease_abandoned", pk=self.pk, reason=str(reason), error=str(exc))
             return
         if offered:

@@ -29,12 +29,15 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import boto3
+
 from .. import model
 from ..aws import AsyncClient, ClientSettings
 from ..clock import SYSTEM_CLOCK, Clock
 from ..desired_state import DesiredStateWriter
 from ..lease import (
     Claimable,
+    Lease,
     LeaseLost,
     LeaseStore,
     LeaseTiming,
@@ -42,6 +45,7 @@ from ..lease import (
     SessionLost,
     StoreUnavailable,
 )
+from ..lease.dynamo import full_jitter
 from .config import WorkerConfig
 from .connection import Connection, ConnectionContext, EndReason
 from .health import serve_health
@@ -78,13 +82,18 @@ class WorkerClients:
     sqs: AsyncClient
 
     @classmethod
-    def create(cls, config: WorkerConfig) -> WorkerClients:
+    def create(
+        cls, config: WorkerConfig, session: boto3.session.Session | None = None
+    ) -> WorkerClients:
         """Clients whose read timeouts let a slow-but-working DynamoDB answer within the
         holder's window: the deadline, not a timeout, is what ends connections."""
         window = config.timing.holder_window_seconds
+        session = session or boto3.session.Session()
         return cls(
             dynamodb=AsyncClient(
-                "dynamodb", settings=ClientSettings(threads=32, read_timeout_seconds=window)
+                "dynamodb",
+                settings=ClientSettings(threads=32, read_timeout_seconds=window),
+                session=session,
             ),
             renewals=AsyncClient(
                 "dynamodb",
@@ -93,12 +102,14 @@ class WorkerClients:
                     connect_timeout_seconds=min(1.0, config.timing.heartbeat_seconds),
                     read_timeout_seconds=window,
                 ),
+                session=session,
             ),
             sqs=AsyncClient(
                 "sqs",
                 settings=ClientSettings(
                     threads=4, read_timeout_seconds=config.sqs_wait_seconds + 5
                 ),
+                session=session,
             ),
         )
 
@@ -183,6 +194,9 @@ class Worker:
         # Keys being claimed or audited right now: claim and audit of one key never overlap
         # (an audit that gives a row back while intake adopts it would leave two clients).
         self._busy: set[str] = set()
+        # Leases whose release failed (DynamoDB out) while this session stayed live: given back
+        # at the next reconcile, not left owned-but-not-run until the audit finds them.
+        self._unreleased: dict[str, Lease] = {}
         self._recently_shed: dict[str, float] = {}
         self._capacity_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -203,7 +217,9 @@ class Worker:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.request_shutdown)
-        await self.store.session.open()
+        if not await self._open_session():
+            await self.shutdown()
+            return
         self.log("session_opened", session_version=self.store.session.version)
         loops: dict[str, Callable[[], Awaitable[None]]] = {
             "heartbeat": self._heartbeat_loop,
@@ -226,6 +242,25 @@ class Worker:
                 self.log("loop_failed", loop=name, error=repr(task.exception()))
         stopping.cancel()
         await self.shutdown()
+
+    async def _open_session(self) -> bool:
+        """Open the first session, waiting out a DynamoDB that does not answer yet (a worker
+        that exits instead only crash-loops through the outage). ``False`` if asked to stop
+        first."""
+        heartbeat = self.config.timing.heartbeat_seconds
+        attempt = 0
+        while not self._stopping.is_set():
+            try:
+                await self.store.session.open()
+                return True
+            except StoreUnavailable as exc:
+                self.log("session_open_failed", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._stopping.wait(), full_jitter(attempt, heartbeat / 4, 2 * heartbeat)
+                )
+            attempt += 1
+        return False
 
     async def shutdown(self) -> None:
         """Stop intake, end every connection in parallel (each flushes, releases and notifies a
@@ -330,6 +365,8 @@ class Worker:
         if self.connections.get(connection.pk) is connection:
             del self.connections[connection.pk]
             self._capacity_freed.set()
+        if connection.abandoned:
+            self._unreleased[connection.pk] = connection.lease
 
     def dead_loops(self) -> list[str]:
         """Loops that ended although nothing asked them to (what the health check reports)."""
@@ -471,6 +508,7 @@ class Worker:
             delay = jittered(config.reconcile_every)
             runs += 1
             try:
+                await self._release_abandoned()
                 if runs % AUDIT_EVERY_RECONCILES == 0:
                     await self._audit_own_rows()
                 self.fleet = await self.store.directory.list()
@@ -517,6 +555,30 @@ class Worker:
             taken += sum(1 for outcome in outcomes if outcome)
         await asyncio.gather(*(self._claim(c, "reconcile") for c in overdue + found.unowned))
         return not pending
+
+    async def _release_abandoned(self) -> None:
+        """Retry the releases that failed while this session stayed live."""
+        session = self.store.session
+        for pk, lease in list(self._unreleased.items()):
+            if pk in self.connections or pk in self._busy:
+                continue  # taken up again meanwhile
+            if lease.session_version != session.version:
+                del self._unreleased[pk]  # its session is over: orphan discovery takes it
+                continue
+            self._busy.add(pk)
+            try:
+                offered = await self.store.connections.release(lease)
+            except LeaseLost:
+                offered = False
+            except (StoreUnavailable, SessionLost):
+                continue  # still out: next time
+            finally:
+                self._busy.discard(pk)
+            del self._unreleased[pk]
+            if offered:
+                with contextlib.suppress(Exception):
+                    await self.context.notifier.notify(pk)
+            self.log("lease_released", pk=pk, reason="retried")
 
     async def _audit_own_rows(self) -> None:
         """Release rows this session owns in the table but does not run (a release that failed

@@ -203,18 +203,28 @@ class MessageSink:
         async with self._parallel:
             # Serialised here, one chunk at a time, so a big backlog never blocks the loop.
             requests = [{"PutRequest": {"Item": to_item(self._item(p))}} for p in chunk]
-            await self._batch_write(requests, what="store messages")
+            await self._batch_write(
+                requests, what="store messages", version=chunk[0].owner.session_version
+            )
 
-    async def _batch_write(self, requests: list[dict[str, Any]], *, what: str) -> None:
-        """One ``BatchWriteItem``, unprocessed items retried, never sent past the deadline."""
+    async def _batch_write(
+        self, requests: list[dict[str, Any]], *, what: str, version: int | None = None
+    ) -> None:
+        """One ``BatchWriteItem``, unprocessed items retried, never sent past the deadline of
+        the session the messages were received under (``version``: the current one if none)."""
+        version = version if version is not None else self._session.require_live()
+
+        def live() -> None:
+            self._session.require_live(version)
+
         attempt = 0
         while requests:
-            self._session.require_live()  # never write past the holder's deadline...
+            live()  # never write past the holder's deadline...
             response = await retry_until(
                 lambda requests=requests: self._dynamodb.call(
                     "batch_write_item",
                     RequestItems={self._table: requests},
-                    guard=self._session.require_live,  # ...checked again at the send
+                    guard=live,  # ...checked again at the send: the session may have moved on
                 ),
                 deadline=self._session.deadline,
                 clock=self._session.clock,
