@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest local cli synth worker upstream bench chaos drill clean
+.PHONY: help setup test lint format pytest local cli synth worker upstream bench sim chaos drill clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no 
 
 bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/results.md and PNG plots
 	$(PYTHON) -m bench.fleet_bench
+
+sim: setup ## Fault simulation: 1,000 seeded schedules (~25 min); SIM_SEED=<n> replays one
+	$(PYTHON) -m streamfleet_dev.sim --schedules $${SIM_SCHEDULES:-1000}
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60

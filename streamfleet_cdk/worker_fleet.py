@@ -51,7 +51,6 @@ TASK_ACTIONS = {
         "dynamodb:GetItem",
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
-        "dynamodb:DeleteItem",
         "dynamodb:Query",
         "dynamodb:BatchGetItem",
     ),

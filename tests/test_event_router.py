@@ -304,7 +304,7 @@ def test_get_returns_the_state(router: Router):
     assert state["ws_url"] == URL
     assert state["lease_owner"] == "w1"
     assert state["lease_version"] == lease.lease_version
-    assert state["last_seq"] == 0
+    assert state["last_seq"] is None  # never checkpointed: nothing stored yet
     assert isinstance(state["updated_at_ms"], int)
     assert "refused_reason" not in state
 

@@ -766,7 +766,6 @@ def test_task_role_has_exactly_the_workers_grants(built):
         "dynamodb:GetItem",
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
-        "dynamodb:DeleteItem",
         "dynamodb:Query",
         "dynamodb:BatchGetItem",
     }

@@ -13,16 +13,19 @@ workers alive), then the checks of :mod:`streamfleet_dev.sim.checker`.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from streamfleet_dev.sim.checker import Verdict, check_world
 from streamfleet_dev.sim.faults import RandomFaults
 from streamfleet_dev.sim.world import SIM_TIMING, SimTiming, World, eventually
 from streamfleet_dev.upstream.process import UpstreamProcess
 
+DUMP_ENV = "SIM_DUMP"  # a directory: the full history of every failing schedule is kept there
 OPERATIONS = ("start", "stop", "kill", "sigterm", "pause", "faults", "outage")
 
 
@@ -48,7 +51,8 @@ class Schedule:
     def generate(cls, seed: int, timing: SimTiming = SIM_TIMING) -> Schedule:
         rng = random.Random(seed)
         lease = timing.lease_seconds
-        skew_ms = round(timing.max_clock_skew_seconds * 1000)
+        # MAX_CLOCK_SKEW bounds how far two hosts' clocks may disagree: each within half of it.
+        skew_ms = round(timing.max_clock_skew_seconds * 1000 / 2)
         workers = rng.randint(2, 4)
         streams = rng.randint(2, 6)
         length = rng.uniform(2.5, 5.0) * lease
@@ -167,6 +171,11 @@ class _Runner:
         phases["dispose"] = time.monotonic() - mark
         verdict.facts["phases"] = {name: round(seconds, 2) for name, seconds in phases.items()}
         verdict.facts["exit_seconds"] = self.exit_seconds
+        if not verdict.ok and os.environ.get(DUMP_ENV):
+            path = Path(os.environ[DUMP_ENV]) / f"sim-{self.name}.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(world.history.dump(verdict.problems))
+            verdict.facts["history"] = str(path)
         return Outcome(
             schedule, verdict, self.ops, Counter(self.faults.injected), time.monotonic() - began
         )

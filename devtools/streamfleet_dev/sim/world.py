@@ -120,6 +120,25 @@ class History:
         with self.lock:
             self.deadlines.setdefault((worker, version), []).append((time.monotonic(), value))
 
+    def dump(self, problems: list[str]) -> str:
+        """Everything recorded, in time order, as text (kept for a failing schedule)."""
+        lines = [f"PROBLEM {problem}" for problem in problems]
+        rows: list[tuple[float, str]] = []
+        with self.lock:
+            for at, worker, name, fields in self.events:
+                shown = {k: v for k, v in fields.items() if not k.endswith("requests")}
+                rows.append((at, f"EVENT {worker} {name} {shown}"))
+            for sent in self.sent:
+                text = f"SENT {sent.client} {sent.operation} {sent.fault} {str(sent.params)[:300]}"
+                rows.append((sent.at, text))
+            for window in self.windows:
+                rows.append((window.began, f"WINDOW {window}"))
+            for (worker, version), values in self.deadlines.items():
+                for at, value in values:
+                    rows.append((at, f"DEADLINE {worker} {version} -> {value:.3f}"))
+        lines += [f"{at:.3f} {text}" for at, text in sorted(rows, key=lambda row: row[0])]
+        return "\n".join(lines) + "\n"
+
     def deadline_at(self, worker: str, version: int, at: float) -> float:
         """The holder's deadline for that session as the worker believed it at ``at``."""
         values = [v for t, v in self.deadlines.get((worker, version), []) if t <= at]
@@ -239,6 +258,7 @@ class SimWorker:
         self.finished = threading.Event()
         self._thaw = threading.Event()
         self._thaw.set()
+        self._stopped_now = threading.Event()  # its loop thread has reached the freeze
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name=worker_id, daemon=True)
 
@@ -330,7 +350,12 @@ class SimWorker:
         if self.frozen() or self.finished.is_set():
             return
         self._thaw.clear()
-        self.loop.call_soon_threadsafe(self._thaw.wait)
+        self._stopped_now.clear()
+        self.loop.call_soon_threadsafe(self._stop_here)
+
+    def _stop_here(self) -> None:
+        self._stopped_now.set()
+        self._thaw.wait()
 
     def thaw(self) -> None:
         if not self.killed:
@@ -343,7 +368,7 @@ class SimWorker:
         self.killed = True
         for client in self.clients:
             client.dead = True
-        await asyncio.sleep(0.01)  # let the loop thread reach the freeze
+        await asyncio.to_thread(self._stopped_now.wait, 5)  # nothing runs in it from here on
         for upstream in _UPSTREAM_SOCKETS.pop(self.worker_id, []):
             sock = upstream.transport.get_extra_info("socket")
             if sock is not None:

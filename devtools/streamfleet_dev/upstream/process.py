@@ -8,6 +8,7 @@ is its own, read through ``GET /stats``.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,15 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
+import streamfleet
+import streamfleet_dev
+
 START_TIMEOUT_SECONDS = 20.0
+# The fake upstream imports the dev tools and the runtime's protocol constants: both packages'
+# directories, wherever this process found them.
+_TOOLS_PATH = os.pathsep.join(
+    str(Path(module.__file__).resolve().parents[1]) for module in (streamfleet, streamfleet_dev)
+)
 
 
 class UpstreamProcess:
@@ -41,6 +50,7 @@ class UpstreamProcess:
         stderr = open(self._log_path, "a") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streamfleet_dev.upstream.fake", *self._args],
+            env={**os.environ, "PYTHONPATH": _TOOLS_PATH},
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,

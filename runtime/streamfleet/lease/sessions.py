@@ -177,11 +177,16 @@ class SessionKeeper:
         return version
 
     async def _exists(self, version: int) -> bool:
-        response = await self._dynamodb.call(
-            "get_item",
-            TableName=self._table,
-            Key={model.PK: to_attr(model.session_pk(self.worker_id, version))},
-            ConsistentRead=True,
+        response = await retry_until(
+            lambda: self._dynamodb.call(
+                "get_item",
+                TableName=self._table,
+                Key={model.PK: to_attr(model.session_pk(self.worker_id, version))},
+                ConsistentRead=True,
+            ),
+            deadline=self.clock.monotonic() + self.timing.lease_seconds,
+            clock=self.clock,
+            what=f"read session {self.worker_id}#{version}",
         )
         return "Item" in response
 
