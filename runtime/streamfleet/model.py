@@ -103,6 +103,10 @@ DRAIN_REQUESTED = "drain_requested"  # set by an operator; the holder sees it in
 # Set once reconcile has handled every connection of an ended session: it is never queried again.
 # The item itself is deleted by the table's TTL (DELETE_AFTER), far beyond any index lag, never
 # on the strength of an index query (which may lag behind the table).
+# The ECS task that runs the session's worker (sparse: absent outside ECS). When ECS reports
+# that task STOPPED, the task-events handler ends its sessions at once (a dead process renews
+# nothing), instead of waiting a whole lease for them to expire.
+SESSION_TASK_ARN = "task_arn"
 SESSION_CLEARED = "cleared"
 DELETE_AFTER = "delete_after"  # epoch seconds: the lease table's TTL attribute (ended sessions)
 ENDED_SESSION_RETENTION_SECONDS = 24 * 60 * 60
@@ -128,6 +132,8 @@ DEFAULT_MESSAGE_RETENTION_DAYS = 7
 # --- Worker environment variables that the constructs set (the rest: worker/config.py) ---
 
 ENV_MESSAGE_RETENTION_DAYS = "MESSAGE_RETENTION_DAYS"  # how long stored messages are kept
+# Set by ECS in every container of a task: where the task's metadata (its ARN) is served.
+ENV_ECS_METADATA_URI = "ECS_CONTAINER_METADATA_URI_V4"
 
 
 # --- Indexes ---
@@ -175,6 +181,10 @@ STOP_REQUESTED_INDEX = IndexSpec(
 # index: a session renewal costs exactly one write.
 SESSION_INDEX = IndexSpec(name="sessions", partition_key=SESSION_GROUP, sort_key=PK)
 
+# "Which sessions did ECS task T run?" One query per STOPPED task event. Sparse (only sessions
+# of workers on ECS) and written once per session, never by a renewal.
+TASK_INDEX = IndexSpec(name="by-task", partition_key=SESSION_TASK_ARN, sort_key=PK)
+
 
 @dataclass(frozen=True)
 class TableSpec:
@@ -191,7 +201,7 @@ class TableSpec:
 LEASE_TABLE = TableSpec(
     default_name=DEFAULT_LEASE_TABLE_NAME,
     partition_key=PK,
-    indexes=(AWAITING_OWNER_INDEX, OWNER_INDEX, STOP_REQUESTED_INDEX, SESSION_INDEX),
+    indexes=(AWAITING_OWNER_INDEX, OWNER_INDEX, STOP_REQUESTED_INDEX, SESSION_INDEX, TASK_INDEX),
     ttl_attribute=DELETE_AFTER,
 )
 

@@ -56,6 +56,8 @@ class SimTiming:
     checkpoint_every: float = 0.3
     flush_every: float = 0.02
     sqs_wait_seconds: int = 1
+    rebalance_every: float = 1.2
+    rebalance_hold_seconds: float = 1.2
 
     @property
     def lease(self) -> LeaseTiming:
@@ -473,8 +475,8 @@ class World:
             metrics_every=3600,
             reconnect_base_seconds=0.02,
             reconnect_cap_seconds=0.2,
-            rebalance_every=timing.lease_seconds * 2,
-            rebalance_hold_seconds=timing.lease_seconds * 2,
+            rebalance_every=timing.rebalance_every,
+            rebalance_hold_seconds=timing.rebalance_hold_seconds,
         )
 
     def start_worker(self, worker_id: str, *, skew_ms: int = 0, plan: FaultPlan | None = None):

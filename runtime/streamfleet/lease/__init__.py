@@ -60,6 +60,7 @@ class LeaseStore:
         group: str = model.DEFAULT_SESSION_GROUP,
         region: str = "",
         capacity: int = 0,
+        task_arn: str = "",
     ) -> LeaseStore:
         """Wire the parts. ``renewals``: a client of its own for session renewals, so they never
         wait behind other calls in a busy pool (defaults to ``dynamodb``)."""
@@ -72,6 +73,7 @@ class LeaseStore:
             group=group,
             region=region,
             capacity=capacity,
+            task_arn=task_arn,
         )
         directory = SessionDirectory(
             dynamodb=dynamodb, table_name=table_name, timing=timing, clock=clock, group=group

@@ -88,6 +88,7 @@ class SessionKeeper:
         group: str = model.DEFAULT_SESSION_GROUP,
         region: str = "",
         capacity: int = 0,
+        task_arn: str = "",
     ):
         self._dynamodb = dynamodb
         self._table = table_name
@@ -97,6 +98,7 @@ class SessionKeeper:
         self.group = group
         self.region = region
         self.capacity = capacity
+        self.task_arn = task_arn  # the ECS task running this worker, "" outside ECS
         self.version: int | None = None
         self.deadline = float("-inf")
         self.drain_requested = False
@@ -150,6 +152,8 @@ class SessionKeeper:
             }
             if self.region:
                 item[model.SESSION_REGION] = self.region
+            if self.task_arn:
+                item[model.SESSION_TASK_ARN] = self.task_arn
             return await self._dynamodb.call(
                 "put_item",
                 TableName=self._table,

@@ -3,20 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import sys
 
+from botocore.exceptions import NoCredentialsError, NoRegionError
+
 from .config import WorkerConfig
+from .ecs_metadata import task_arn
 from .fleet import Worker
+
+
+def _fail(error: str) -> int:
+    print(json.dumps({"event": "config_error", "error": error}), file=sys.stderr)
+    return 2
 
 
 def main() -> int:
     try:
         config = WorkerConfig.from_env()
+        config = dataclasses.replace(config, task_arn=asyncio.run(task_arn(os.environ)))
     except ValueError as exc:
-        print(json.dumps({"event": "config_error", "error": str(exc)}), file=sys.stderr)
-        return 2
-    asyncio.run(Worker(config).run())
+        return _fail(str(exc))
+    try:
+        worker = Worker(config)
+    except NoRegionError:
+        return _fail("AWS_REGION: not set (nor AWS_DEFAULT_REGION, nor a profile's region)")
+    try:
+        asyncio.run(worker.run())
+    except NoCredentialsError:
+        return _fail("AWS credentials: none found (environment, profile or task role)")
     return 0
 
 

@@ -114,6 +114,7 @@ class WorkerConfig:
     rebalance_hold_seconds: float = 60.0
     rebalance_max_per_interval: int = 50
     rebalance_tolerance: float = 0.2
+    task_arn: str = ""  # the ECS task running this worker (ecs_metadata.py), "" outside ECS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:

@@ -165,6 +165,7 @@ class Worker:
             group=config.session_group,
             region=config.region,
             capacity=config.max_connections,
+            task_arn=config.task_arn,
         )
         self.sink = MessageSink(
             dynamodb=self.dynamodb,
