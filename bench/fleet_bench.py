@@ -41,7 +41,6 @@ PRODUCTION_TIMING = {
     "STOP_CHECK_EVERY": "5",
     "MAX_CLOCK_SKEW_SECONDS": "1",
     "SAFETY_MARGIN_SECONDS": "0.5",
-    "CHECKPOINT_EVERY": "1",
     "SQS_WAIT_SECONDS": "10",
     "METRICS_EVERY": "5",
 }
@@ -214,7 +213,7 @@ async def run(trials: int, idle: int, upkeep_connections: int, window: float) ->
                 servers.append(dynamo)
             os.environ["AWS_ENDPOINT_URL_SQS"] = sqs.endpoint
             os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamo.endpoint
-            async with FakeUpstream(rate=20, keepalive_seconds=0.3) as upstream:
+            async with FakeUpstream(rate=20) as upstream:
                 fleet = Fleet(endpoint=dynamo.endpoint, upstream=upstream, tmp=Path(tmp))
                 try:
                     times = await failover(fleet, trials)

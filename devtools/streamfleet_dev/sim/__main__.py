@@ -58,7 +58,23 @@ def summary(outcomes: list[Outcome], seconds: float) -> dict:
     phases: Counter[str] = Counter()
     for outcome in outcomes:
         phases.update(outcome.verdict.facts.get("phases", {}))
+    recovered = sorted(
+        o.verdict.facts["recovered_in"] for o in outcomes if "recovered_in" in o.verdict.facts
+    )
+
+    def at(fraction: float) -> float | None:
+        return (
+            recovered[min(len(recovered) - 1, int(fraction * len(recovered)))]
+            if recovered
+            else None
+        )
+
     return {
+        "recovered_after_last_fault_seconds": {
+            "p50": at(0.5),
+            "p99": at(0.99),
+            "max": recovered[-1] if recovered else None,
+        },
         "mean_phase_seconds": {k: round(v / len(outcomes), 2) for k, v in phases.items()}
         if outcomes
         else {},
@@ -156,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"operations ({result['operations_total']}): {result['operations']}")
         print(f"faults injected ({result['faults_total']}): {result['faults_injected']}")
         print(f"mean seconds per schedule phase: {result['mean_phase_seconds']}")
+        print(
+            "every stream back after the last fault, seconds: "
+            f"{result['recovered_after_last_fault_seconds']}"
+        )
     return 1 if result["failed"] else 0
 
 

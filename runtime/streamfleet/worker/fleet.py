@@ -500,7 +500,9 @@ class Worker:
 
     async def _reconcile_loop(self) -> None:
         config = self.config
-        delay = jittered(config.reconcile_every)
+        # The first run comes within a heartbeat, not a whole interval: until it has listed
+        # the fleet, this worker cannot wake for a peer that dies in the meantime.
+        delay = random.uniform(0, config.timing.heartbeat_seconds)
         failures = runs = 0
         while True:
             with contextlib.suppress(TimeoutError):
