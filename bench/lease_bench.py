@@ -198,7 +198,9 @@ async def lost_takeover_answers(trials: int) -> list[float]:
                     script = Script()
                     scripts[f"w{n}"] = script
                     world.start_worker(f"w{n}", plan=script)
-                await eventually(lambda w=world: len(w.live_workers()) == 3, timeout=30)
+                await eventually(
+                    lambda w=world: len(w.live_workers()) == 3, timeout=30, what="workers up"
+                )
                 streams = [world.stream(n) for n in range(30)]
                 await asyncio.gather(*(world.start_stream(s) for s in streams))
 
@@ -206,6 +208,7 @@ async def lost_takeover_answers(trials: int) -> list[float]:
                 await eventually(
                     lambda w=world, s=streams, a=everyone: asyncio.to_thread(world_live, w, s, a),
                     timeout=30,
+                    what="streams live",
                 )
                 victim = max(world.live_workers(), key=lambda w: len(w.worker.connections))
                 claim = on(
@@ -221,6 +224,8 @@ async def lost_takeover_answers(trials: int) -> list[float]:
                 await eventually(
                     lambda w=world, s=streams, a=survivors: asyncio.to_thread(world_live, w, s, a),
                     timeout=60,
+                    what="streams live on the survivors",
+                    every=0.02,
                 )
                 times.append(time.monotonic() - began)
             finally:
@@ -286,9 +291,11 @@ async def run(trials: int, window: float, schedules: int) -> str:
                     await fleet.start_streams(*streams)
                     await streams_live(fleet, streams, 60)
                     figures["crash"] = await crash_trials(fleet, streams, trials)
+                    print("crash", figures["crash"], flush=True)
                 finally:
                     fleet.close()
                 figures["crash_at_start"] = await crash_right_after_start(tmp, upstream, trials)
+                print("crash at start", figures["crash_at_start"], flush=True)
                 fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
                 try:
                     for n in range(3):
@@ -298,11 +305,15 @@ async def run(trials: int, window: float, schedules: int) -> str:
                     await streams_live(fleet, streams, 60)
                     figures["handoff"] = await handoff_trials(fleet, streams, trials)
                     figures["rolling"] = await rolling_restart(fleet, streams)
+                    print("handoff", figures["handoff"], figures["rolling"], flush=True)
                 finally:
                     fleet.close()
                 figures["fair_share"] = await fair_share_trials(tmp, upstream, max(3, trials // 2))
+                print("fair share", figures["fair_share"], flush=True)
                 figures["slow"] = await slow_dynamodb(tmp, upstream, dynamo.endpoint, 20.0)
+                print("slow", figures["slow"], flush=True)
             figures["lost_answers"] = await lost_takeover_answers(max(3, trials // 2))
+            print("lost answers", figures["lost_answers"], flush=True)
             figures["upkeep"] = await upkeep(tmp, dynamo.endpoint, sqs.endpoint, window)
         finally:
             dynamo.stop()

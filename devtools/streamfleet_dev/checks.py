@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamfleet import model
+from streamfleet.lease.dynamo import from_item
 
 StoredLog = Mapping[int, str]  # seq -> data
 
@@ -57,3 +58,30 @@ def log_problems(
         if model.LEASE_OWNER in row or model.UNSEALED in row:
             problems.append(f"{stream_id}: still owned or unsealed after its final release")
     return problems
+
+
+def connection_rows(dynamodb: Any, lease_table: str) -> dict[str, dict[str, Any]]:
+    """Every connection row of a lease table, by stream id (an operator's scan: tests only)."""
+    pages = dynamodb.get_paginator("scan").paginate(TableName=lease_table, ConsistentRead=True)
+    items = [from_item(raw) for page in pages for raw in page["Items"]]
+    return {
+        model.connection_id_of(item[model.PK]): item
+        for item in items
+        if item[model.PK].startswith(model.CONNECTION_PREFIX)
+    }
+
+
+def stored_log(dynamodb: Any, messages_table: str, stream_id: str) -> dict[int, str]:
+    """What is stored for a stream: seq -> data, read consistently."""
+    pages = dynamodb.get_paginator("query").paginate(
+        TableName=messages_table,
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": model.PK},
+        ExpressionAttributeValues={":pk": {"S": model.connection_pk(stream_id)}},
+        ConsistentRead=True,
+    )
+    return {
+        int(item[model.SEQ]["N"]): item[model.MESSAGE_DATA]["S"]
+        for page in pages
+        for item in page["Items"]
+    }

@@ -454,6 +454,14 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A caller that gave up (its read timeout, a killed process) is the network's business:
+        # not worth a traceback on stderr for every one.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
 
 def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
     local = threading.local()

@@ -38,6 +38,7 @@ from streamfleet.worker.config import WorkerConfig
 from streamfleet.worker.connection import Connection
 from streamfleet.worker.fleet import Worker, WorkerClients
 from streamfleet.worker.upstream_policy import UpstreamPolicy
+from streamfleet_dev.checks import connection_rows, stored_log
 from streamfleet_dev.sim.faults import PASS, FaultPlan, FaultyClient, Network, Sent
 from streamfleet_dev.tables import create_tables
 from streamfleet_dev.upstream.process import UpstreamProcess
@@ -496,31 +497,10 @@ class World:
         await self.control.stop(stream_id)
 
     def rows(self) -> dict[str, dict[str, Any]]:
-        from streamfleet.lease.dynamo import from_item
-
-        pages = self._dynamodb.get_paginator("scan").paginate(
-            TableName=self.lease_table, ConsistentRead=True
-        )
-        items = [from_item(raw) for page in pages for raw in page["Items"]]
-        return {
-            model.connection_id_of(item[model.PK]): item
-            for item in items
-            if item[model.PK].startswith(model.CONNECTION_PREFIX)
-        }
+        return connection_rows(self._dynamodb, self.lease_table)
 
     def stored_log(self, stream_id: str) -> dict[int, str]:
-        pages = self._dynamodb.get_paginator("query").paginate(
-            TableName=self.messages_table,
-            KeyConditionExpression="#pk = :pk",
-            ExpressionAttributeNames={"#pk": model.PK},
-            ExpressionAttributeValues={":pk": {"S": model.connection_pk(stream_id)}},
-            ConsistentRead=True,
-        )
-        return {
-            int(item[model.SEQ]["N"]): item[model.MESSAGE_DATA]["S"]
-            for page in pages
-            for item in page["Items"]
-        }
+        return stored_log(self._dynamodb, self.messages_table, stream_id)
 
     def dispose(self) -> None:
         disposing = [
