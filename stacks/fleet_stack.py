@@ -44,6 +44,9 @@ class FleetStack(RegionalStack):
         messages_table: the messages table, likewise.
         ingestion: this Region's :class:`EventIngestion` (API, router, queue).
         fleet: this Region's :class:`WorkerFleet`.
+        task_stopped: the rule and Lambda that end a STOPPED task's sessions at once
+            (:class:`~streamfleet_cdk.task_events.TaskStoppedHandler`; ``None`` when
+            ``streamfleet:task_stopped_handler`` is off).
         active: whether this Region's fleet claims leases (``False``: a standby scaled to zero).
     """
 
@@ -109,6 +112,17 @@ class FleetStack(RegionalStack):
                 message_retention_days=config.message_retention_days,
                 log_retention=retention,
             ),
+        )
+        # Both Regions: each acts only on its own tasks' events and its own sessions, so the
+        # standby's never fires until its fleet runs (a promotion needs no redeploy of it).
+        self.task_stopped = (
+            self.fleet.add_task_stopped_handler(
+                reserved_concurrency=config.task_stopped_reserved_concurrency,
+                log_level=config.lambda_log_level,
+                log_retention=retention,
+            )
+            if config.task_stopped_handler
+            else None
         )
         AlarmNotifications.apply(self, self.alarm_topic)
         self._warn_about_two_active_regions(config)

@@ -31,6 +31,9 @@ from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
 from streamfleet_cdk.alarms import EMAIL_PATTERN
 from streamfleet_cdk.event_ingestion import check_invoke_principals
 from streamfleet_cdk.functions import DEFAULT_LOG_LEVEL, check_log_level
+from streamfleet_cdk.task_events import (
+    DEFAULT_RESERVED_CONCURRENCY as TASK_STOPPED_RESERVED_CONCURRENCY,
+)
 from streamfleet_cdk.upstreams import SEPARATOR, check_allowed_upstreams
 from streamfleet_cdk.websocket_api import check_canary_public_keys
 from streamfleet_cdk.worker_fleet import FARGATE_MEMORY, MAX_STOP_TIMEOUT_SECONDS, VPC_AZS
@@ -112,6 +115,7 @@ RESERVED_CONCURRENCY_SETTINGS = (
     "ws_handler_reserved_concurrency",
     "authorizer_reserved_concurrency",
     "canary_reserved_concurrency",
+    "task_stopped_reserved_concurrency",
 )
 
 
@@ -194,6 +198,10 @@ class AppConfig:
         authorizer_reserved_concurrency: reserved concurrency of the WebSocket authorizer (a
             ``$connect`` flood is refused at this cap).
         canary_reserved_concurrency: reserved concurrency of the canary.
+        task_stopped_handler: end a worker task's sessions as soon as ECS reports the task
+            STOPPED (an EventBridge rule and a Lambda per Region), so its streams move in about
+            a second instead of a lease. Off: crashes recover through the lease alone.
+        task_stopped_reserved_concurrency: reserved concurrency of that Lambda.
         lambda_log_level: application log level of every function (JSON logs).
         alarm_email: an e-mail address subscribed to each Region's alarm topic (``None``: no
             subscription; subscribe anything else to the ``StreamFleet-Alarms`` topic).
@@ -250,6 +258,8 @@ class AppConfig:
     ws_handler_reserved_concurrency: int | None = 200
     authorizer_reserved_concurrency: int | None = 100
     canary_reserved_concurrency: int | None = 2
+    task_stopped_handler: bool = True
+    task_stopped_reserved_concurrency: int | None = TASK_STOPPED_RESERVED_CONCURRENCY
     lambda_log_level: str = DEFAULT_LOG_LEVEL
     alarm_email: str | None = None
     nat_gateways: int = VPC_AZS
@@ -289,6 +299,7 @@ class AppConfig:
             "secondary_active",
             "multi_region_strong_consistency",
             "api_gateway_cloudwatch_role",
+            "task_stopped_handler",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{context_key(name)}: expected true or false")

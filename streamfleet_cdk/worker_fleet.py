@@ -27,6 +27,7 @@ from streamfleet.lease.timing import LeaseTiming
 from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
 from streamfleet_cdk.assets import stage_worker_image_context
 from streamfleet_cdk.nag import acknowledge
+from streamfleet_cdk.task_events import TaskStoppedHandler, TaskStoppedHandlerProps
 from streamfleet_cdk.upstreams import allowed_upstreams_env, check_allowed_upstreams
 
 HEALTH_PORT = 8080
@@ -259,6 +260,25 @@ class WorkerFleet(Construct):
         self.leases_lost_alarm = self._build_leases_lost_alarm()
         self.running_tasks_alarm = self._build_running_tasks_alarm()
         self._acknowledge_findings()
+
+    def add_task_stopped_handler(
+        self, construct_id: str = "TaskStopped", **options: object
+    ) -> TaskStoppedHandler:
+        """End a dead task's sessions as soon as ECS reports it STOPPED, instead of after a
+        lease (:class:`~streamfleet_cdk.task_events.TaskStoppedHandler`, for this fleet's
+        cluster, service, lease table and queue). ``options``: the other fields of
+        :class:`~streamfleet_cdk.task_events.TaskStoppedHandlerProps`."""
+        return TaskStoppedHandler(
+            self,
+            construct_id,
+            props=TaskStoppedHandlerProps(
+                cluster=self.cluster,
+                service_name=self.service.service_name,
+                lease_table=self._props.lease_table,
+                queue=self._props.queue,
+                **options,  # type: ignore[arg-type]
+            ),
+        )
 
     # --- Network and cluster ---
 

@@ -246,6 +246,29 @@ METRIC_LEASES_LOST = "LeasesLost"
 METRIC_HANDOFFS = "Handoffs"
 
 
+# --- ECS task events (runtime/streamfleet/task_events.py, streamfleet_cdk/task_events.py) ---
+#
+# When ECS reports a worker's task STOPPED, every process of it has exited and can renew
+# nothing: the task-events Lambda ends the task's sessions at once (found through TASK_INDEX)
+# and notifies the fleet of their connections, instead of leaving them dark for a whole lease.
+
+ECS_EVENT_SOURCE = "aws.ecs"
+ECS_TASK_STATE_CHANGE = "ECS Task State Change"
+ECS_TASK_STOPPED = "STOPPED"  # lastStatus once every container of the task has exited
+ECS_SERVICE_GROUP_PREFIX = "service:"  # a service's tasks have group "service:<service name>"
+# Environment of the task-events Lambda (besides TABLE_NAME, QUEUE_URL and AWS_REGION).
+ENV_ECS_CLUSTER_ARN = "ECS_CLUSTER_ARN"
+ENV_ECS_SERVICE_NAME = "ECS_SERVICE_NAME"
+# Who ended a session, when it was not its holder (sparse; for operators and tests).
+SESSION_ENDED_BY = "ended_by"
+ENDED_BY_TASK_STOPPED = "ecs-task-stopped"
+
+
+def ecs_service_group(service_name: str) -> str:
+    """The ``group`` ECS gives the tasks of service ``service_name``: ``service:<name>``."""
+    return f"{ECS_SERVICE_GROUP_PREFIX}{service_name}"
+
+
 # --- Client-facing WebSocket API (runtime/streamfleet/wsapi, runtime/streamfleet/client) ---
 #
 # Two tables per region, on purpose:
