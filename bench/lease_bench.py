@@ -29,12 +29,11 @@ from pathlib import Path
 
 from bench.fleet_bench import PRODUCTION_TIMING, busiest
 from streamfleet import model
-from streamfleet_dev.local.aws_proxy import AwsProxy
+from streamfleet_dev.local.aws_proxy import ProxyProcess
 from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.sim.__main__ import local_servers, run_many, summary
-from streamfleet_dev.sim.faults import Decision, Fault, Rule, Script, on
-from streamfleet_dev.sim.world import SimTiming, World
+from streamfleet_dev.sim.world import World
 from streamfleet_dev.upstream.process import UpstreamProcess
 
 RESULTS = Path(__file__).with_name("lease_results.md")
@@ -153,7 +152,7 @@ async def fair_share_trials(tmp: Path, upstream, trials: int) -> list[float]:
 async def slow_dynamodb(tmp: Path, upstream, dynalite: str, seconds: float) -> dict[str, float]:
     """Share of stream-seconds not live while every DynamoDB request takes one heartbeat more."""
     results = {}
-    with AwsProxy(default_backend=dynalite) as proxy:
+    with ProxyProcess(default_backend=dynalite) as proxy:
         for latency in (0.0, HEARTBEAT_SECONDS):
             fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
             try:
@@ -178,58 +177,33 @@ async def slow_dynamodb(tmp: Path, upstream, dynalite: str, seconds: float) -> d
     return results
 
 
-async def lost_takeover_answers(trials: int) -> list[float]:
-    """Crash recovery when every takeover write loses its answer once (in-process workers)."""
-    timing = SimTiming(
-        lease_seconds=LEASE_SECONDS,
-        heartbeat_seconds=HEARTBEAT_SECONDS,
-        max_clock_skew_seconds=0.2,
-        safety_margin_seconds=0.2,
-        reconcile_every=0.5,
-        stop_check_every=0.5,
-    )
+async def lost_takeover_answers(tmp: Path, upstream, dynalite: str, trials: int) -> list[float]:
+    """Crash recovery when every takeover write loses its answer once: real workers whose
+    DynamoDB requests go through the proxy, which applies each claim's first attempt and drops
+    the answer (the worker sees the connection close and retries)."""
     times = []
-    with UpstreamProcess(rate=20) as upstream:
-        for trial in range(trials):
-            world = World(upstream=upstream, timing=timing, name=f"bench{trial}{os.getpid()}")
-            try:
-                scripts = {}
-                for n in range(3):
-                    script = Script()
-                    scripts[f"w{n}"] = script
-                    world.start_worker(f"w{n}", plan=script)
-                await eventually(
-                    lambda w=world: len(w.live_workers()) == 3, timeout=30, what="workers up"
-                )
-                streams = [world.stream(n) for n in range(30)]
-                await asyncio.gather(*(world.start_stream(s) for s in streams))
-
-                everyone = set(world.workers)
-                await eventually(
-                    lambda w=world, s=streams, a=everyone: asyncio.to_thread(world_live, w, s, a),
-                    timeout=30,
-                    what="streams live",
-                )
-                victim = max(world.live_workers(), key=lambda w: len(w.worker.connections))
-                claim = on(
-                    "update_item", where=lambda p: "ADD #lease_version" in p["UpdateExpression"]
-                )
-                for name, script in scripts.items():
-                    if name != victim.worker_id:
-                        for nth in range(1, 40):  # every claim of the takeover: answer lost
-                            script.add(Rule(claim, Decision(Fault.LOSE_ANSWER, 0.05), nth=nth))
-                survivors = everyone - {victim.worker_id}
+    with ProxyProcess(default_backend=dynalite) as proxy:
+        fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
+        try:
+            for n in range(3):
+                fleet.start_worker(f"q{n}", AWS_ENDPOINT_URL_DYNAMODB=proxy.endpoint)
+            streams = [f"q{n:02d}" for n in range(30)]
+            await fleet.start_streams(*streams)
+            await streams_live(fleet, streams)
+            for trial in range(trials):
+                victim, survivors = busiest(fleet)
+                proxy.lose_first_answers(os.environ.get("BENCH_LOSE", "ADD #lease_version") or None)
                 began = time.monotonic()
-                await victim.kill()
-                await eventually(
-                    lambda w=world, s=streams, a=survivors: asyncio.to_thread(world_live, w, s, a),
-                    timeout=60,
-                    what="streams live on the survivors",
-                    every=0.02,
-                )
+                victim.signal(signal.SIGKILL)
+                await live_elsewhere(fleet, streams, survivors)
                 times.append(time.monotonic() - began)
-            finally:
-                world.dispose()
+                lost = proxy.lose_first_answers(None)
+                assert lost > 0 or not os.environ.get("BENCH_LOSE", "x"), "no claim lost its answer"
+                victim.stop()
+                fleet.start_worker(f"q{trial}r", AWS_ENDPOINT_URL_DYNAMODB=proxy.endpoint)
+                await asyncio.sleep(3 * HEARTBEAT_SECONDS)
+        finally:
+            fleet.close()
     return times
 
 
@@ -312,12 +286,17 @@ async def run(trials: int, window: float, schedules: int) -> str:
                 print("fair share", figures["fair_share"], flush=True)
                 figures["slow"] = await slow_dynamodb(tmp, upstream, dynamo.endpoint, 20.0)
                 print("slow", figures["slow"], flush=True)
-            figures["lost_answers"] = await lost_takeover_answers(max(3, trials // 2))
-            print("lost answers", figures["lost_answers"], flush=True)
+                figures["lost_answers"] = await lost_takeover_answers(
+                    tmp, upstream, dynamo.endpoint, trials
+                )
+                print("lost answers", figures["lost_answers"], flush=True)
             figures["upkeep"] = await upkeep(tmp, dynamo.endpoint, sqs.endpoint, window)
+            print("upkeep", figures["upkeep"], flush=True)
         finally:
             dynamo.stop()
             sqs.stop()
+            for name in ("AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_DYNAMODB"):
+                os.environ.pop(name, None)  # the simulation starts servers of its own
     began = time.monotonic()
     with local_servers():
         outcomes = await run_many(list(range(900_000, 900_000 + schedules)), parallel=4)

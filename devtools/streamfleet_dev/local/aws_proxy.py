@@ -44,15 +44,18 @@ import http.client
 import json
 import re
 import struct
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 CONTROL_PREFIX = "/__proxy__/"
 BACKEND_TIMEOUT_SECONDS = 60.0
@@ -274,6 +277,24 @@ def parse_request(method: str, path: str, headers: Mapping[str, str], body: byte
 class _Faults:
     latency: dict[str | None, float] = field(default_factory=dict)  # service (None: all)
     down: set[str | None] = field(default_factory=set)
+    # The first request for each item whose body contains this marker is applied and its answer
+    # dropped (the caller sees the connection close); its retries are answered.
+    lose_first_answer: bytes | None = None
+    answered_once: set[str] = field(default_factory=set)
+    answers_lost: int = 0
+
+    def answer_lost(self, body: bytes) -> bool:
+        if self.lose_first_answer is None or self.lose_first_answer not in body:
+            return False
+        try:
+            key = json.dumps(json.loads(body).get("Key"), sort_keys=True)
+        except ValueError:
+            return False
+        if key in self.answered_once:
+            return False
+        self.answered_once.add(key)
+        self.answers_lost += 1
+        return True
 
     def delay_for(self, service: str) -> float:
         return self.latency.get(service, self.latency.get(None, 0.0))
@@ -375,6 +396,15 @@ class AwsProxy:
             else:
                 self._faults.latency.pop(service, None)
 
+    def lose_first_answers(self, marker: str | None) -> int:
+        """From now on, the first request for each item whose body contains ``marker`` is
+        applied and its answer dropped (``"ADD #lease_version"``: every claim's first attempt
+        loses its answer); ``None`` stops it. Returns how many answers were lost so far."""
+        with self._lock:
+            self._faults.lose_first_answer = marker.encode() if marker else None
+            self._faults.answered_once.clear()
+            return self._faults.answers_lost
+
     def set_down(self, down: bool, *, service: str | None = None) -> None:
         """Drop every request (of ``service``, or all) without an answer while ``down``."""
         with self._lock:
@@ -445,6 +475,9 @@ class AwsProxy:
             if command == "down" and method == "POST":
                 self.set_down(query.get("on", "1") not in ("0", "false"), service=service)
                 return 200, self.state()
+            if command == "lose-first-answers" and method == "POST":
+                lost = self.lose_first_answers(query.get("marker") or None)
+                return 200, {**self.state(), "answers_lost": lost}
         except ValueError as exc:
             return 400, {"error": str(exc)}
         return 404, {"error": f"{method} {parts.path}: no such control"}
@@ -457,8 +490,6 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A caller that gave up (its read timeout, a killed process) is the network's business:
         # not worth a traceback on stderr for every one.
-        import sys
-
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
             super().handle_error(request, client_address)
 
@@ -540,6 +571,11 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
                         self.close_connection = True  # unreachable backend: no answer
                         return
             proxy._record(parsed, response.status)
+            with proxy._lock:
+                lost = proxy._faults.answer_lost(body)
+            if lost:  # applied by the backend; the caller never hears of it
+                self.close_connection = True
+                return
             self._answer(response.status, response.getheaders(), data)
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve
@@ -556,6 +592,51 @@ def _pairs(values: list[str], option: str) -> Iterator[tuple[str, str]]:
         if not sep or not name or not url:
             raise SystemExit(f"{option}: {value!r} is not NAME=http://host:port")
         yield name, url
+
+
+class ProxyProcess:
+    """The proxy in a process of its own (``python -m streamfleet_dev.local.aws_proxy``), steered
+    over HTTP: a busy caller's process then never slows the proxy down (or the other way round).
+    """
+
+    def __init__(self, *, default_backend: str, table_backends: Mapping[str, str] | None = None):
+        self._args = ["--backend", default_backend]
+        for table, backend in (table_backends or {}).items():
+            self._args += ["--table", f"{table}={backend}"]
+        self.process: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+
+    def __enter__(self) -> ProxyProcess:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streamfleet_dev.local.aws_proxy", *self._args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        line = self.process.stdout.readline()  # "aws proxy on http://127.0.0.1:<port>"
+        if not line.startswith("aws proxy on "):
+            raise RuntimeError(f"aws proxy did not start ({self.process.wait()})")
+        self.endpoint = line.split()[-1]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+
+    def control(self, command: str, **query: object) -> dict[str, Any]:
+        url = f"{self.endpoint}{CONTROL_PREFIX}{command}?" + urlencode(
+            {k: v for k, v in query.items() if v is not None}
+        )
+        request = urllib.request.Request(url, method="POST", data=b"")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    def set_latency(self, seconds: float, *, service: str | None = None) -> None:
+        self.control("latency", seconds=seconds, service=service)
+
+    def lose_first_answers(self, marker: str | None) -> int:
+        return int(self.control("lose-first-answers", marker=marker or "")["answers_lost"])
 
 
 def main(argv: list[str] | None = None) -> int:
