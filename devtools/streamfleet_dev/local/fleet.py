@@ -113,6 +113,9 @@ class Fleet:
     tmp: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    # ECS's STOPPED events: each worker gets a task ARN (task_env) and, when its process exits,
+    # the synthesized task-events handler gets the event (streamfleet_dev.local.task_events).
+    task_events: bool = False
 
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
@@ -133,6 +136,21 @@ class Fleet:
             queue_url=self.queue_url,
         )
         self.writer = self.control.writer
+        self.ecs = None
+        if self.task_events:
+            from streamfleet_dev.local.task_events import LocalEcs
+
+            self.ecs = LocalEcs(
+                workers=self.workers,
+                table=self.lease_table,
+                queue_url=self.queue_url,
+                log_dir=self.tmp,
+            )
+
+    def task_env(self, worker_id: str) -> dict[str, str]:
+        """The environment ECS gives the task of ``worker_id``'s next process (its metadata
+        endpoint, so the worker records its task ARN); ``{}`` without ``task_events``."""
+        return self.ecs.task_env(worker_id) if self.ecs is not None else {}
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -164,6 +182,8 @@ class Fleet:
         return worker
 
     def close(self) -> None:
+        if self.ecs is not None:
+            self.ecs.close()  # first: the teardown's kills are not crashes to recover from
         for worker in self.workers.values():
             worker.stop()
         self.async_dynamodb.close()
