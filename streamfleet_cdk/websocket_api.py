@@ -279,6 +279,8 @@ class WebSocketTablesProps:
         deletion_protection: DynamoDB deletion protection on the state table and its replicas.
         state_table_name: physical name of the state table, shared by every Region.
         connections_table_name: physical name of each Region's connections table.
+        subscriptions_table_name: physical name of each Region's subscriptions table (which
+            connection of this Region receives which ingested stream).
     """
 
     declare_state_table: bool = True
@@ -286,6 +288,7 @@ class WebSocketTablesProps:
     deletion_protection: bool = True
     state_table_name: str = model.WSAPI_STATE_TABLE.default_name
     connections_table_name: str = model.WSAPI_CONNECTIONS_TABLE.default_name
+    subscriptions_table_name: str = model.WSAPI_SUBSCRIPTIONS_TABLE.default_name
 
     def __post_init__(self) -> None:
         if isinstance(self.replica_regions, str):
@@ -294,6 +297,8 @@ class WebSocketTablesProps:
             raise ValueError("replica_regions: only the stack that declares the table has them")
         if self.state_table_name == self.connections_table_name:
             raise ValueError("connections_table_name: must differ from state_table_name")
+        if self.subscriptions_table_name in (self.state_table_name, self.connections_table_name):
+            raise ValueError("subscriptions_table_name: must differ from the other two tables")
 
 
 class WebSocketTables(Construct):
@@ -308,10 +313,16 @@ class WebSocketTables(Construct):
       Gateway. Every Region declares its own, with the model's TTL attribute. Its items are
       rebuilt by reconnecting clients (and the canary's streaks within minutes), so it is
       removed with the stack and not deletion-protected.
+    * The **subscriptions table** (:data:`streamfleet.model.WSAPI_SUBSCRIPTIONS_TABLE`) is per
+      Region too, for the same reason: ``STREAM#<stream>`` / ``<connection id>``, one item per
+      connection that receives a stream live, read by the fan-out with a consistent query on
+      the base table (no index: an index could lag and miss a subscriber), with a TTL. Its
+      items are rebuilt by every reconnecting client.
 
     Attributes:
         state_table: the state table (declared here, or the local replica).
         connections_table: this Region's connections table.
+        subscriptions_table: this Region's subscriptions table.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketTablesProps) -> None:
@@ -319,6 +330,7 @@ class WebSocketTables(Construct):
         self._props = props
         self.state_table: dynamodb.ITableV2 = self._build_state_table()
         self.connections_table: dynamodb.TableV2 = self._build_connections_table()
+        self.subscriptions_table: dynamodb.TableV2 = self._build_subscriptions_table()
 
     @staticmethod
     def _partition_key(spec: model.TableSpec) -> dynamodb.Attribute:
@@ -352,6 +364,27 @@ class WebSocketTables(Construct):
             "ConnectionsTable",
             table_name=self._props.connections_table_name,
             partition_key=self._partition_key(spec),
+            billing=dynamodb.Billing.on_demand(),
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute=spec.ttl_attribute,
+            deletion_protection=False,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+    def _build_subscriptions_table(self) -> dynamodb.TableV2:
+        spec = model.WSAPI_SUBSCRIPTIONS_TABLE
+        if spec.indexes or spec.sort_key is None or spec.sort_key_type != "S":
+            raise ValueError(f"{spec.default_name}: the model's key schema changed")
+        return dynamodb.TableV2(
+            self,
+            "SubscriptionsTable",
+            table_name=self._props.subscriptions_table_name,
+            partition_key=dynamodb.Attribute(
+                name=spec.partition_key, type=dynamodb.AttributeType.STRING
+            ),
+            sort_key=dynamodb.Attribute(name=spec.sort_key, type=dynamodb.AttributeType.STRING),
             billing=dynamodb.Billing.on_demand(),
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True

@@ -368,7 +368,15 @@ WS_ROUTE_SELECTION_FIELD = "action"  # route selection expression $request.body.
 WS_ROUTE_HEARTBEAT = "heartbeat"
 WS_ROUTE_GET_STATE = "getState"
 WS_ROUTE_BID = "bid"
-WS_ROUTES = (WS_ROUTE_HEARTBEAT, WS_ROUTE_GET_STATE, WS_ROUTE_BID)
+WS_ROUTE_SUBSCRIBE = "subscribe"  # live delivery of ingested streams (below)
+WS_ROUTE_UNSUBSCRIBE = "unsubscribe"
+WS_ROUTES = (
+    WS_ROUTE_HEARTBEAT,
+    WS_ROUTE_GET_STATE,
+    WS_ROUTE_BID,
+    WS_ROUTE_SUBSCRIBE,
+    WS_ROUTE_UNSUBSCRIBE,
+)
 WS_APP_SUBPROTOCOL = "streamfleet.v1"  # the subprotocol $connect selects (never the token)
 WS_BEARER_SUBPROTOCOL_PREFIX = "bearer."  # Sec-WebSocket-Protocol entry carrying the JWT
 WS_TOKEN_QUERY_PARAMETER = "token"  # ...or ?token=<jwt> in the query string
@@ -376,6 +384,9 @@ WS_REPLY_PONG = "pong"
 WS_REPLY_STATE = "state"
 WS_REPLY_BID = "bid"
 WS_REPLY_ERROR = "error"
+WS_REPLY_SUBSCRIBED = "subscribed"
+WS_REPLY_UNSUBSCRIBED = "unsubscribed"
+WS_REPLY_MESSAGES = "messages"  # one or more messages of one stream, each with its seq
 # API Gateway's WebSocket limits (design.md).
 WS_MAX_FRAME_BYTES = 32 * 1024
 WS_MAX_MESSAGE_BYTES = 128 * 1024
@@ -400,6 +411,9 @@ WS_CONTEXT_SUB = "sub"
 WS_CONTEXT_TOKEN_TRANSPORT = "tokenTransport"
 WS_CONTEXT_PRINCIPAL_KIND = "principalKind"
 WS_PRINCIPAL_USER = "user"
+# The reader tags the authorizer derives from JWT_READER_CLAIMS (a JSON array in a string:
+# API Gateway passes only strings, numbers and booleans in the context).
+WS_CONTEXT_READER_TAGS = "readerTags"
 # The canary's identity: a token signed by one of JWT_CANARY_KEYS (never by the identity
 # provider's keys) with ``iss`` = CANARY_TOKEN_ISSUER. The authorizer prefixes its principal with
 # CANARY_PRINCIPAL_PREFIX and the handlers allow it on the heartbeat route only.
@@ -424,6 +438,8 @@ ENV_JWT_TOKEN_USE = "JWT_TOKEN_USE"
 ENV_JWT_TYP = "JWT_TYP"
 ENV_JWT_AUTHORIZED_PARTIES = "JWT_AUTHORIZED_PARTIES"
 ENV_JWT_CANARY_KEYS = "JWT_CANARY_KEYS"  # the canary's public key(s); unset: no canary identity
+# Claims whose values become reader tags ("<claim>:<value>") a START's readers may name.
+ENV_JWT_READER_CLAIMS = "JWT_READER_CLAIMS"
 AUTHORIZER_ENV = (
     ENV_JWT_ISSUER,
     ENV_JWT_AUDIENCE,
@@ -440,15 +456,27 @@ AUTHORIZER_ENV = (
     ENV_JWT_TYP,
     ENV_JWT_AUTHORIZED_PARTIES,
     ENV_JWT_CANARY_KEYS,
+    ENV_JWT_READER_CLAIMS,
 )
 
 # Environment of the handlers (runtime/streamfleet/wsapi/handlers.py), besides AWS_REGION.
 ENV_CONNECTION_TTL_SECONDS = "CONNECTION_TTL_SECONDS"
+# Live delivery (optional: without them subscribe answers "not_supported").
+ENV_STREAMS_TABLE_NAME = "STREAMS_TABLE_NAME"  # the fleet's lease table: readers, origin_seq
+ENV_MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"  # the fleet's messages table (this Region's)
+ENV_SUBSCRIPTIONS_TABLE_NAME = "SUBSCRIPTIONS_TABLE_NAME"  # this Region's subscribers
+ENV_SUBSCRIBE_NEWEST_MESSAGES = "SUBSCRIBE_NEWEST_MESSAGES"  # replay for after=null
+ENV_REPLAY_MAX_MESSAGES = "REPLAY_MAX_MESSAGES"  # replayed per subscribe, at most
 HANDLERS_ENV = (
     ENV_STATE_TABLE_NAME,
     ENV_CONNECTIONS_TABLE_NAME,
     ENV_APIGW_MANAGEMENT_ENDPOINT,
     ENV_CONNECTION_TTL_SECONDS,
+    ENV_STREAMS_TABLE_NAME,
+    ENV_MESSAGES_TABLE_NAME,
+    ENV_SUBSCRIPTIONS_TABLE_NAME,
+    ENV_SUBSCRIBE_NEWEST_MESSAGES,
+    ENV_REPLAY_MAX_MESSAGES,
 )
 
 # Environment of the canary (runtime/streamfleet/wsapi/canary.py).
@@ -483,3 +511,75 @@ CANARY_ENV = (
     ENV_CANARY_MANAGEMENT_ENDPOINT,
     ENV_JWT_AUDIENCE,
 )
+
+
+# --- Live delivery of ingested streams to subscribed clients (issue 12) ---
+#
+# A client subscribes to a stream (an upstream connection id of the fleet) and gets its stored
+# messages first (a replay from the messages table, by the subscribe handler) and then every new
+# one (live, by the fan-out function, fed by the messages table's change stream in its own
+# Region, replicated writes included). Three kinds of records:
+#
+# * the stream's **readers**, on its connection item in the lease table: a string set of
+#   ``user:<sub>`` and ``<claim>:<value>`` entries, written by START; absent or empty means nobody
+#   may read it (default deny);
+# * the Region's **subscriptions table**: ``STREAM#<stream id>`` / ``<API Gateway connection
+#   id>``, one item per subscribed connection, with a TTL; the fan-out reads a stream's
+#   subscribers with a *consistent* query on the base table (an index could lag and miss a
+#   subscriber whose replay has already ended); the connection record lists its streams
+#   (WS_STREAMS) so ``$disconnect`` removes them;
+# * the user's **subscriptions** in the global state table, ``SUBS#<sub>`` (a string set), so a
+#   client that reconnects or reloads, in either Region, is told what it was subscribed to.
+
+READERS = "readers"  # on the lease table's connection item: who may subscribe to the stream
+READER_USER_PREFIX = "user:"  # a reader entry naming a verified ``sub``
+MAX_READERS = 100
+MAX_READER_CHARS = 300
+
+DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME = "streamfleet-wsapi-subscriptions"
+STREAM_SUBSCRIBERS_PREFIX = "STREAM#"
+USER_SUBSCRIPTIONS_PREFIX = "SUBS#"
+SUB_CONNECTION = "connection_id"  # sort key of the subscriptions table
+SUB_USER_ID = "user_id"
+SUB_SUBSCRIBED_AT_MS = "subscribed_at_ms"
+SUB_EXPIRES_AT = "expires_at"  # epoch seconds: the subscriptions table's TTL attribute
+WS_STREAMS = "streams"  # string set on a WSCONN# record, and on a SUBS#<sub> state item
+MAX_SUBSCRIPTIONS_PER_CONNECTION = 50
+
+
+def stream_subscribers_pk(stream_id: str) -> str:
+    """The subscriptions-table key of one stream's subscribers: ``STREAM#<stream id>``."""
+    return f"{STREAM_SUBSCRIBERS_PREFIX}{stream_id}"
+
+
+def user_subscriptions_pk(user_id: str) -> str:
+    """The state-table key of a user's subscriptions: ``SUBS#<sub>``."""
+    return f"{USER_SUBSCRIPTIONS_PREFIX}{user_id}"
+
+
+WSAPI_SUBSCRIPTIONS_TABLE = TableSpec(
+    default_name=DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME,
+    partition_key=PK,
+    sort_key=SUB_CONNECTION,
+    sort_key_type="S",
+    ttl_attribute=SUB_EXPIRES_AT,
+)
+
+# Environment of the fan-out function (runtime/streamfleet/wsapi/fanout.py), besides AWS_REGION:
+# the subscriptions table and the Management API endpoint of this Region's stage.
+ENV_FANOUT_POST_THREADS = "FANOUT_POST_THREADS"
+FANOUT_ENV = (
+    ENV_SUBSCRIPTIONS_TABLE_NAME,
+    ENV_APIGW_MANAGEMENT_ENDPOINT,
+    ENV_FANOUT_POST_THREADS,
+)
+
+# Fan-out metrics (Embedded Metric Format, namespace METRIC_NAMESPACE, dimension
+# METRIC_DIMENSION_SERVICE = FANOUT_SERVICE_NAME).
+FANOUT_SERVICE_NAME = "streamfleet-fanout"
+METRIC_FANOUT_DELIVERED = "FanoutDelivered"  # messages x subscribers posted
+METRIC_FANOUT_POSTS = "FanoutPosts"  # Management API posts (each one frame, many messages)
+METRIC_FANOUT_GONE = "FanoutGone"  # subscribers found gone (GoneException) and removed
+METRIC_FANOUT_FAILED_POSTS = "FanoutFailedPosts"  # posts that failed for another reason
+METRIC_FANOUT_DISCONNECTED = "FanoutDisconnected"  # subscribers closed to resume from the log
+METRIC_FANOUT_LAG_MS = "FanoutLagMs"  # worker receipt -> post, the batch's oldest message

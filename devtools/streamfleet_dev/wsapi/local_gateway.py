@@ -160,6 +160,7 @@ class LocalGateway:
         self._management_writers: set[asyncio.StreamWriter] = set()
         self._management_tasks: set[asyncio.Task[Any]] = set()
         self._request_ids = itertools.count(1)
+        self._url: str | None = None
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class LocalGateway:
             compression=None,
             server_header=None,
         )
+        _ = self.url
         return self
 
     async def stop(self) -> None:
@@ -215,8 +217,10 @@ class LocalGateway:
     def url(self) -> str:
         """``ws://127.0.0.1:<port>``: what clients and the canary dial."""
         assert self._server is not None, "start() first"
-        port = self._server.sockets[0].getsockname()[1]
-        return f"ws://{self.settings.host}:{port}"
+        if self._url is None:  # kept: a $disconnect after stop() still names the API
+            port = self._server.sockets[0].getsockname()[1]
+            self._url = f"ws://{self.settings.host}:{port}"
+        return self._url
 
     @property
     def management_endpoint(self) -> str:
@@ -622,13 +626,15 @@ def wsapi_gateway(
     state_table: str,
     connections_table: str,
     dynamodb: Any | None = None,
+    live: Any | None = None,
 ) -> LocalGateway:
     """A (not yet started) gateway serving the real handlers, which reply through its own
-    Management API with the same boto3 code as in AWS."""
+    Management API with the same boto3 code as in AWS. ``live``: the handlers'
+    :class:`~streamfleet.wsapi.handlers.LiveTables` (subscribe), if any."""
     from streamfleet.wsapi.handlers import HandlerConfig, WsApiHandlers
 
     def factory(endpoint: str) -> LambdaFunction:
-        config = HandlerConfig(state_table, connections_table, settings.region, endpoint)
+        config = HandlerConfig(state_table, connections_table, settings.region, endpoint, live=live)
         return WsApiHandlers(config, dynamodb=dynamodb)
 
     return LocalGateway(settings, authorizer=authorizer, handler_factory=factory)

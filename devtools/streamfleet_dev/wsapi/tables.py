@@ -1,7 +1,8 @@
 """Create the WebSocket API's tables from the data model (local servers, tests, the drill).
 
 The CDK half declares the same tables from the same :mod:`streamfleet.model` specs: the state
-table as a global table (replicated), the connections table as a regional table with TTL.
+table as a global table (replicated), the connections and subscriptions tables as regional
+tables with TTL. Their key schemas are read from the synthesized templates.
 """
 
 from __future__ import annotations
@@ -16,27 +17,43 @@ STATE_TABLE_STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAG
 
 
 def create_wsapi_tables(
-    dynamodb: Any, *, state_table: str, connections_table: str, stream: bool = False
+    dynamodb: Any,
+    *,
+    state_table: str,
+    connections_table: str,
+    stream: bool = False,
+    subscriptions_table: str | None = None,
 ) -> None:
-    """Create both tables with a synchronous boto3 client and wait until they are active.
+    """Create the tables with a synchronous boto3 client and wait until they are active.
 
     ``stream`` enables the state table's DynamoDB stream (new and old images), as a global
-    table has it; the local drill's replicator reads it.
+    table has it; the local drill's replicator reads it. ``subscriptions_table`` also creates
+    the Region's subscriptions table (live delivery).
     """
-    for spec, name in (
+    pairs = [
         (model.WSAPI_STATE_TABLE, state_table),
         (model.WSAPI_CONNECTIONS_TABLE, connections_table),
-    ):
+    ]
+    if subscriptions_table is not None:
+        pairs.append((model.WSAPI_SUBSCRIPTIONS_TABLE, subscriptions_table))
+    for spec, name in pairs:
         request = create_table_request(spec, name)
         if stream and spec is model.WSAPI_STATE_TABLE:
             request["StreamSpecification"] = STATE_TABLE_STREAM
         dynamodb.create_table(**request)
     waiter = dynamodb.get_waiter("table_exists")
-    for name in (state_table, connections_table):
+    for _, name in pairs:
         waiter.wait(TableName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 150})
 
 
-def delete_wsapi_tables(dynamodb: Any, *, state_table: str, connections_table: str) -> None:
-    """Delete both tables (tests clean up after themselves)."""
-    for name in (state_table, connections_table):
-        dynamodb.delete_table(TableName=name)
+def delete_wsapi_tables(
+    dynamodb: Any,
+    *,
+    state_table: str,
+    connections_table: str,
+    subscriptions_table: str | None = None,
+) -> None:
+    """Delete the tables (tests clean up after themselves)."""
+    for name in (state_table, connections_table, subscriptions_table):
+        if name is not None:
+            dynamodb.delete_table(TableName=name)

@@ -14,9 +14,11 @@ from .reconnecting import (
     FrameTooLarge,
     NotConnected,
     ReconnectingClient,
+    SubscriptionRefused,
     TokenTransport,
     backoff_delay,
 )
+from .streams import StreamCursor, StreamMessage
 
 __all__ = [
     "AuthorizationFailed",
@@ -28,6 +30,9 @@ __all__ = [
     "FrameTooLarge",
     "NotConnected",
     "ReconnectingClient",
+    "StreamCursor",
+    "StreamMessage",
+    "SubscriptionRefused",
     "TokenTransport",
     "backoff_delay",
 ]

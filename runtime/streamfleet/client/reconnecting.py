@@ -34,6 +34,14 @@ What it does, and why:
   with backoff for as long as the client runs.
 * **Clean cancellation**: ``async with ReconnectingClient(...)`` or ``await client.close()``
   stops every task and fails pending requests with :class:`ClientClosed`.
+* **Subscribed streams, exactly once**: :meth:`ReconnectingClient.subscribe` asks for an
+  ingested stream (``after``: the last seq the application has, or ``None`` for the newest
+  few); ``on_stream_message`` gets each message exactly once, in seq order, with no gap
+  (:mod:`.streams`), whatever the wire does (replay and live frames interleaved, duplicates
+  after a worker crash or a failover). Every (re)connect subscribes again from the last seq
+  delivered (``positions``, a mapping the application may persist), and, with
+  ``follow_server_subscriptions``, to every stream the server's state lists for the user
+  (``getState``'s ``subscriptions``), so a restarted client picks up where it was.
 
 Token transport: by default the token travels as the subprotocol ``bearer.<jwt>`` next to the
 application protocol ``streamfleet.v1`` (kept out of URLs and therefore out of access logs);
@@ -51,7 +59,7 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -61,6 +69,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .. import model
+from .streams import DEFAULT_MAX_BUFFERED, StreamCursor, StreamMessage
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +149,12 @@ class ClientConfig:
     max_message_bytes: int = model.WS_MAX_MESSAGE_BYTES
     # Extra fields of the getState request sent after every connect, e.g. (("auction", "a1"),).
     get_state_fields: tuple[tuple[str, str], ...] = ()
+    # Subscribed streams: how long a gap may stay open before the client asks the stored log
+    # to fill it, the bound of each stream's reorder buffer, and whether to subscribe to what
+    # the server's state lists for the user (getState's "subscriptions").
+    gap_timeout: float = 2.0
+    max_buffered_per_stream: int = DEFAULT_MAX_BUFFERED
+    follow_server_subscriptions: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -149,6 +164,7 @@ class ClientConfig:
             "open_timeout",
             "close_timeout",
             "request_timeout",
+            "gap_timeout",
         ):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -159,6 +175,8 @@ class ClientConfig:
             raise ValueError("missed_pongs_before_reconnect: must be at least 1")
         if self.max_auth_retries < 0:
             raise ValueError("max_auth_retries: must be zero or more")
+        if self.max_buffered_per_stream < 1:
+            raise ValueError("max_buffered_per_stream: must be at least 1")
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -207,6 +225,21 @@ class AuthorizationFailed(ClientError):
         self.attempts = attempts
 
 
+class SubscriptionRefused(ClientError):
+    """The server refused a subscribe (``error``: ``forbidden``, ``not_supported``,
+    ``bad_request``); the stream is no longer subscribed."""
+
+    def __init__(self, stream: str, reply: Mapping[str, Any]):
+        super().__init__(f"subscribe {stream}: {reply.get('error')}: {reply.get('message')}")
+        self.stream = stream
+        self.reply = dict(reply)
+        self.error = str(reply.get("error"))
+
+
+# Errors after which subscribing again cannot help (the others are retried).
+FINAL_SUBSCRIBE_ERRORS = frozenset({"forbidden", "not_supported", "bad_request"})
+
+
 class ClientStatus(StrEnum):
     """Where the connection loop is."""
 
@@ -236,6 +269,9 @@ class ReconnectingClient:
         on_region: Callback | None = None,
         on_status: Callback | None = None,
         on_message: Callback | None = None,
+        on_stream_message: Callback | None = None,
+        on_subscription_error: Callback | None = None,
+        positions: MutableMapping[str, int] | None = None,
         rng: random.Random | None = None,
         name: str = "client",
     ):
@@ -245,6 +281,12 @@ class ReconnectingClient:
         self.on_region = on_region  # (new_region: str, old_region: str | None)
         self.on_status = on_status  # (status: ClientStatus)
         self.on_message = on_message  # (message: dict), every JSON message
+        self.on_stream_message = on_stream_message  # (message: StreamMessage), exactly once
+        self.on_subscription_error = on_subscription_error  # (error: SubscriptionRefused)
+        # The last seq delivered per stream: what every (re)connect resumes from. Pass a
+        # persistent mapping to resume across restarts.
+        self.positions: MutableMapping[str, int] = {} if positions is None else positions
+        self.subscriptions: dict[str, StreamCursor] = {}
         self.name = name
         self._force_refresh_keyword = _accepts_force_refresh(provider)
         self._rng = rng or random.Random()
@@ -272,6 +314,7 @@ class ReconnectingClient:
         self._last_pong_at = -math.inf
         self._session_healthy = False
         self._state_request_id: str | None = None
+        self._session_tasks: set[asyncio.Task[Any]] = set()
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -340,6 +383,101 @@ class ReconnectingClient:
         """Drop the current connection and connect again (e.g. to follow a fail-back, or to
         stand in for API Gateway's 2-hour limit)."""
         self._reconnect_now.set()
+
+    # Subscribed streams -----------------------------------------------------------------------
+
+    async def subscribe(self, stream: str, *, after: int | None = None) -> dict[str, Any] | None:
+        """Receive ``stream``: its stored messages after ``after`` (default: the position in
+        ``positions``, else the newest few), then live ones, through ``on_stream_message``.
+
+        Connected: returns the ``subscribed`` reply, or raises :class:`SubscriptionRefused`
+        (the stream is then not subscribed). Not connected: returns ``None``; the subscribe is
+        sent with the next connection, as after every reconnect.
+        """
+        cursor = self.subscriptions.get(stream)
+        if cursor is None:
+            position = after if after is not None else self.positions.get(stream)
+            cursor = StreamCursor(
+                stream, position, max_buffered=self.config.max_buffered_per_stream
+            )
+            self.subscriptions[stream] = cursor
+        elif after is not None and (cursor.position is None or after > cursor.position):
+            cursor.position = after
+        if self._ws is None:
+            return None
+        return await self._send_subscribe(cursor, "request", raise_refusal=True)
+
+    async def unsubscribe(self, stream: str) -> None:
+        """Stop receiving ``stream`` (here at once; on the server if connected)."""
+        if self.subscriptions.pop(stream, None) is None:
+            return
+        if self._ws is not None:
+            with contextlib.suppress(NotConnected, ConnectionLost, TimeoutError):
+                await self.request({"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream})
+
+    def position(self, stream: str) -> int | None:
+        """The last seq of ``stream`` delivered to the application."""
+        cursor = self.subscriptions.get(stream)
+        if cursor is not None and cursor.position is not None:
+            return cursor.position
+        return self.positions.get(stream)
+
+    async def _send_subscribe(
+        self, cursor: StreamCursor, reason: str, *, raise_refusal: bool = False
+    ) -> dict[str, Any] | None:
+        cursor.in_flight = True
+        try:
+            reply = await self.request(
+                {
+                    "action": model.WS_ROUTE_SUBSCRIBE,
+                    "stream": cursor.stream,
+                    "after": cursor.position,
+                }
+            )
+        except (NotConnected, ConnectionLost, TimeoutError) as exc:
+            # The next connection subscribes again; on this one, retry after a gap timeout.
+            logger.info("%s: subscribe %s (%s): %s", self.name, cursor.stream, reason, exc)
+            cursor.acknowledged = True
+            cursor.gap_since = asyncio.get_running_loop().time()
+            return None
+        finally:
+            cursor.in_flight = False
+        if reply.get("type") == model.WS_REPLY_ERROR:
+            if reply.get("error") in FINAL_SUBSCRIBE_ERRORS:
+                if self.subscriptions.get(cursor.stream) is cursor:
+                    del self.subscriptions[cursor.stream]
+                refusal = SubscriptionRefused(cursor.stream, reply)
+                await self._emit(self.on_subscription_error, refusal)
+                if raise_refusal:
+                    raise refusal
+                return reply
+            cursor.acknowledged = True  # unavailable: the gap clock retries it
+            cursor.gap_since = asyncio.get_running_loop().time()
+        return reply
+
+    def _spawn(self, coroutine: Awaitable[Any], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=f"{self.name}-{name}")  # type: ignore[arg-type]
+        self._session_tasks.add(task)
+        task.add_done_callback(self._session_tasks.discard)
+
+    async def _deliver(self, messages: list[StreamMessage]) -> None:
+        for message in messages:
+            self.positions[message.stream] = message.seq
+            await self._emit(self.on_stream_message, message)
+
+    async def _watch_gaps(self) -> None:
+        """Ask the stored log for what a subscription misses (see :mod:`.streams`)."""
+        loop = asyncio.get_running_loop()
+        interval = min(self.config.gap_timeout / 4, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for cursor in list(self.subscriptions.values()):
+                reason = cursor.resubscribe_reason(now, self.config.gap_timeout)
+                if reason is not None:
+                    cursor.count_resubscribe(reason, now)
+                    cursor.in_flight = True  # before the task runs: one at a time
+                    self._spawn(self._send_subscribe(cursor, reason), f"subscribe-{reason}")
 
     # Sending ---------------------------------------------------------------------------------
 
@@ -489,7 +627,14 @@ class ReconnectingClient:
                 loop.create_task(self._receive(ws), name=f"{self.name}-receive"),
                 loop.create_task(self._heartbeat(ws), name=f"{self.name}-heartbeat"),
                 loop.create_task(self._reconnect_now.wait(), name=f"{self.name}-reconnect"),
+                loop.create_task(self._watch_gaps(), name=f"{self.name}-gaps"),
             ]
+            # Resume every subscription from the last seq delivered, without waiting for the
+            # state reply (which may add the ones this client does not know about yet).
+            for cursor in self.subscriptions.values():
+                cursor.acknowledged = False
+                cursor.in_flight = True
+                self._spawn(self._send_subscribe(cursor, "reconnect"), "subscribe-reconnect")
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
@@ -499,9 +644,12 @@ class ReconnectingClient:
             pass
         finally:
             # The first task to finish decides; the others must not outlive the connection.
-            for task in tasks:
+            session_tasks = [*tasks, *self._session_tasks]
+            for task in session_tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*session_tasks, return_exceptions=True)
+            for cursor in self.subscriptions.values():
+                cursor.in_flight = False
             self._ws = None
             self._ready.clear()
             self._fail_pending(ConnectionLost("connection ended before the reply"))
@@ -528,6 +676,10 @@ class ReconnectingClient:
             if isinstance(region, str) and region != self.region:
                 old, self.region = self.region, region
                 await self._emit(self.on_region, region, old)
+            if kind in (model.WS_REPLY_MESSAGES, model.WS_REPLY_SUBSCRIBED):
+                # Before the reply's future resolves: a caller awaiting subscribe() finds the
+                # cursor already positioned.
+                await self._on_stream_frame(kind, message, loop.time())
             request_id = message.get("requestId")
             future = self._pending.get(request_id) if isinstance(request_id, str) else None
             if future is not None and not future.done():
@@ -537,8 +689,41 @@ class ReconnectingClient:
                 if request_id == self._state_request_id:
                     self._session_healthy = True
                     self._ready.set()
+                    self._follow_server_subscriptions(message)
                 await self._emit(self.on_state, message)
             await self._emit(self.on_message, message)
+
+    async def _on_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
+        cursor = self.subscriptions.get(message.get("stream"))  # type: ignore[arg-type]
+        if cursor is None:
+            return  # unsubscribed, or never asked for: ignored
+        if kind == model.WS_REPLY_SUBSCRIBED:
+            ready = cursor.on_subscribed(message, now)
+        else:
+            entries = message.get("messages")
+            ready = cursor.on_entries(
+                entries if isinstance(entries, list) else [],
+                source=str(message.get("source") or ""),
+                region=message.get("region") if isinstance(message.get("region"), str) else None,
+                now=now,
+            )
+        await self._deliver(ready)
+
+    def _follow_server_subscriptions(self, state: dict[str, Any]) -> None:
+        """Subscribe to the streams the server lists for the user and this client lacks."""
+        listed = state.get("subscriptions")
+        if not self.config.follow_server_subscriptions or not isinstance(listed, list):
+            return
+        for stream in listed:
+            if isinstance(stream, str) and stream not in self.subscriptions:
+                cursor = StreamCursor(
+                    stream,
+                    self.positions.get(stream),
+                    max_buffered=self.config.max_buffered_per_stream,
+                )
+                self.subscriptions[stream] = cursor
+                cursor.in_flight = True
+                self._spawn(self._send_subscribe(cursor, "server-state"), "subscribe-state")
 
     async def _heartbeat(self, ws: ClientConnection) -> None:
         """Send heartbeats; return (ending the session) after too many consecutive misses."""

@@ -46,7 +46,11 @@ Configuration (environment; names in :data:`streamfleet.model.AUTHORIZER_ENV`):
   that says what it is must say it is an access token (so ID tokens are refused);
 * ``JWT_AUTHORIZED_PARTIES`` (comma-separated client ids): the ``azp`` values accepted; a token
   whose ``aud`` lists several audiences must carry one (default: ``JWT_AUDIENCE`` itself);
-* ``JWT_CANARY_KEYS`` (optional): the canary's public key(s), as ``JWT_KEYS``.
+* ``JWT_CANARY_KEYS`` (optional): the canary's public key(s), as ``JWT_KEYS``;
+* ``JWT_READER_CLAIMS`` (optional, comma-separated claim names, e.g. ``groups,tenant``): each
+  value of these claims becomes a *reader tag* ``<claim>:<value>`` passed on in the context as
+  ``readerTags`` (a JSON array in a string; values that are not valid tags are left out), which
+  a START's readers may name (:mod:`streamfleet.readers`).
 
 Every decision is logged as a structured record (:mod:`.logs`): allow at INFO, deny and
 missing token at WARNING, with the reason; never the token.
@@ -68,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .. import model
+from .. import model, readers
 from . import jwt
 from .logs import log_event
 
@@ -134,6 +138,7 @@ class AuthorizerConfig:
     typ: str | None = None
     authorized_parties: tuple[str, ...] = ()
     canary_keys: str | None = None
+    reader_claims: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.issuer:
@@ -160,6 +165,11 @@ class AuthorizerConfig:
             )
         if not self.max_lifetime_seconds > 0:
             raise AuthorizerConfigError("JWT_MAX_LIFETIME_SECONDS: must be above zero")
+        for claim in self.reader_claims:
+            try:
+                readers.check_claim_name(model.ENV_JWT_READER_CLAIMS, claim)
+            except ValueError as exc:
+                raise AuthorizerConfigError(str(exc)) from None
 
     def policy(self) -> jwt.TokenPolicy:
         """What a user's token must be."""
@@ -231,6 +241,7 @@ class AuthorizerConfig:
             typ=env.get(model.ENV_JWT_TYP, "").strip() or None,
             authorized_parties=listed(model.ENV_JWT_AUTHORIZED_PARTIES),
             canary_keys=env.get(model.ENV_JWT_CANARY_KEYS, "").strip() or None,
+            reader_claims=listed(model.ENV_JWT_READER_CLAIMS),
         )
 
 
@@ -454,6 +465,7 @@ class Principal:
     id: str  # the principalId and the context's sub
     kind: str  # model.WS_PRINCIPAL_USER or model.WS_PRINCIPAL_CANARY
     transport: str
+    reader_tags: tuple[str, ...] = ()  # from JWT_READER_CLAIMS (users only)
 
 
 # --- The authorizer -----------------------------------------------------------------------------
@@ -540,16 +552,14 @@ class Authorizer:
             principalKind=principal.kind,
             transport=principal.transport,
         )
-        return policy(
-            principal.id,
-            "Allow",
-            resource,
-            {
-                model.WS_CONTEXT_SUB: principal.id,
-                model.WS_CONTEXT_TOKEN_TRANSPORT: principal.transport,
-                model.WS_CONTEXT_PRINCIPAL_KIND: principal.kind,
-            },
-        )
+        context = {
+            model.WS_CONTEXT_SUB: principal.id,
+            model.WS_CONTEXT_TOKEN_TRANSPORT: principal.transport,
+            model.WS_CONTEXT_PRINCIPAL_KIND: principal.kind,
+        }
+        if self.config.reader_claims and principal.kind == model.WS_PRINCIPAL_USER:
+            context[model.WS_CONTEXT_READER_TAGS] = readers.encode_tags(principal.reader_tags)
+        return policy(principal.id, "Allow", resource, context)
 
     def authenticate(self, event: Mapping[str, Any]) -> Principal:
         """The principal of a valid token; :class:`Unauthorized` or :class:`Denied`."""
@@ -585,7 +595,8 @@ class Authorizer:
             raise Denied(
                 "reserved_subject", f"sub: the prefix {model.CANARY_PRINCIPAL_PREFIX!r} is reserved"
             )
-        return Principal(sub, model.WS_PRINCIPAL_USER, transport)
+        tags = readers.claim_tags(claims, self.config.reader_claims)
+        return Principal(sub, model.WS_PRINCIPAL_USER, transport, tuple(tags))
 
 
 def _token_fragments(event: Mapping[str, Any]) -> list[str]:

@@ -16,6 +16,19 @@ One function serves every route; the event names the route in ``requestContext.r
   bid is accepted only by a conditional write (``highest < amount``), so of two racing bids the
   lower one is refused, never silently overwritten; each accepted bid also leaves an immutable
   ``BID#<auction>#<amount>`` record;
+* ``subscribe``: ``{"action": "subscribe", "stream": "<id>", "after": <seq or null>}``: live
+  delivery of an ingested stream (the fleet's connection ``<id>``), allowed only to its readers
+  (the START named them; :mod:`streamfleet.readers`; nobody by default). The connection is
+  registered as a subscriber *first* (the Region's subscriptions table, read by the fan-out
+  function), then the stored messages after ``after`` are replayed (``after`` null: the newest
+  ``SUBSCRIBE_NEWEST_MESSAGES``), at most ``REPLAY_MAX_MESSAGES`` per subscribe (``more`` in the
+  reply says the client should subscribe again from where it got to). Because the registration
+  comes first, every message is in the replay or reaches the fan-out after it can see this
+  subscriber: none falls between the two. The reply ``subscribed`` comes before the replay's
+  ``messages`` frames;
+* ``unsubscribe``: the opposite; the user's subscriptions (``SUBS#<sub>``, global) are what
+  ``getState`` reports, so a client that reconnects or reloads is re-subscribed from the server's
+  state, in either Region;
 * ``$default``: anything else. Unknown actions and malformed messages get an error reply that
   names the offending field; no message can crash the handler.
 
@@ -36,9 +49,11 @@ other region), or at ``APIGW_MANAGEMENT_ENDPOINT`` when set (the local stand-in 
 ``GoneException`` means the client left: its connection record is deleted.
 
 Environment: ``STATE_TABLE_NAME``, ``CONNECTIONS_TABLE_NAME``, ``AWS_REGION`` (set by Lambda),
-optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS`` (names in
-:data:`streamfleet.model.HANDLERS_ENV`). Decisions and errors are logged as structured records
-(:mod:`.logs`) at INFO/WARNING.
+optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``; for live delivery all of
+``STREAMS_TABLE_NAME`` (the fleet's lease table), ``MESSAGES_TABLE_NAME`` and
+``SUBSCRIPTIONS_TABLE_NAME``, optionally ``SUBSCRIBE_NEWEST_MESSAGES`` (default 50) and
+``REPLAY_MAX_MESSAGES`` (default 2,000) (names in :data:`streamfleet.model.HANDLERS_ENV`).
+Decisions and errors are logged as structured records (:mod:`.logs`) at INFO/WARNING.
 """
 
 from __future__ import annotations
@@ -57,10 +72,11 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import model, strict_json
+from .. import model, readers, strict_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
-from ..validation import ID_CHARSET_DOC, ID_PATTERN
+from ..validation import ID_CHARSET_DOC, ID_PATTERN, MAX_ID_BYTES
+from .delivery import SOURCE_REPLAY, StoredMessage, message_from_item, pack_frames
 from .logs import log_event
 
 logger = logging.getLogger(__name__)
@@ -75,11 +91,23 @@ MAX_AUCTION_ID_CHARS = 128
 MAX_BID_AMOUNT = 10**15  # below 2**53 (JavaScript clients) and BID_AMOUNT_DIGITS digits
 # Retries of a state write whose only failed condition was "newer than the stored version".
 MAX_VERSION_RETRIES = 8
+MAX_STREAM_ID_BYTES = MAX_ID_BYTES  # a stream is a fleet connection id (validation.check_id)
+MAX_SEQ = 2**53 - 1  # JavaScript clients count in doubles
+DEFAULT_SUBSCRIBE_NEWEST = 50
+DEFAULT_REPLAY_MAX_MESSAGES = 2000
+MAX_REPLAY_MESSAGES = 10_000  # one invocation posts them all, within API Gateway's 29 s
+# A hole right after `after` below a message stored this long ago is not a write still under
+# way (a successor fills a hole within a lease; a STOP seals the log): those seqs expired with
+# the table's TTL, and the replay starts at the oldest message kept.
+EXPIRED_HOLE_AGE_MS = 10 * 60 * 1000
+QUERY_PAGE_ITEMS = 1000
 
 FIELDS: dict[str, tuple[str, ...]] = {
     model.WS_ROUTE_HEARTBEAT: ("action", "requestId"),
     model.WS_ROUTE_GET_STATE: ("action", "requestId", "auction"),
     model.WS_ROUTE_BID: ("action", "requestId", "auction", "amount"),
+    model.WS_ROUTE_SUBSCRIBE: ("action", "requestId", "stream", "after"),
+    model.WS_ROUTE_UNSUBSCRIBE: ("action", "requestId", "stream"),
 }
 
 # Lambda runs one invocation at a time per container; a few connections are plenty. botocore
@@ -109,6 +137,7 @@ class HandlerConfig:
     management_endpoint: str | None = None
     connection_ttl_seconds: int = DEFAULT_CONNECTION_TTL_SECONDS
     max_message_bytes: int = model.WS_MAX_FRAME_BYTES
+    live: LiveTables | None = None  # None: subscribe answers not_supported
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HandlerConfig:
@@ -121,19 +150,70 @@ class HandlerConfig:
                 raise HandlerConfigError(f"{name}: required but not set")
             return value
 
-        raw_ttl = env.get(model.ENV_CONNECTION_TTL_SECONDS, "").strip()
-        ttl = DEFAULT_CONNECTION_TTL_SECONDS
-        if raw_ttl:
-            if not raw_ttl.isdigit() or int(raw_ttl) <= 0:
-                raise HandlerConfigError(f"CONNECTION_TTL_SECONDS: {raw_ttl!r} is not above 0")
-            ttl = int(raw_ttl)
+        def whole(name: str, default: int, maximum: int) -> int:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            if not raw.isdigit() or not 0 < int(raw) <= maximum:
+                raise HandlerConfigError(f"{name}: {raw!r} is not a whole number 1 to {maximum}")
+            return int(raw)
+
+        ttl = whole(model.ENV_CONNECTION_TTL_SECONDS, DEFAULT_CONNECTION_TTL_SECONDS, 10**9)
+        live_names = (
+            model.ENV_STREAMS_TABLE_NAME,
+            model.ENV_MESSAGES_TABLE_NAME,
+            model.ENV_SUBSCRIPTIONS_TABLE_NAME,
+        )
+        given = [name for name in live_names if env.get(name, "").strip()]
+        live = None
+        if given:
+            missing = [name for name in live_names if name not in given]
+            if missing:
+                raise HandlerConfigError(
+                    f"{missing[0]}: required with {given[0]} (live delivery needs all of "
+                    f"{', '.join(live_names)})"
+                )
+            replay_max = whole(
+                model.ENV_REPLAY_MAX_MESSAGES, DEFAULT_REPLAY_MAX_MESSAGES, MAX_REPLAY_MESSAGES
+            )
+            live = LiveTables(
+                streams_table=required(model.ENV_STREAMS_TABLE_NAME),
+                messages_table=required(model.ENV_MESSAGES_TABLE_NAME),
+                subscriptions_table=required(model.ENV_SUBSCRIPTIONS_TABLE_NAME),
+                newest=whole(
+                    model.ENV_SUBSCRIBE_NEWEST_MESSAGES,
+                    min(DEFAULT_SUBSCRIBE_NEWEST, replay_max),
+                    1000,
+                ),
+                replay_max=replay_max,
+            )
         return cls(
             state_table=required(model.ENV_STATE_TABLE_NAME),
             connections_table=required(model.ENV_CONNECTIONS_TABLE_NAME),
             region=required("AWS_REGION"),
             management_endpoint=env.get(model.ENV_APIGW_MANAGEMENT_ENDPOINT, "").strip() or None,
             connection_ttl_seconds=ttl,
+            live=live,
         )
+
+
+@dataclass(frozen=True)
+class LiveTables:
+    """Where live delivery reads and writes: the fleet's lease table (a stream's readers and
+    origin), its messages table (this Region's replica) and this Region's subscribers."""
+
+    streams_table: str
+    messages_table: str
+    subscriptions_table: str
+    newest: int = DEFAULT_SUBSCRIBE_NEWEST
+    replay_max: int = DEFAULT_REPLAY_MAX_MESSAGES
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.newest <= self.replay_max:
+            raise HandlerConfigError(
+                f"{model.ENV_SUBSCRIBE_NEWEST_MESSAGES}: must be from 1 to "
+                f"{model.ENV_REPLAY_MAX_MESSAGES} ({self.replay_max})"
+            )
 
 
 # --- Messages (pure) ----------------------------------------------------------------------------
@@ -167,7 +247,20 @@ class PlaceBid:
     request_id: str | None = None
 
 
-Message = Heartbeat | GetState | PlaceBid
+@dataclass(frozen=True)
+class Subscribe:
+    stream: str
+    after: int | None = None  # None: from the newest few messages
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Unsubscribe:
+    stream: str
+    request_id: str | None = None
+
+
+Message = Heartbeat | GetState | PlaceBid | Subscribe | Unsubscribe
 
 
 def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
@@ -210,6 +303,27 @@ def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
         raise BadMessage(field, f"longer than {max_chars} characters")
     if not ID_PATTERN.fullmatch(value):
         raise BadMessage(field, f"only {ID_CHARSET_DOC} are allowed")
+    return value
+
+
+def _stream(payload: Mapping[str, Any]) -> str:
+    if "stream" not in payload:
+        raise BadMessage("stream", "required")
+    return _identifier(payload, "stream", MAX_STREAM_ID_BYTES)  # ASCII: characters are bytes
+
+
+def _after(payload: Mapping[str, Any]) -> int | None:
+    value = payload.get("after")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadMessage("after", f"expected a seq or null, got {strict_json.json_type(value)}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise BadMessage("after", "expected a whole number, got a fraction")
+        value = int(value)
+    if not 0 <= value <= MAX_SEQ:
+        raise BadMessage("after", f"must be between 0 and {MAX_SEQ}")
     return value
 
 
@@ -267,6 +381,10 @@ def parse_message(text: str) -> Message:
             if "auction" in payload:
                 auction = _identifier(payload, "auction", MAX_AUCTION_ID_CHARS)
             return GetState(request_id, auction)
+        if action == model.WS_ROUTE_SUBSCRIBE:
+            return Subscribe(_stream(payload), _after(payload), request_id)
+        if action == model.WS_ROUTE_UNSUBSCRIBE:
+            return Unsubscribe(_stream(payload), request_id)
         for field in ("auction", "amount"):
             if field not in payload:
                 raise BadMessage(field, "required")
@@ -444,15 +562,41 @@ class WsApiHandlers:
         return response
 
     def on_disconnect(self, event: Mapping[str, Any]) -> dict[str, Any]:
-        """Delete the connection record (best effort, like ``$disconnect`` itself)."""
+        """Delete the connection record and its subscriptions (best effort, like
+        ``$disconnect`` itself; the subscriptions' TTL removes what a lost one leaves)."""
         self._forget_connection(_connection_id(event))
         return {"statusCode": 200}
 
     def _forget_connection(self, connection_id: str) -> None:
-        self.dynamodb.delete_item(
+        old = self.dynamodb.delete_item(
             TableName=self.config.connections_table,
             Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
-        )
+            ReturnValues="ALL_OLD",
+        ).get("Attributes")
+        streams = sorted((from_item(old) or {}).get(model.WS_STREAMS) or ())
+        live = self.config.live
+        if live is None or not streams:
+            return
+        requests = [
+            {
+                "DeleteRequest": {
+                    "Key": {
+                        model.PK: to_attr(model.stream_subscribers_pk(stream)),
+                        model.SUB_CONNECTION: to_attr(connection_id),
+                    }
+                }
+            }
+            for stream in streams
+        ]
+        for start in range(0, len(requests), 25):
+            pending = requests[start : start + 25]
+            for _ in range(3):  # unprocessed items: retried twice, then left to the TTL
+                response = self.dynamodb.batch_write_item(
+                    RequestItems={live.subscriptions_table: pending}
+                )
+                pending = response.get("UnprocessedItems", {}).get(live.subscriptions_table)
+                if not pending:
+                    break
 
     # Messages --------------------------------------------------------------------------------
 
@@ -474,7 +618,17 @@ class WsApiHandlers:
                 # Checked before anything is read: the canary's identity owns no state.
                 raise _NotAuthorized("the canary identity may send heartbeat only")
             user_id = self._user_of(request_context, connection_id)
-            if isinstance(message, GetState):
+            if isinstance(message, Subscribe):
+                tags = _reader_tags(request_context, user_id)
+                reply, frames = self.subscribe(user_id, tags, connection_id, message)
+                if self.reply(request_context, connection_id, reply, request_id):
+                    for frame in frames:
+                        if not self._post(connection_id, request_context, frame):
+                            break
+                return {"statusCode": 200}
+            if isinstance(message, Unsubscribe):
+                reply = self.unsubscribe(user_id, connection_id, message.stream)
+            elif isinstance(message, GetState):
                 reply = self.get_state(user_id, message.auction)
             else:
                 reply = self.place_bid(user_id, message.auction, message.amount)
@@ -494,6 +648,18 @@ class WsApiHandlers:
                 detail=str(exc),
             )
             reply = _error(str(exc), "authorization", code="forbidden")
+        except _Refused as refused:
+            log_event(
+                logger,
+                logging.WARNING,
+                "wsapi_message",
+                decision="refuse",
+                reason=refused.code,
+                route=request_context.get("routeKey"),
+                connectionId=connection_id,
+                detail=str(refused),
+            )
+            reply = _error(str(refused), refused.field, code=refused.code)
         except (BotoCoreError, ClientError, StateWriteConflict) as exc:
             log_event(
                 logger,
@@ -626,6 +792,9 @@ class WsApiHandlers:
             state["bidsRefused"] = user.get(model.BIDS_REFUSED, 0)
             state["updatedAtMs"] = user.get(model.UPDATED_AT_MS)
         reply: dict[str, Any] = {"type": model.WS_REPLY_STATE, "user": user_id, "state": state}
+        if self.config.live is not None:
+            subscriptions = self._get_state_item(model.user_subscriptions_pk(user_id)) or {}
+            reply["subscriptions"] = sorted(subscriptions.get(model.WS_STREAMS) or ())
         auction = auction or (state["lastBid"] or {}).get("auction")
         if auction:
             reply["auction"] = self._auction_view(auction, user_id)
@@ -639,6 +808,222 @@ class WsApiHandlers:
             "highestIsYou": item.get(model.HIGHEST_BIDDER) == user_id,
             "bids": item.get(model.BID_COUNT, 0),
         }
+
+    # Live delivery --------------------------------------------------------------------------
+
+    def _live(self) -> LiveTables:
+        if self.config.live is None:
+            raise _Refused(
+                "not_supported",
+                "stream",
+                "live delivery is not configured on this API (STREAMS_TABLE_NAME, "
+                "MESSAGES_TABLE_NAME, SUBSCRIPTIONS_TABLE_NAME)",
+            )
+        return self.config.live
+
+    def subscribe(
+        self, user_id: str, tags: list[str], connection_id: str, message: Subscribe
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """Check the reader, register the subscriber, read the replay: the ``subscribed``
+        reply and the ``messages`` frames to post after it, in this order."""
+        live = self._live()
+        stream = message.stream
+        row = from_item(
+            self.dynamodb.get_item(
+                TableName=live.streams_table,
+                Key={model.PK: to_attr(model.connection_pk(stream))},
+                ProjectionExpression="#readers, #origin",
+                ExpressionAttributeNames={"#readers": model.READERS, "#origin": model.ORIGIN_SEQ},
+                ConsistentRead=True,
+            ).get("Item")
+        )
+        if row is None or not readers.may_read(row.get(model.READERS), tags):
+            # The same answer whether the stream exists or not: no probing for stream ids.
+            raise _Refused(
+                "forbidden",
+                "stream",
+                f"stream: {stream!r} does not exist or you are not one of its readers",
+            )
+        now_ms = self.clock.wall_ms()
+        self._add_connection_stream(connection_id, stream)
+        # Registered BEFORE the replay is read: a message stored after the read below reaches
+        # the fan-out, whose (consistent) query of this table then sees this subscriber.
+        self.dynamodb.put_item(
+            TableName=live.subscriptions_table,
+            Item={
+                model.PK: to_attr(model.stream_subscribers_pk(stream)),
+                model.SUB_CONNECTION: to_attr(connection_id),
+                model.SUB_USER_ID: to_attr(user_id),
+                model.SUB_SUBSCRIBED_AT_MS: to_attr(now_ms),
+                model.SUB_EXPIRES_AT: to_attr(now_ms // 1000 + self.config.connection_ttl_seconds),
+            },
+        )
+        try:
+            self.write_state(
+                model.user_subscriptions_pk(user_id), sets={}, adds={model.WS_STREAMS: {stream}}
+            )
+        except (BotoCoreError, ClientError, StateWriteConflict) as exc:
+            # This connection is subscribed; only a later reload would not be told about it.
+            logger.warning("wsapi user subscriptions update failed: %s", exc)
+        origin = row.get(model.ORIGIN_SEQ)
+        after = message.after
+        skipped = 0
+        more = False
+        if after is None:
+            messages = self._newest(live, stream)
+            after = messages[0].seq - 1 if messages else origin
+        else:
+            if origin is not None and after < origin:
+                after = int(origin)  # nothing at or below the origin was ever stored
+            messages, more = self._replay(live, stream, after)
+            first = messages[0] if messages else None
+            if (
+                first is not None
+                and first.seq > after + 1
+                and first.received_at_ms is not None
+                and first.received_at_ms < now_ms - EXPIRED_HOLE_AGE_MS
+            ):
+                skipped = first.seq - 1 - after
+                after = first.seq - 1
+        reply: dict[str, Any] = {
+            "type": model.WS_REPLY_SUBSCRIBED,
+            "stream": stream,
+            "after": after,
+            "replayed": len(messages),
+            "upTo": messages[-1].seq if messages else after,
+            "more": more,
+        }
+        if skipped:
+            reply["skipped"] = skipped
+        frames = pack_frames(stream, messages, region=self.config.region, source=SOURCE_REPLAY)
+        log_event(
+            logger,
+            logging.INFO,
+            "wsapi_subscribe",
+            decision="accept",
+            sub=user_id,
+            stream=stream,
+            connectionId=connection_id,
+            after=after,
+            replayed=len(messages),
+            frames=len(frames),
+            more=more,
+        )
+        return reply, frames
+
+    def _add_connection_stream(self, connection_id: str, stream: str) -> None:
+        """List ``stream`` on the connection record (``$disconnect`` removes its subscriptions
+        from there), within :data:`~streamfleet.model.MAX_SUBSCRIPTIONS_PER_CONNECTION`."""
+        try:
+            self.dynamodb.update_item(
+                TableName=self.config.connections_table,
+                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                UpdateExpression="ADD #streams :stream",
+                ConditionExpression="attribute_exists(#pk) AND (attribute_not_exists(#streams) "
+                "OR size(#streams) < :max OR contains(#streams, :one))",
+                ExpressionAttributeNames=names(model.PK, model.WS_STREAMS),
+                ExpressionAttributeValues={
+                    ":stream": to_attr({stream}),
+                    ":one": to_attr(stream),
+                    ":max": to_attr(model.MAX_SUBSCRIPTIONS_PER_CONNECTION),
+                },
+            )
+        except ClientError as exc:
+            if not is_condition_failure(exc):
+                raise
+            record = self.dynamodb.get_item(
+                TableName=self.config.connections_table,
+                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                ConsistentRead=True,
+            ).get("Item")
+            if record is None:
+                raise _NotAuthorized(
+                    "this connection is not registered any more; reconnect"
+                ) from None
+            raise BadMessage(
+                "stream",
+                f"at most {model.MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions per connection",
+            ) from None
+
+    def _query(self, table: str, stream: str, **params: Any):
+        """Pages of a stream's stored messages (consistent reads)."""
+        condition = params["KeyConditionExpression"]
+        request: dict[str, Any] = {
+            "TableName": table,
+            "ExpressionAttributeNames": {
+                key: name
+                for key, name in (("#pk", model.PK), ("#seq", model.SEQ))
+                if key in condition
+            },
+            "ConsistentRead": True,
+            **params,
+        }
+        request["ExpressionAttributeValues"] = {
+            ":pk": to_attr(model.connection_pk(stream)),
+            **params.get("ExpressionAttributeValues", {}),
+        }
+        while True:
+            response = self.dynamodb.query(**request)
+            yield [message_from_item(from_item(raw) or {}) for raw in response.get("Items", [])]
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return
+            request["ExclusiveStartKey"] = last
+
+    def _newest(self, live: LiveTables, stream: str) -> list[StoredMessage]:
+        pages = self._query(
+            live.messages_table,
+            stream,
+            KeyConditionExpression="#pk = :pk",
+            ScanIndexForward=False,
+            Limit=live.newest,
+        )
+        return sorted(next(pages))
+
+    def _replay(
+        self, live: LiveTables, stream: str, after: int
+    ) -> tuple[list[StoredMessage], bool]:
+        """Up to ``replay_max`` messages after ``after``, ascending; whether more may follow."""
+        messages: list[StoredMessage] = []
+        pages = self._query(
+            live.messages_table,
+            stream,
+            KeyConditionExpression="#pk = :pk AND #seq > :after",
+            ExpressionAttributeValues={":after": to_attr(after)},
+            Limit=min(QUERY_PAGE_ITEMS, live.replay_max),
+        )
+        for page in pages:
+            messages += page
+            if len(messages) >= live.replay_max:
+                return messages[: live.replay_max], True
+        return messages, False
+
+    def unsubscribe(self, user_id: str, connection_id: str, stream: str) -> dict[str, Any]:
+        """Stop this connection's delivery of ``stream`` and forget the user's subscription."""
+        live = self._live()
+        self.dynamodb.delete_item(
+            TableName=live.subscriptions_table,
+            Key={
+                model.PK: to_attr(model.stream_subscribers_pk(stream)),
+                model.SUB_CONNECTION: to_attr(connection_id),
+            },
+        )
+        try:
+            self.dynamodb.update_item(
+                TableName=self.config.connections_table,
+                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                UpdateExpression="DELETE #streams :stream",
+                ConditionExpression="attribute_exists(#pk)",  # never recreate a deleted record
+                ExpressionAttributeNames=names(model.PK, model.WS_STREAMS),
+                ExpressionAttributeValues={":stream": to_attr({stream})},
+            )
+        except ClientError as exc:
+            if not is_condition_failure(exc):
+                raise
+        self.write_state(
+            model.user_subscriptions_pk(user_id), sets={}, deletes={model.WS_STREAMS: {stream}}
+        )
+        return {"type": model.WS_REPLY_UNSUBSCRIBED, "stream": stream}
 
     def place_bid(self, user_id: str, auction: str, amount: int) -> dict[str, Any]:
         """Accept ``amount`` only if strictly above the auction's highest, atomically."""
@@ -718,7 +1103,8 @@ class WsApiHandlers:
         pk: str,
         *,
         sets: Mapping[str, Any],
-        adds: Mapping[str, int] | None = None,
+        adds: Mapping[str, Any] | None = None,
+        deletes: Mapping[str, set[str]] | None = None,
         condition: str | None = None,
         condition_names: tuple[str, ...] = (),
         condition_values: Mapping[str, Any] | None = None,
@@ -735,7 +1121,7 @@ class WsApiHandlers:
         """
         timestamp = self.clock.wall_ms()
         version_names = (model.UPDATED_AT_MS, model.WRITER_REGION)
-        all_names = names(*version_names, *sets, *(adds or {}), *condition_names)
+        all_names = names(*version_names, *sets, *(adds or {}), *(deletes or {}), *condition_names)
         version_condition = (
             f"(attribute_not_exists(#{model.UPDATED_AT_MS}) OR #{model.UPDATED_AT_MS} < :ts)"
         )
@@ -752,12 +1138,20 @@ class WsApiHandlers:
             expression += " ADD " + ", ".join(
                 f"#{name} :a_{index}" for index, name in enumerate(adds)
             )
+        if deletes:
+            expression += " DELETE " + ", ".join(
+                f"#{name} :d_{index}" for index, name in enumerate(deletes)
+            )
         for _ in range(MAX_VERSION_RETRIES):
             values = {
                 **{f":s_{index}": to_attr(value) for index, value in enumerate(sets.values())},
                 **{
                     f":a_{index}": to_attr(value)
                     for index, value in enumerate((adds or {}).values())
+                },
+                **{
+                    f":d_{index}": to_attr(value)
+                    for index, value in enumerate((deletes or {}).values())
                 },
                 **{key: to_attr(value) for key, value in (condition_values or {}).items()},
                 ":ts": to_attr(timestamp),
@@ -809,6 +1203,16 @@ class _NotAuthorized(Exception):
     pass
 
 
+class _Refused(Exception):
+    """A request refused with a stable error ``code`` naming ``field`` (not the client's
+    syntax: who it is, or what this API offers)."""
+
+    def __init__(self, code: str, field: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
 def _error(
     message: str,
     field: str | None,
@@ -838,6 +1242,16 @@ def _authorized_sub(request_context: Mapping[str, Any]) -> str | None:
     authorizer = request_context.get("authorizer") or {}
     sub = authorizer.get(model.WS_CONTEXT_SUB) or authorizer.get("principalId")
     return sub if isinstance(sub, str) and sub else None
+
+
+def _reader_tags(request_context: Mapping[str, Any], user_id: str) -> list[str]:
+    """The connection's reader tags: its verified ``sub`` and the claim tags the authorizer
+    passed on (:mod:`streamfleet.readers`)."""
+    authorizer = request_context.get("authorizer") or {}
+    return [
+        readers.user_tag(user_id),
+        *readers.decode_tags(authorizer.get(model.WS_CONTEXT_READER_TAGS)),
+    ]
 
 
 def _principal_kind(request_context: Mapping[str, Any]) -> str:

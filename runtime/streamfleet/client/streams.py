@@ -1,0 +1,186 @@
+"""One subscribed stream on the client side: exactly once, in seq order, no gap.
+
+The wire gives *at least once, in any order*: the subscribe handler's replay and the fan-out's
+live frames are separate posts that may interleave; a worker crash or a regional failover makes
+the fleet rewrite seqs it had stored; after a reconnect the replay repeats what arrived live
+before. A :class:`StreamCursor` turns that into what the application sees:
+
+* ``position`` is the last seq delivered to the application; anything at or below it is a
+  duplicate and dropped;
+* anything above ``position + 1`` waits in a bounded buffer until the seqs before it arrive
+  (a message too big for one frame arrives in parts and is joined first);
+* a gap that stays open longer than ``gap_timeout`` (a lost post, a dropped frame, a fan-out
+  batch that failed) asks for a fresh subscribe from ``position``: the stored log fills it. So
+  does a replay that was cut at its budget (``more``), once the client has caught up with it;
+* when the buffer is full the highest seqs are dropped: they are in the table and come back
+  with the next replay, so the client's memory is bounded whatever the backlog.
+
+Pure state, no I/O: the reconnecting client drives it (and the tests drive it directly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_BUFFERED = 10_000
+
+
+@dataclass(frozen=True)
+class StreamMessage:
+    """One message as delivered to the application."""
+
+    stream: str
+    seq: int
+    data: str
+    received_at_ms: int | None  # when the fleet's worker received it from the upstream
+    source: str  # "replay" (from the stored log) or "live" (from the fan-out)
+    region: str | None  # the Region that delivered it
+
+
+@dataclass
+class CursorStats:
+    """What a cursor did, for tests, the drill and dashboards."""
+
+    delivered: int = 0
+    duplicates: int = 0
+    buffered_max: int = 0
+    dropped_for_space: int = 0
+    gap_resubscribes: int = 0
+    more_resubscribes: int = 0
+
+
+@dataclass
+class StreamCursor:
+    """The client-side state of one subscription (see the module docstring)."""
+
+    stream: str
+    position: int | None = None
+    max_buffered: int = DEFAULT_MAX_BUFFERED
+    stats: CursorStats = field(default_factory=CursorStats)
+    buffer: dict[int, StreamMessage] = field(default_factory=dict)
+    parts: dict[int, dict[int, str]] = field(default_factory=dict)
+    gap_since: float | None = None
+    more_up_to: int | None = None  # a replay was cut: subscribe again once past this seq
+    in_flight: bool = False  # a subscribe request is on its way (one at a time)
+    gap_attempts: int = 0  # resubscribes since the last delivery: each waits twice as long
+    acknowledged: bool = False  # a subscribe of the current connection was answered
+
+    # Server replies --------------------------------------------------------------------------
+
+    def on_subscribed(self, reply: dict[str, Any], now: float) -> list[StreamMessage]:
+        """A ``subscribed`` reply: where the log starts for us, and whether the replay was cut.
+
+        Returns what became deliverable (messages buffered before the start was known).
+        """
+        self.acknowledged = True
+        after = reply.get("after")
+        known = isinstance(after, int) and not isinstance(after, bool)
+        if known and (self.position is None or after > self.position):
+            # None: we had no position (a first subscribe from the newest). Above ours: the log
+            # has nothing in between (before its origin, or expired): nothing to wait for.
+            self.position = after
+        up_to = reply.get("upTo")
+        if reply.get("more") and isinstance(up_to, int):
+            self.more_up_to = up_to
+        else:
+            self.more_up_to = None
+        return self._drain(now)
+
+    def on_entries(
+        self, entries: list[Any], *, source: str, region: str | None, now: float
+    ) -> list[StreamMessage]:
+        """The entries of a ``messages`` frame; returns the messages now deliverable, in order."""
+        for entry in entries:
+            message = self._message(entry, source, region)
+            if message is None:
+                continue
+            if self.position is not None and message.seq <= self.position:
+                self.stats.duplicates += 1
+                continue
+            if message.seq in self.buffer:
+                self.stats.duplicates += 1
+                continue
+            self.buffer[message.seq] = message
+            if len(self.buffer) > self.max_buffered:
+                # The highest seqs are the cheapest to lose: the next replay brings them back.
+                highest = max(self.buffer)
+                del self.buffer[highest]
+                self.stats.dropped_for_space += 1
+        self.stats.buffered_max = max(self.stats.buffered_max, len(self.buffer))
+        return self._drain(now)
+
+    def _message(self, entry: Any, source: str, region: str | None) -> StreamMessage | None:
+        if not isinstance(entry, dict):
+            return None
+        seq = entry.get("seq")
+        data = entry.get("data")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(data, str):
+            return None
+        at = entry.get("at")
+        received = at if isinstance(at, int) and not isinstance(at, bool) else None
+        if "parts" in entry:
+            part, parts = entry.get("part"), entry.get("parts")
+            if not (isinstance(part, int) and isinstance(parts, int) and 0 <= part < parts):
+                return None
+            if self.position is not None and seq <= self.position:
+                return StreamMessage(self.stream, seq, "", received, source, region)  # dup
+            pieces = self.parts.setdefault(seq, {})
+            pieces[part] = data
+            if len(pieces) < parts:
+                return None
+            data = "".join(pieces[index] for index in range(parts))
+            del self.parts[seq]
+        return StreamMessage(self.stream, seq, data, received, source, region)
+
+    def _drain(self, now: float) -> list[StreamMessage]:
+        ready: list[StreamMessage] = []
+        if self.position is not None:
+            while self.position + 1 in self.buffer:
+                message = self.buffer.pop(self.position + 1)
+                self.position = message.seq
+                ready.append(message)
+            for seq in [s for s in self.buffer if s <= self.position]:
+                del self.buffer[seq]
+                self.stats.duplicates += 1
+            for seq in [s for s in self.parts if s <= self.position]:
+                del self.parts[seq]
+        self.stats.delivered += len(ready)
+        if ready:
+            self.gap_attempts = 0
+        waiting = bool(self.buffer) or bool(self.parts)
+        if not waiting:
+            self.gap_since = None
+        elif self.gap_since is None or ready:
+            self.gap_since = now  # the wait for the next missing seq starts now
+        return ready
+
+    # When to ask again ----------------------------------------------------------------------
+
+    def resubscribe_reason(self, now: float, gap_timeout: float) -> str | None:
+        """``"gap"``, ``"more"`` or ``"start"`` when a subscribe from ``position`` should be
+        sent now; ``None`` otherwise (or while one is in flight)."""
+        if self.in_flight or not self.acknowledged:
+            return None
+        if self.position is None:
+            # Subscribed before the stream had stored anything: the first message tells us the
+            # log exists now, and a subscribe from the newest tells us where it starts.
+            return "start" if self.buffer or self.parts else None
+        if self.more_up_to is not None and self.position >= self.more_up_to:
+            return "more"
+        # A gap the log cannot fill (the unsealed tail of a stopped stream) must not cost a
+        # subscribe every gap_timeout for ever: each unproductive retry waits twice as long.
+        wait = gap_timeout * 2 ** min(self.gap_attempts, 6)
+        if self.gap_since is not None and now - self.gap_since >= wait:
+            return "gap"
+        return None
+
+    def count_resubscribe(self, reason: str, now: float) -> None:
+        """A subscribe is being sent for ``reason``: restart the gap's clock."""
+        if reason == "gap":
+            self.stats.gap_resubscribes += 1
+            self.gap_attempts += 1
+        elif reason == "more":
+            self.stats.more_resubscribes += 1
+        self.more_up_to = None
+        self.gap_since = now if (self.buffer or self.parts) else None

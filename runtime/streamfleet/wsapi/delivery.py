@@ -1,0 +1,136 @@
+"""Stored messages as the clients receive them: several seqs per frame, never over 32 KB.
+
+Both the subscribe handler (a replay read from the messages table) and the fan-out function
+(live records from the table's change stream) send a stream's messages with :func:`pack_frames`:
+
+``{"type": "messages", "stream": "<id>", "source": "replay"|"live", "region": "<region>",
+"messages": [{"seq": 41, "data": "...", "at": <received_at_ms>}, ...]}``
+
+as few frames as API Gateway's frame limit allows (32 KB each: a bigger frame closes the
+client's socket with 1009, and the @connections API must split anything over 32 KB into frames
+of at most that). Messages keep their seq order inside a frame and from frame to frame. A single
+message too big for one frame is sent in parts: consecutive entries ``{"seq": n, "part": i,
+"parts": k, "data": "<slice>"}`` (``at`` on every part), which the clients join before
+delivering message ``n``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import model
+
+SOURCE_REPLAY = "replay"
+SOURCE_LIVE = "live"
+FRAME_LIMIT = model.WS_MAX_FRAME_BYTES
+
+
+@dataclass(frozen=True, order=True)
+class StoredMessage:
+    """One message of a stream as the messages table holds it."""
+
+    seq: int
+    data: str
+    received_at_ms: int | None = None
+
+
+def message_from_item(item: Mapping[str, Any]) -> StoredMessage:
+    """A plain messages-table item (``from_item``) as a :class:`StoredMessage`."""
+    data = item.get(model.MESSAGE_DATA)
+    at = item.get(model.MESSAGE_RECEIVED_AT_MS)
+    return StoredMessage(
+        seq=int(item[model.SEQ]),
+        data=data if isinstance(data, str) else json.dumps(data, default=str),
+        received_at_ms=int(at) if isinstance(at, (int, float)) else None,
+    )
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _entry(message: StoredMessage, data: str, part: tuple[int, int] | None = None) -> dict:
+    entry: dict[str, Any] = {"seq": message.seq}
+    if part is not None:
+        entry["part"], entry["parts"] = part
+    entry["data"] = data
+    if message.received_at_ms is not None:
+        entry["at"] = message.received_at_ms
+    return entry
+
+
+def _slices(message: StoredMessage, room: int) -> list[str]:
+    """``message.data`` cut into the fewest slices whose entries each fit in ``room`` bytes
+    (each slice as long as fits: found by bisection, the JSON escapes vary)."""
+    data = message.data
+    slices: list[str] = []
+    start = 0
+    while start < len(data):
+        low, high = 1, len(data) - start
+        while low < high:  # the longest slice whose entry fits
+            middle = (low + high + 1) // 2
+            size = len(_dumps(_entry(message, data[start : start + middle], (99999, 99999))))
+            if size <= room:
+                low = middle
+            else:
+                high = middle - 1
+        slices.append(data[start : start + low])
+        start += low
+    return slices or [""]
+
+
+def pack_frames(
+    stream: str,
+    messages: Iterable[StoredMessage],
+    *,
+    region: str,
+    source: str,
+    limit: int = FRAME_LIMIT,
+) -> list[bytes]:
+    """The frames that carry ``messages`` (sorted by seq, one entry per seq) to a client."""
+    envelope = {
+        "type": model.WS_REPLY_MESSAGES,
+        "stream": stream,
+        "source": source,
+        "region": region,
+        "messages": [],
+    }
+    empty = _dumps(envelope)
+    assert empty.endswith(b"[]}")  # "messages" is the last member
+    prefix = empty[:-2]
+    overhead = len(empty)  # includes the empty list's brackets
+    room = limit - overhead
+    if room < 256:
+        raise ValueError(f"limit: {limit} bytes leaves no room for a message")
+    frames: list[bytes] = []
+    entries: list[bytes] = []
+    used = 0
+
+    def flush() -> None:
+        nonlocal entries, used
+        if entries:
+            frames.append(prefix + b",".join(entries) + b"]}")
+        entries, used = [], 0
+
+    for message in sorted({m.seq: m for m in messages}.values()):
+        encoded = _dumps(_entry(message, message.data))
+        if len(encoded) > room:
+            pieces = _slices(message, room)
+            encoded_parts = [
+                _dumps(_entry(message, piece, (index, len(pieces))))
+                for index, piece in enumerate(pieces)
+            ]
+        else:
+            encoded_parts = [encoded]
+        for part in encoded_parts:
+            extra = len(part) + (1 if entries else 0)  # the comma between entries
+            if used + extra > room:
+                flush()
+                extra = len(part)
+            entries.append(part)
+            used += extra
+    flush()
+    return frames

@@ -1,0 +1,127 @@
+"""What the live-delivery tests share: the fleet's tables and the WebSocket API's, on one server,
+a gateway whose handlers serve subscribe, and helpers that play the fleet (rows, messages).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import boto3
+import pytest
+
+from streamfleet import model
+from streamfleet.lease.dynamo import to_attr, to_item
+from streamfleet.wsapi.authorizer import Authorizer
+from streamfleet.wsapi.handlers import LiveTables
+from streamfleet_dev.local.servers import LOCAL_AWS_ENV
+from streamfleet_dev.tables import create_tables
+from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+from tests.wsapi_support import REGION, authorizer
+
+
+@dataclass
+class LiveTablesSet:
+    """Every table one Region's live delivery touches, with a synchronous client."""
+
+    dynamodb: object
+    state: str
+    connections: str
+    subscriptions: str
+    leases: str
+    messages: str
+
+    def live(self, **settings: int) -> LiveTables:
+        return LiveTables(self.leases, self.messages, self.subscriptions, **settings)
+
+    def start_stream(
+        self, stream: str, *, readers: tuple[str, ...] = (), origin: int | None = 0
+    ) -> None:
+        """A connection row as START (readers) and a first owner (origin) leave it."""
+        item = {model.PK: model.connection_pk(stream), model.DESIRED_STATE: "STARTED"}
+        if readers:
+            item[model.READERS] = set(readers)
+        if origin is not None:
+            item[model.ORIGIN_SEQ] = origin
+        self.dynamodb.put_item(TableName=self.leases, Item=to_item(item))
+
+    def store(self, stream: str, seqs, *, data=None, received_at_ms: int | None = None) -> None:
+        """Store messages as the workers' sink does: ``(CONN#<id>, seq)``."""
+        requests = []
+        for seq in seqs:
+            item = {
+                model.PK: to_attr(model.connection_pk(stream)),
+                model.SEQ: to_attr(seq),
+                model.MESSAGE_DATA: to_attr(data(seq) if data else f"message {seq}"),
+                model.MESSAGE_RECEIVED_AT_MS: to_attr(received_at_ms or 1_700_000_000_000 + seq),
+            }
+            requests.append({"PutRequest": {"Item": item}})
+        for start in range(0, len(requests), 25):
+            pending = requests[start : start + 25]
+            while pending:
+                response = self.dynamodb.batch_write_item(RequestItems={self.messages: pending})
+                pending = response.get("UnprocessedItems", {}).get(self.messages, [])
+
+    def subscribers(self, stream: str) -> list[str]:
+        response = self.dynamodb.query(
+            TableName=self.subscriptions,
+            KeyConditionExpression="#pk = :pk",
+            ExpressionAttributeNames={"#pk": model.PK},
+            ExpressionAttributeValues={":pk": to_attr(model.stream_subscribers_pk(stream))},
+            ConsistentRead=True,
+        )
+        return [item[model.SUB_CONNECTION]["S"] for item in response["Items"]]
+
+
+@pytest.fixture
+def live_tables(servers, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveTablesSet]:
+    """Every table on dynalite (which applies an item's writes one at a time, as DynamoDB)."""
+    for name, value in LOCAL_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers["dynalite"].endpoint)
+    suffix = uuid.uuid4().hex[:10]
+    dynamodb = boto3.client("dynamodb", region_name=REGION)
+    tables = LiveTablesSet(
+        dynamodb,
+        f"test-wsstate-{suffix}",
+        f"test-wsconn-{suffix}",
+        f"test-wssubs-{suffix}",
+        f"test-leases-{suffix}",
+        f"test-messages-{suffix}",
+    )
+    create_wsapi_tables(
+        dynamodb,
+        state_table=tables.state,
+        connections_table=tables.connections,
+        subscriptions_table=tables.subscriptions,
+    )
+    create_tables(dynamodb, lease_table=tables.leases, messages_table=tables.messages)
+    yield tables
+    delete_wsapi_tables(
+        dynamodb,
+        state_table=tables.state,
+        connections_table=tables.connections,
+        subscriptions_table=tables.subscriptions,
+    )
+    for name in (tables.leases, tables.messages):
+        dynamodb.delete_table(TableName=name)
+
+
+def live_gateway(
+    tables: LiveTablesSet, *, auth: Authorizer | None = None, **settings: int
+) -> LocalGateway:
+    """A gateway whose handlers serve subscribe over ``tables`` (not yet started)."""
+    return wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=auth or authorizer(),
+        state_table=tables.state,
+        connections_table=tables.connections,
+        live=tables.live(**settings),
+    )
+
+
+async def running(gateway: LocalGateway) -> AsyncIterator[LocalGateway]:
+    async with gateway as started:
+        yield started
