@@ -106,3 +106,11 @@ def test_notification_round_trip():
     pk = model.connection_pk("meeting-1")
     assert model.parse_notification(model.notification_body(pk)) == pk
     assert model.connection_id_of(pk) == "meeting-1"
+
+
+def test_an_orphan_notification_says_so_and_an_ordinary_one_does_not():
+    pk = model.connection_pk("meeting-1")
+    assert model.parse_notification(model.notification_body(pk, orphan=True)) == pk
+    assert model.is_orphan_notification(model.notification_body(pk, orphan=True))
+    assert not model.is_orphan_notification(model.notification_body(pk))
+    assert not model.is_orphan_notification("not json")

@@ -218,9 +218,25 @@ MESSAGES_TABLE = TableSpec(
 NOTIFICATION_PK = "pk"
 
 
-def notification_body(pk: str) -> str:
-    """The SQS body that tells the fleet a connection is claimable: ``{"pk": "CONN#<id>"}``."""
-    return json.dumps({NOTIFICATION_PK: pk}, separators=(",", ":"))
+NOTIFICATION_ORPHAN = "orphan"  # the row belongs to a session that ended: claim it fairly
+
+
+def notification_body(pk: str, *, orphan: bool = False) -> str:
+    """The SQS body that tells the fleet a connection is claimable: ``{"pk": "CONN#<id>"}``,
+    with ``"orphan": true`` when its owner's session was ended by someone else (a dead task):
+    such notifications come by the dozen at once and are claimed up to each worker's fair share."""
+    body: dict[str, object] = {NOTIFICATION_PK: pk}
+    if orphan:
+        body[NOTIFICATION_ORPHAN] = True
+    return json.dumps(body, separators=(",", ":"))
+
+
+def is_orphan_notification(body: str) -> bool:
+    """Whether a (valid) notification body announces an orphan (see :func:`notification_body`)."""
+    try:
+        return json.loads(body).get(NOTIFICATION_ORPHAN) is True
+    except (ValueError, AttributeError):
+        return False
 
 
 def parse_notification(body: str) -> str:

@@ -465,6 +465,7 @@ class Worker:
         0) so that a peer claims them now rather than after the visibility timeout."""
         by_pk: dict[str, list[dict]] = {}
         handled: list[dict] = []
+        orphans: set[str] = set()
         for message in messages:
             try:
                 pk = model.parse_notification(message["Body"])
@@ -473,15 +474,46 @@ class Worker:
                 handled.append(message)
                 continue
             by_pk.setdefault(pk, []).append(message)
-        outcomes = await asyncio.gather(*(self._claim(Claimable(pk), "intake") for pk in by_pk))
+            if model.is_orphan_notification(message["Body"]):
+                orphans.add(pk)
+        # Orphans of a dead task arrive together: take them only up to this worker's fair share
+        # and leave the rest to peers (visible again a second later, so no worker spins on them).
+        quota = self._orphan_quota(len(orphans)) if orphans else 0
+        over = set(sorted(orphans)[quota:]) if orphans else set()
+        wanted = [pk for pk in by_pk if pk not in over]
+        outcomes = await asyncio.gather(*(self._claim(Claimable(pk), "intake") for pk in wanted))
         returned: list[dict] = []
-        for (pk, received), outcome in zip(by_pk.items(), outcomes, strict=True):
+        for pk, outcome in zip(wanted, outcomes, strict=True):
             if outcome is None and pk not in self.connections:
-                returned.extend(received)  # not attempted: stopping, full or busy here
+                returned.extend(by_pk[pk])  # not attempted: stopping, full or busy here
             else:
-                handled.extend(received)
+                handled.extend(by_pk[pk])
         await self._sqs_batch("delete_message_batch", handled)
         await self._sqs_batch("change_message_visibility_batch", returned, VisibilityTimeout=0)
+        left = [m for pk in over for m in by_pk[pk]]
+        await self._sqs_batch("change_message_visibility_batch", left, VisibilityTimeout=1)
+
+    def _orphan_quota(self, orphans: int) -> int:
+        """How many more of ``orphans`` this worker should take (fair share of the fleet as
+        last listed, the dead sessions' reported load counted among the orphans)."""
+        timing = self.config.timing
+        now_ms = self.store.session.clock.wall_ms()
+        dead_load = sum(
+            s.load
+            for s in self.fleet
+            if s.owner != self.config.worker_id
+            and self.store.directory.is_expired(s)
+            and not s.cleared
+        )
+        share = fair_share(
+            self.fleet,
+            me=self.config.worker_id,
+            mine=len(self.connections),
+            orphans=max(orphans, dead_load),
+            timing=timing,
+            now_ms=now_ms,
+        )
+        return max(0, share - len(self.connections))
 
     async def _sqs_batch(self, operation: str, messages: list[dict], **entry: int) -> None:
         for start in range(0, len(messages), 10):
