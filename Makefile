@@ -76,11 +76,12 @@ synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no 
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
 
-bench: setup ## Worker-fleet benchmark on local servers (~5 min); writes bench/results.md and PNG plots
+bench: setup ## Benchmarks on local servers (~25 min): bench/results.md, bench/lease_results.md, PNG plots
 	$(PYTHON) -m bench.fleet_bench
+	$(PYTHON) -m bench.lease_bench
 
-sim: setup ## Fault simulation: 1,000 seeded schedules (~25 min); SIM_SEED=<n> replays one
-	$(PYTHON) -m streamfleet_dev.sim --schedules $${SIM_SCHEDULES:-1000}
+sim: setup ## Fault simulation: 2,000 seeded schedules (~55 min); SIM_SEED=<n> replays one
+	$(PYTHON) -m streamfleet_dev.sim --schedules $${SIM_SCHEDULES:-2000}
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60
