@@ -150,6 +150,22 @@ class DesiredStateWriter:
             current = await self.read(pk)
         raise RuntimeError(f"{pk}: STOP kept racing with other writers")
 
+    async def set_readers(
+        self, connection_id: str, readers: tuple[str, ...]
+    ) -> dict[str, Any] | None:
+        """Replace who may subscribe to the stream (``()``: nobody). Touches nothing a lease
+        depends on; ``None`` if the connection does not exist."""
+        pk = model.connection_pk(connection_id)
+        if readers:
+            update = "SET #readers = :readers, #updated_at_ms = :now"
+            values = {":readers": to_attr(set(readers))}
+        else:  # DynamoDB has no empty set: no attribute is no reader
+            update = "SET #updated_at_ms = :now REMOVE #readers"
+            values = {}
+        return await self._write(
+            pk, update=update, condition="attribute_exists(#pk)", values=values
+        )
+
     async def refuse(self, lease: Lease, reason: str) -> None:
         """Mark a connection its owner will not dial (its URL is not allowed), and stop it.
 
@@ -205,6 +221,7 @@ class DesiredStateWriter:
                 model.UPDATED_AT_MS,
                 model.REFUSED_REASON,
                 model.UNSEALED,
+                model.READERS,
             ).items()
             if key in expression
         }

@@ -2,7 +2,10 @@
 
 API Gateway REST API, Lambda proxy integration (payload format 1.0):
 
-* ``POST /events`` with ``{"event_type": "START", "connection_id": ..., "ws_url": ...}`` or
+* ``POST /events`` with ``{"event_type": "START", "connection_id": ..., "ws_url": ...}`` (and
+  optionally ``"readers": ["user:<sub>", "<claim>:<value>", ...]``, who may subscribe to the
+  stream through the WebSocket API: nobody unless named; a START that names them replaces
+  them, one that does not leaves them as they are) or
   ``{"event_type": "STOP", "connection_id": ...}``;
 * ``GET /connections/{connection_id}``.
 
@@ -28,11 +31,11 @@ import threading
 import time
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from . import model, strict_json
+from . import model, readers, strict_json
 from .aws import AsyncClient, ClientSettings
 from .control import ControlPlane
 from .desired_state import Outcome
@@ -48,7 +51,8 @@ STOP = "STOP"
 EVENT_TYPE = "event_type"
 CONNECTION_ID = "connection_id"
 WS_URL = model.WS_URL
-FIELDS = {START: (EVENT_TYPE, CONNECTION_ID, WS_URL), STOP: (EVENT_TYPE, CONNECTION_ID)}
+READERS = model.READERS
+FIELDS = {START: (EVENT_TYPE, CONNECTION_ID, WS_URL, READERS), STOP: (EVENT_TYPE, CONNECTION_ID)}
 
 EVENTS_RESOURCE = "/events"
 CONNECTION_RESOURCE = "/connections/{connection_id}"
@@ -93,6 +97,7 @@ class StartEvent:
 
     connection_id: str
     ws_url: str
+    readers: tuple[str, ...] | None = None  # None: leave the stream's readers as they are
 
 
 @dataclass(frozen=True)
@@ -232,7 +237,15 @@ def parse_event(body_text: str, policy: UpstreamPolicy) -> StartEvent | StopEven
     connection_id = check_connection_id(_string(payload, CONNECTION_ID))
     if event_type == STOP:
         return StopEvent(connection_id)
-    return StartEvent(connection_id, check_allowed_url(_string(payload, WS_URL), policy))
+    ws_url = check_allowed_url(_string(payload, WS_URL), policy)
+    names = None
+    if READERS in payload:
+        try:
+            names = readers.check_readers(READERS, payload[READERS])
+        except ValueError as exc:
+            field, _, message = str(exc).partition(": ")
+            raise BadRequest(field, message) from None
+    return StartEvent(connection_id, ws_url, names)
 
 
 # --- Configuration --------------------------------------------------------------------------
@@ -320,6 +333,8 @@ def connection_state(item: dict[str, Any]) -> dict[str, Any]:
     }
     if model.REFUSED_REASON in item:
         state[model.REFUSED_REASON] = item[model.REFUSED_REASON]
+    if item.get(model.READERS):
+        state[model.READERS] = sorted(item[model.READERS])
     return state
 
 
@@ -379,6 +394,12 @@ class EventRouter:
         notified = None
         if isinstance(event, StartEvent):
             result, notified = await self.control.start(event.connection_id, event.ws_url)
+            if event.readers is not None and result.outcome is not Outcome.CONFLICT:
+                # A second write, after the row exists: until it lands the stream has its old
+                # readers (none for a new one), so a subscribe in between is refused, never
+                # let through.
+                item = await self.control.writer.set_readers(event.connection_id, event.readers)
+                result = replace(result, item=item or result.item)
         else:
             result = await self.control.stop(event.connection_id)
         payload: dict[str, Any] = {
