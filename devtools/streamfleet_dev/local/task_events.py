@@ -505,7 +505,9 @@ class LocalEcs:
                 if self._stopping.is_set():
                     return
                 seen = time.monotonic()
-                event = self.stopped_event(task, exit_code=worker.process.returncode)
+                code = worker.process.returncode
+                # A container killed by signal N exits with 128 + N in ECS's terms (137: kill -9).
+                event = self.stopped_event(task, exit_code=128 - code if code < 0 else code)
                 with contextlib.suppress(Exception):  # one bad delivery must not stop the watch
                     self._deliver(event, "exited", worker.worker_id, seen)
 
