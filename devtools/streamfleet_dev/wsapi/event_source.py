@@ -1,0 +1,198 @@
+"""Lambda's event source mapping for a DynamoDB stream, on loopback.
+
+What runs in AWS: Lambda polls each shard of the table's stream (about four times a second when
+it is idle, again at once when a poll returned records), and invokes the function with up to
+``BatchSize`` records, one batch per shard at a time, so a shard's records are processed in
+order; a batch whose invocation fails is retried (``MaximumRetryAttempts``), then skipped to
+the on-failure destination. ``IteratorAge`` is how old the last record of a batch was when it
+was processed.
+
+:class:`StreamEventSource` does that against a real change stream (moto's server implements
+DynamoDB Streams: ``DescribeStream``, ``GetShardIterator``, ``GetRecords``; dynalite has none),
+reached through the standard endpoint variables like everything else, and hands the function
+records in the shape Lambda's event has (``eventName``, ``dynamodb.NewImage`` as DynamoDB JSON,
+``ApproximateCreationDateTime`` in epoch seconds, ``eventSourceARN``). The function is any
+``(event, context) -> result`` callable, in practice a
+:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess` running the synthesized asset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from streamfleet.aws import AsyncClient
+
+logger = logging.getLogger(__name__)
+
+LambdaFunction = Callable[[dict[str, Any], Any], Any]
+SHARD_REFRESH_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class EventSourceSettings:
+    """The mapping's settings, as the template's ``AWS::Lambda::EventSourceMapping`` has them."""
+
+    batch_size: int = 100
+    poll_interval: float = 0.25  # Lambda polls an idle shard about 4 times a second
+    max_retries: int = 3
+    starting_position: str = "LATEST"  # or TRIM_HORIZON
+    max_batching_window: float = 0.0
+
+
+@dataclass
+class EventSourceStats:
+    """What the mapping did: a test's and a benchmark's evidence."""
+
+    invocations: int = 0
+    records: int = 0
+    failed_invocations: int = 0
+    skipped_batches: int = 0
+    max_iterator_age_ms: float = 0.0
+    iterator_ages_ms: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class StreamEventSource:
+    """Reads every shard of ``stream_arn`` and invokes ``function`` with its records in order."""
+
+    def __init__(
+        self,
+        *,
+        streams: AsyncClient,
+        stream_arn: str,
+        function: LambdaFunction,
+        region: str,
+        settings: EventSourceSettings | None = None,
+        name: str = "event-source",
+    ):
+        self.streams = streams
+        self.stream_arn = stream_arn
+        self.function = function
+        self.region = region
+        self.settings = settings or EventSourceSettings()
+        self.name = name
+        self.stats = EventSourceStats()
+        self.paused = False
+        self._iterators: dict[str, str | None] = {}
+        self._started = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll and invoke until ``stop`` is set."""
+        await self._refresh_shards(initial=True)
+        refreshed = time.monotonic()
+        while not stop.is_set():
+            busy = False
+            if not self.paused:
+                for shard_id in list(self._iterators):
+                    busy |= await self._poll(shard_id)
+            if time.monotonic() - refreshed > SHARD_REFRESH_SECONDS:
+                await self._refresh_shards()
+                refreshed = time.monotonic()
+            if not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
+
+    async def ready(self) -> None:
+        """Until the shards' iterators are open (records written after this are delivered)."""
+        await self._started.wait()
+
+    async def _refresh_shards(self, *, initial: bool = False) -> None:
+        try:
+            description = await self.streams.call("describe_stream", StreamArn=self.stream_arn)
+        except Exception as exc:  # the next refresh tries again
+            logger.warning("%s: describe_stream failed: %s", self.name, exc)
+            return
+        for shard in description["StreamDescription"].get("Shards", []):
+            shard_id = shard["ShardId"]
+            if shard_id in self._iterators:
+                continue
+            # A shard that appears later (a split) is read from its start, as Lambda does.
+            position = self.settings.starting_position if initial else "TRIM_HORIZON"
+            response = await self.streams.call(
+                "get_shard_iterator",
+                StreamArn=self.stream_arn,
+                ShardId=shard_id,
+                ShardIteratorType=position,
+            )
+            self._iterators[shard_id] = response["ShardIterator"]
+        self._started.set()
+
+    async def _poll(self, shard_id: str) -> bool:
+        iterator = self._iterators.get(shard_id)
+        if iterator is None:
+            return False
+        try:
+            page = await self.streams.call(
+                "get_records", ShardIterator=iterator, Limit=self.settings.batch_size
+            )
+        except Exception as exc:
+            logger.warning("%s: get_records failed: %s", self.name, exc)
+            return False
+        self._iterators[shard_id] = page.get("NextShardIterator")
+        records = page.get("Records") or []
+        if not records:
+            return False
+        if self.settings.max_batching_window > 0 and len(records) < self.settings.batch_size:
+            await asyncio.sleep(self.settings.max_batching_window)
+        event = {"Records": [self._lambda_record(record) for record in records]}
+        await self._invoke(event)
+        return True
+
+    async def _invoke(self, event: dict[str, Any]) -> None:
+        records = event["Records"]
+        for attempt in range(self.settings.max_retries + 1):
+            self.stats.invocations += 1
+            context = SimpleNamespace(aws_request_id=f"{self.name}-{self.stats.invocations}")
+            try:
+                await asyncio.to_thread(self.function, event, context)
+            except Exception as exc:
+                self.stats.failed_invocations += 1
+                logger.warning(
+                    "%s: invocation failed (attempt %d): %s", self.name, attempt + 1, exc
+                )
+                continue
+            newest = records[-1]["dynamodb"].get("ApproximateCreationDateTime")
+            if isinstance(newest, (int, float)):
+                age = max(0.0, time.time() * 1000 - newest * 1000)
+                self.stats.iterator_ages_ms.append(age)
+                self.stats.max_iterator_age_ms = max(self.stats.max_iterator_age_ms, age)
+            self.stats.records += len(records)
+            self.stats.batch_sizes.append(len(records))
+            return
+        self.stats.skipped_batches += 1  # what an on-failure destination would be told about
+
+    def _lambda_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A ``GetRecords`` record as Lambda's event carries it (JSON only)."""
+        payload = dict(record.get("dynamodb") or {})
+        created = payload.get("ApproximateCreationDateTime")
+        if isinstance(created, dt.datetime):
+            payload["ApproximateCreationDateTime"] = created.timestamp()
+        return {
+            "eventID": record.get("eventID"),
+            "eventName": record.get("eventName"),
+            "eventVersion": "1.1",
+            "eventSource": "aws:dynamodb",
+            "awsRegion": self.region,
+            "dynamodb": _jsonable(payload),
+            "eventSourceARN": self.stream_arn,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    """Binary attribute values as base64 text, as in Lambda's JSON event."""
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | set | tuple):
+        return [_jsonable(item) for item in value]
+    return value

@@ -1,0 +1,387 @@
+"""The fan-out Lambda: the messages table's change stream, posted live to every subscriber.
+
+Each Region's replica of the messages table has its own DynamoDB stream, with the writes made in
+that Region *and* the ones replicated into it, so each Region fans out to its own clients, and a
+client served by the secondary after a failover keeps receiving what the primary's fleet stores.
+Lambda's event source mapping reads the stream shard by shard, in order, and invokes this
+function with a batch of records. For one batch it:
+
+1. keeps the new image of every ``INSERT``/``MODIFY`` of a ``CONN#<stream>`` item (a rewrite by
+   a worker that resumed is a ``MODIFY`` of the same ``(pk, seq)``: the client drops it as a
+   duplicate), grouped by stream and sorted by seq;
+2. reads each stream's subscribers in this Region with one *consistent* query of the
+   subscriptions table (``STREAM#<stream>``). Consistency is what closes the race with a
+   subscribe: the subscribe handler registers the connection before it reads its replay, so a
+   message stored after that read is processed here after the registration, and a consistent
+   read sees it (an index, being eventually consistent, could miss it, and the message would be
+   in neither the replay nor the live push);
+3. packs each stream's messages into as few frames as API Gateway allows (32 KB each,
+   :func:`~.delivery.pack_frames`) and posts them to each subscriber through the Management API
+   at this Region's stage (``APIGW_MANAGEMENT_ENDPOINT``), subscribers in parallel
+   (``FANOUT_POST_THREADS``), each subscriber's frames in order;
+4. a ``GoneException`` (the client left without a ``$disconnect``) deletes that subscription; any
+   other failure to post, after the SDK's retries, closes the connection (``DeleteConnection``):
+   a subscriber that cannot take its messages now resumes from the stored log when it
+   reconnects, instead of holding a buffer anywhere or blocking the shard for everyone else.
+
+A failure to read the subscribers raises: Lambda retries the whole batch (posts already made
+are repeated, and the clients drop them as duplicates). At least once on the wire, exactly once
+to the application.
+
+Metrics (Embedded Metric Format on stdout, one document per invocation, namespace
+:data:`~streamfleet.model.METRIC_NAMESPACE`, dimension ``ServiceName`` =
+:data:`~streamfleet.model.FANOUT_SERVICE_NAME`): messages delivered (messages x subscribers),
+posts, gone subscribers, failed posts, disconnected subscribers, and the lag from the worker's
+receipt of the batch's oldest message to its post.
+
+Environment: ``SUBSCRIPTIONS_TABLE_NAME``, ``APIGW_MANAGEMENT_ENDPOINT`` (required),
+``FANOUT_POST_THREADS`` (default 16), ``AWS_REGION``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import model
+from ..clock import SYSTEM_CLOCK, Clock
+from ..lease.dynamo import error_code, from_item, to_attr
+from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
+from .logs import log_event
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POST_THREADS = 16
+MAX_POST_THREADS = 64
+# A post that cannot be made in this time is worth less than the client's resume from the log.
+_MANAGEMENT_CONFIG = Config(
+    connect_timeout=1.0,
+    read_timeout=3.0,
+    retries={"max_attempts": 3, "mode": "standard"},
+    max_pool_connections=MAX_POST_THREADS,
+)
+_DYNAMODB_CONFIG = Config(
+    connect_timeout=1.0,
+    read_timeout=3.0,
+    retries={"max_attempts": 5, "mode": "standard"},
+    max_pool_connections=MAX_POST_THREADS,
+)
+
+
+class FanoutConfigError(ValueError):
+    """A missing or invalid environment variable; names the variable."""
+
+
+@dataclass(frozen=True)
+class FanoutConfig:
+    """The fan-out's settings, immutable once read."""
+
+    subscriptions_table: str
+    management_endpoint: str
+    region: str
+    post_threads: int = DEFAULT_POST_THREADS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> FanoutConfig:
+        env = os.environ if env is None else env
+
+        def required(name: str) -> str:
+            value = env.get(name, "").strip()
+            if not value:
+                raise FanoutConfigError(f"{name}: required but not set")
+            return value
+
+        endpoint = required(model.ENV_APIGW_MANAGEMENT_ENDPOINT)
+        if not endpoint.startswith(("https://", "http://")):
+            raise FanoutConfigError(
+                f"{model.ENV_APIGW_MANAGEMENT_ENDPOINT}: expected the stage's https endpoint"
+            )
+        raw = env.get(model.ENV_FANOUT_POST_THREADS, "").strip()
+        threads = DEFAULT_POST_THREADS
+        if raw:
+            if not raw.isdigit() or not 1 <= int(raw) <= MAX_POST_THREADS:
+                raise FanoutConfigError(
+                    f"{model.ENV_FANOUT_POST_THREADS}: {raw!r} is not 1 to {MAX_POST_THREADS}"
+                )
+            threads = int(raw)
+        return cls(
+            subscriptions_table=required(model.ENV_SUBSCRIPTIONS_TABLE_NAME),
+            management_endpoint=endpoint,
+            region=required("AWS_REGION"),
+            post_threads=threads,
+        )
+
+
+@dataclass
+class FanoutStats:
+    """What one invocation did (the metric document's values)."""
+
+    records: int = 0
+    streams: int = 0
+    messages: int = 0
+    subscribers: int = 0
+    delivered: int = 0
+    posts: int = 0
+    gone: int = 0
+    failed_posts: int = 0
+    disconnected: int = 0
+    lag_ms: int | None = None
+    by_stream: dict[str, int] = field(default_factory=dict)
+
+
+def messages_by_stream(records: Iterable[Mapping[str, Any]]) -> dict[str, list[StoredMessage]]:
+    """The new images of a batch's ``INSERT``/``MODIFY`` records of stream messages, by stream,
+    sorted by seq, the last image of a seq winning (records of one item arrive in write order)."""
+    latest: dict[str, dict[int, StoredMessage]] = {}
+    for record in records:
+        if record.get("eventName") not in ("INSERT", "MODIFY"):
+            continue  # REMOVE: an unsealed tail removed, or expired by TTL: nothing to send
+        image = from_item((record.get("dynamodb") or {}).get("NewImage"))
+        if not image or not str(image.get(model.PK, "")).startswith(model.CONNECTION_PREFIX):
+            continue
+        try:
+            message = message_from_item(image)
+        except (KeyError, TypeError, ValueError):
+            continue
+        stream = model.connection_id_of(str(image[model.PK]))
+        latest.setdefault(stream, {})[message.seq] = message
+    return {stream: sorted(by_seq.values()) for stream, by_seq in latest.items()}
+
+
+class Fanout:
+    """One Region's fan-out; thread-safe (the local event source may call it concurrently)."""
+
+    def __init__(
+        self,
+        config: FanoutConfig,
+        *,
+        dynamodb: Any | None = None,
+        management: Any | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        metrics_out: Callable[[str], None] | None = None,
+    ):
+        self.config = config
+        session = boto3.session.Session()
+        self.dynamodb = dynamodb or session.client(
+            "dynamodb", region_name=config.region, config=_DYNAMODB_CONFIG
+        )
+        self.management = management or session.client(
+            "apigatewaymanagementapi",
+            endpoint_url=config.management_endpoint,
+            region_name=config.region,
+            config=_MANAGEMENT_CONFIG,
+        )
+        self.clock = clock
+        self._pool = ThreadPoolExecutor(config.post_threads, thread_name_prefix="fanout-post")
+        self._metrics_out = metrics_out or _stdout_line
+
+    def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        """Deliver one batch of stream records; raises (the batch is retried) only when the
+        subscribers could not be read."""
+        records = event.get("Records") or []
+        stats = FanoutStats(records=len(records))
+        batches = messages_by_stream(records)
+        stats.streams = len(batches)
+        work: list[tuple[str, str, list[bytes]]] = []
+        oldest: int | None = None
+        for stream, messages in batches.items():
+            stats.messages += len(messages)
+            subscribers = self.subscribers(stream)
+            if not subscribers:
+                continue
+            frames = pack_frames(stream, messages, region=self.config.region, source=SOURCE_LIVE)
+            stats.subscribers += len(subscribers)
+            stats.by_stream[stream] = len(subscribers)
+            work += [(stream, connection_id, frames) for connection_id in subscribers]
+            stats.delivered += len(messages) * len(subscribers)
+            received = [m.received_at_ms for m in messages if m.received_at_ms is not None]
+            if received:
+                oldest = min(received) if oldest is None else min(oldest, *received)
+        for outcome in self._pool.map(lambda item: self._deliver(*item), work):
+            stats.posts += outcome.posts
+            stats.gone += outcome.gone
+            stats.failed_posts += outcome.failed
+            stats.disconnected += outcome.disconnected
+            if outcome.gone or outcome.failed:
+                stats.delivered -= outcome.undelivered
+        if oldest is not None:
+            stats.lag_ms = max(0, self.clock.wall_ms() - oldest)
+        self._emit(stats)
+        return {"batchItemFailures": []}
+
+    def subscribers(self, stream: str) -> list[str]:
+        """The connection ids subscribed to ``stream`` in this Region (a consistent read)."""
+        params: dict[str, Any] = {
+            "TableName": self.config.subscriptions_table,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": model.PK, "#c": model.SUB_CONNECTION},
+            "ExpressionAttributeValues": {":pk": to_attr(model.stream_subscribers_pk(stream))},
+            "ProjectionExpression": "#c",
+            "ConsistentRead": True,
+        }
+        found: list[str] = []
+        while True:
+            response = self.dynamodb.query(**params)
+            found += [item[model.SUB_CONNECTION]["S"] for item in response.get("Items", [])]
+            if "LastEvaluatedKey" not in response:
+                return found
+            params["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def _deliver(self, stream: str, connection_id: str, frames: list[bytes]) -> _Outcome:
+        outcome = _Outcome()
+        for index, frame in enumerate(frames):
+            try:
+                self.management.post_to_connection(ConnectionId=connection_id, Data=frame)
+                outcome.posts += 1
+            except ClientError as exc:
+                outcome.undelivered = _count_messages(frames[index:])
+                if error_code(exc) == "GoneException":
+                    outcome.gone = 1
+                    self._forget(stream, connection_id)
+                else:
+                    outcome.failed = 1
+                    outcome.disconnected = self._disconnect(stream, connection_id, exc)
+                return outcome
+            except BotoCoreError as exc:  # timeouts, connection errors after the retries
+                outcome.undelivered = _count_messages(frames[index:])
+                outcome.failed = 1
+                outcome.disconnected = self._disconnect(stream, connection_id, exc)
+                return outcome
+        return outcome
+
+    def _forget(self, stream: str, connection_id: str) -> None:
+        try:
+            self.dynamodb.delete_item(
+                TableName=self.config.subscriptions_table,
+                Key={
+                    model.PK: to_attr(model.stream_subscribers_pk(stream)),
+                    model.SUB_CONNECTION: to_attr(connection_id),
+                },
+            )
+        except (BotoCoreError, ClientError) as exc:  # its TTL removes it later
+            log_event(
+                logger,
+                logging.WARNING,
+                "fanout_forget",
+                decision="error",
+                stream=stream,
+                connectionId=connection_id,
+                detail=str(exc),
+            )
+
+    def _disconnect(self, stream: str, connection_id: str, error: Exception) -> int:
+        """Close a subscriber that cannot take its messages: it resumes from the log."""
+        log_event(
+            logger,
+            logging.WARNING,
+            "fanout_post",
+            decision="disconnect",
+            stream=stream,
+            connectionId=connection_id,
+            detail=f"{type(error).__name__}: {error}",
+        )
+        try:
+            self.management.delete_connection(ConnectionId=connection_id)
+        except ClientError as exc:
+            if error_code(exc) == "GoneException":
+                self._forget(stream, connection_id)
+            return 0
+        except BotoCoreError:
+            return 0
+        return 1
+
+    def _emit(self, stats: FanoutStats) -> None:
+        values = {
+            model.METRIC_FANOUT_DELIVERED: stats.delivered,
+            model.METRIC_FANOUT_POSTS: stats.posts,
+            model.METRIC_FANOUT_GONE: stats.gone,
+            model.METRIC_FANOUT_FAILED_POSTS: stats.failed_posts,
+            model.METRIC_FANOUT_DISCONNECTED: stats.disconnected,
+        }
+        metrics = [{"Name": name, "Unit": "Count"} for name in values]
+        if stats.lag_ms is not None:
+            values[model.METRIC_FANOUT_LAG_MS] = stats.lag_ms
+            metrics.append({"Name": model.METRIC_FANOUT_LAG_MS, "Unit": "Milliseconds"})
+        document = {
+            "_aws": {
+                "Timestamp": self.clock.wall_ms(),
+                "CloudWatchMetrics": [
+                    {
+                        "Namespace": model.METRIC_NAMESPACE,
+                        "Dimensions": [[model.METRIC_DIMENSION_SERVICE]],
+                        "Metrics": metrics,
+                    }
+                ],
+            },
+            model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME,
+            **values,
+            "records": stats.records,
+            "streams": stats.streams,
+            "messages": stats.messages,
+            "subscribers": stats.subscribers,
+        }
+        self._metrics_out(json.dumps(document, separators=(",", ":")))
+
+
+@dataclass
+class _Outcome:
+    posts: int = 0
+    gone: int = 0
+    failed: int = 0
+    disconnected: int = 0
+    undelivered: int = 0
+
+
+def _count_messages(frames: list[bytes]) -> int:
+    """Messages (whole or first parts) in ``frames``: what a failed subscriber did not get."""
+    count = 0
+    for frame in frames:
+        for entry in json.loads(frame)["messages"]:
+            count += 1 if entry.get("part", 0) == 0 else 0
+    return count
+
+
+def _stdout_line(line: str) -> None:
+    # stdout, not logging: CloudWatch Logs reads an EMF document only as a line of its own.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# --- Lambda entry point -------------------------------------------------------------------------
+
+_ENV_NAMES = (*model.FANOUT_ENV, "AWS_REGION")
+_cached: tuple[tuple[str, ...], Fanout] | None = None
+_cached_lock = threading.Lock()
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Lambda entry point (``streamfleet.wsapi.fanout.handler``), for a DynamoDB stream event
+    source mapping with ``ReportBatchItemFailures``."""
+    global _cached
+    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
+    with _cached_lock:
+        if _cached is None or _cached[0] != key:
+            _cached = (key, Fanout(FanoutConfig.from_env()))
+        fanout = _cached[1]
+    started = time.monotonic()
+    result = fanout(event, context)
+    log_event(
+        logger,
+        logging.DEBUG,
+        "fanout_invocation",
+        records=len(event.get("Records") or []),
+        durationMs=round((time.monotonic() - started) * 1000, 1),
+    )
+    return result

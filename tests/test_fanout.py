@@ -1,0 +1,249 @@
+"""The fan-out: the messages table's change stream to every subscriber, live.
+
+Units first (grouping records, what happens to a gone or failing subscriber, a failed read of
+the subscribers); then the whole path on loopback: a messages table with a real change stream
+(moto's server), the event source mapping stand-in reading it, the fan-out posting through the
+local gateway's Management API, and the Python client subscribed through the real handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet.lease.dynamo import to_item
+from streamfleet.wsapi.fanout import Fanout, FanoutConfig, FanoutConfigError, messages_by_stream
+from streamfleet_dev.tables import create_tables
+from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
+from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+from tests.wsapi_live_support import LiveTablesSet
+from tests.wsapi_support import REGION, authorizer, user_token
+
+CONFIG = FanoutConfig("subs", "https://api.execute-api.us-east-1.amazonaws.com/v1", REGION)
+
+
+def record(name: str, stream: str, seq: int, data: str = "x") -> dict[str, Any]:
+    image = to_item(
+        {model.PK: model.connection_pk(stream), model.SEQ: seq, model.MESSAGE_DATA: data}
+    )
+    return {"eventName": name, "dynamodb": {"NewImage": image, "Keys": image}}
+
+
+# --- Units --------------------------------------------------------------------------------------
+
+
+def test_a_batch_is_grouped_by_stream_sorted_and_the_last_image_of_a_seq_wins() -> None:
+    records = [
+        record("INSERT", "a", 3),
+        record("INSERT", "b", 1),
+        record("INSERT", "a", 1, "first"),
+        record("MODIFY", "a", 1, "rewritten"),  # a successor's rewrite of the same seq
+        {"eventName": "REMOVE", "dynamodb": {"Keys": record("INSERT", "a", 2)["dynamodb"]["Keys"]}},
+        {"eventName": "INSERT", "dynamodb": {"NewImage": to_item({"pk": "OTHER#x", "seq": 1})}},
+    ]
+    grouped = messages_by_stream(records)
+    assert {s: [(m.seq, m.data) for m in ms] for s, ms in grouped.items()} == {
+        "a": [(1, "rewritten"), (3, "x")],
+        "b": [(1, "x")],
+    }
+
+
+def test_the_configuration_names_what_is_missing() -> None:
+    env = {
+        "SUBSCRIPTIONS_TABLE_NAME": "subs",
+        "APIGW_MANAGEMENT_ENDPOINT": "https://a.execute-api.us-east-1.amazonaws.com/v1",
+        "AWS_REGION": REGION,
+    }
+    assert FanoutConfig.from_env(env).post_threads == 16
+    for name, value in (
+        ("SUBSCRIPTIONS_TABLE_NAME", ""),
+        ("APIGW_MANAGEMENT_ENDPOINT", "wss://x"),
+        ("FANOUT_POST_THREADS", "0"),
+    ):
+        with pytest.raises(FanoutConfigError, match=name):
+            FanoutConfig.from_env({**env, name: value})
+
+
+class FakeDynamo:
+    def __init__(self, subscribers: dict[str, list[str]], fail: bool = False):
+        self.subscribers = subscribers
+        self.fail = fail
+        self.deleted: list[str] = []
+
+    def query(self, **params: Any) -> dict[str, Any]:
+        if self.fail:
+            raise ClientError(
+                {"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Query"
+            )
+        stream = params["ExpressionAttributeValues"][":pk"]["S"].removeprefix("STREAM#")
+        ids = self.subscribers.get(stream, [])
+        return {"Items": [{model.SUB_CONNECTION: {"S": i}} for i in ids]}
+
+    def delete_item(self, **params: Any) -> None:
+        self.deleted.append(params["Key"][model.SUB_CONNECTION]["S"])
+
+
+class FakeManagement:
+    def __init__(self, gone: set[str] = frozenset(), failing: set[str] = frozenset()):
+        self.gone, self.failing = gone, failing
+        self.posts: dict[str, list[bytes]] = {}
+        self.closed: list[str] = []
+
+    def post_to_connection(self, *, ConnectionId: str, Data: bytes) -> None:
+        if ConnectionId in self.gone:
+            raise ClientError({"Error": {"Code": "GoneException"}}, "PostToConnection")
+        if ConnectionId in self.failing:
+            raise ClientError({"Error": {"Code": "LimitExceededException"}}, "PostToConnection")
+        self.posts.setdefault(ConnectionId, []).append(Data)
+
+    def delete_connection(self, *, ConnectionId: str) -> None:
+        self.closed.append(ConnectionId)
+
+
+def test_gone_subscribers_are_removed_and_failing_ones_closed_to_resume_from_the_log() -> None:
+    dynamo = FakeDynamo({"a": ["ok", "gone", "slow"], "b": ["ok"]})
+    management = FakeManagement(gone={"gone"}, failing={"slow"})
+    lines: list[str] = []
+    fanout = Fanout(CONFIG, dynamodb=dynamo, management=management, metrics_out=lines.append)
+    records = [record("INSERT", "a", seq, "d" * 300) for seq in range(1, 201)]
+    fanout({"Records": [*records, record("INSERT", "b", 7)]})
+    frames = [json.loads(f) for f in management.posts["ok"]]
+    assert [m["seq"] for f in frames if f["stream"] == "a" for m in f["messages"]] == list(
+        range(1, 201)
+    )
+    assert all(len(f) <= model.WS_MAX_FRAME_BYTES for f in management.posts["ok"])
+    assert {f["source"] for f in frames} == {"live"} and {f["region"] for f in frames} == {REGION}
+    assert dynamo.deleted == ["gone"] and management.closed == ["slow"]
+    (metrics,) = [json.loads(line) for line in lines]
+    a_frames = len([f for f in frames if f["stream"] == "a"])
+    assert metrics["FanoutPosts"] == a_frames + 1  # posts count frames, not messages
+    assert metrics["FanoutDelivered"] == 201  # "ok" got 200 + 1; the others got none
+    assert (metrics["FanoutGone"], metrics["FanoutFailedPosts"], metrics["FanoutDisconnected"]) == (
+        1,
+        1,
+        1,
+    )
+    assert metrics["_aws"]["CloudWatchMetrics"][0]["Namespace"] == model.METRIC_NAMESPACE
+    assert metrics["ServiceName"] == model.FANOUT_SERVICE_NAME
+
+
+def test_a_failed_read_of_the_subscribers_fails_the_batch_so_lambda_retries_it() -> None:
+    fanout = Fanout(CONFIG, dynamodb=FakeDynamo({}, fail=True), management=FakeManagement())
+    with pytest.raises(ClientError):
+        fanout({"Records": [record("INSERT", "a", 1)]})
+
+
+# --- The whole path on loopback -----------------------------------------------------------------
+
+
+@pytest.fixture
+def moto_tables(moto) -> Any:
+    suffix = uuid.uuid4().hex[:10]
+    dynamodb = boto3.client("dynamodb", region_name=REGION)
+    tables = LiveTablesSet(
+        dynamodb,
+        f"fo-wsstate-{suffix}",
+        f"fo-wsconn-{suffix}",
+        f"fo-wssubs-{suffix}",
+        f"fo-leases-{suffix}",
+        f"fo-messages-{suffix}",
+    )
+    create_wsapi_tables(
+        dynamodb,
+        state_table=tables.state,
+        connections_table=tables.connections,
+        subscriptions_table=tables.subscriptions,
+    )
+    created = create_tables(dynamodb, lease_table=tables.leases, messages_table=tables.messages)
+    assert all(not c.not_applied or "TTL" in c.not_applied[0] for c in created)  # stream on
+    yield tables, moto.endpoint
+    delete_wsapi_tables(
+        dynamodb,
+        state_table=tables.state,
+        connections_table=tables.connections,
+        subscriptions_table=tables.subscriptions,
+    )
+    for name in (tables.leases, tables.messages):
+        dynamodb.delete_table(TableName=name)
+
+
+async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_tables) -> None:
+    tables, endpoint = moto_tables
+    tables.start_stream("m1", readers=("user:alice", "user:bob"))
+    tables.start_stream("m2", readers=("user:alice",))
+    stream_arn = tables.dynamodb.describe_table(TableName=tables.messages)["Table"][
+        "LatestStreamArn"
+    ]
+    received: dict[str, list[StreamMessage]] = {"alice": [], "bob": []}
+    stop = asyncio.Event()
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    gateway = wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=authorizer(),
+        state_table=tables.state,
+        connections_table=tables.connections,
+        live=tables.live(),
+    )
+    async with gateway:
+        fanout = Fanout(
+            FanoutConfig(tables.subscriptions, gateway.management_endpoint, REGION),
+            metrics_out=lambda line: None,
+        )
+        source = StreamEventSource(
+            streams=streams,
+            stream_arn=stream_arn,
+            function=fanout,
+            region=REGION,
+            settings=EventSourceSettings(poll_interval=0.05),
+        )
+        task = asyncio.create_task(source.run(stop))
+        await source.ready()
+        clients = {
+            user: ReconnectingClient(
+                lambda attempt, user=user: Endpoint(gateway.url, user_token(user)),
+                ClientConfig(heartbeat_interval=5, heartbeat_timeout=5),
+                on_stream_message=received[user].append,
+                name=user,
+            )
+            for user in received
+        }
+        try:
+            for client in clients.values():
+                await client.start()
+                await client.wait_ready(5)
+                assert (await client.subscribe("m1", after=0))["type"] == "subscribed"
+            await clients["alice"].subscribe("m2", after=0)
+            sent = time.time()
+            tables.store("m1", range(1, 301))
+            tables.store("m2", range(1, 51))
+            deadline = time.monotonic() + 20
+            while len(received["alice"]) < 350 or len(received["bob"]) < 300:
+                assert time.monotonic() < deadline, {u: len(m) for u, m in received.items()}
+                await asyncio.sleep(0.05)
+        finally:
+            for client in clients.values():
+                await client.close()
+            stop.set()
+            await task
+            streams.close()
+    alice = [(m.stream, m.seq) for m in received["alice"]]
+    assert [s for st, s in alice if st == "m1"] == list(range(1, 301))
+    assert [s for st, s in alice if st == "m2"] == list(range(1, 51))
+    assert [m.seq for m in received["bob"]] == list(range(1, 301))
+    assert {m.source for m in received["bob"]} == {"live"}
+    assert all(m.received_at_ms is not None for m in received["bob"])
+    # Batching: far fewer invocations than records, far fewer posts than deliveries.
+    assert source.stats.records == 350 and source.stats.invocations < 350 / 10
+    assert gateway.stats.posts < (350 + 300) / 10
+    assert time.time() - sent < 20
