@@ -244,8 +244,23 @@ async def test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_s
         primary, task_arn=running_task, streams=dict.fromkeys(ids("alive", 3), "STARTED")
     )
     before = primary.items([*alive_pks, alive.session.pk, *dead_pks])
+    peer, _ = await worker_session(primary, task_arn=running_task, streams={})
+    claimed: list[str] = []
 
-    result = invoke(primary, primary.event(dead_task))
+    async def intake() -> None:
+        """A live peer's intake: claims each announced stream as soon as it is announced."""
+        while True:
+            for pk in await asyncio.to_thread(primary.drain):
+                lease = await peer.connections.acquire(pk)
+                assert lease is not None and lease.owner == peer.session.worker_id, pk
+                claimed.append(pk)
+            await asyncio.sleep(0.02)
+
+    peers = asyncio.create_task(intake())
+    try:
+        result = await asyncio.to_thread(invoke, primary, primary.event(dead_task))
+    finally:
+        peers.cancel()
 
     assert result["decision"] == "acted", result
     outcomes = {s["pk"]: s["outcome"] for s in result["sessions"]}
@@ -254,22 +269,22 @@ async def test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_s
     assert ended[model.SESSION_STATE]["S"] == model.SessionState.ENDED.value
     assert ended[model.SESSION_ENDED_BY]["S"].startswith(f"{model.ENDED_BY_TASK_STOPPED}:")
     assert int(ended[model.DELETE_AFTER]["N"]) > 0  # left to the TTL, never deleted
-    # One notification per STARTED stream the session held; the STOPPED one is reconcile's.
-    notified = primary.drain()
-    assert sorted(notified) == sorted(model.connection_pk(s) for s in started)
-    assert result["notified"] == len(started)
-    # The handler claims nothing and touches no other session or row.
-    assert primary.items([*alive_pks, alive.session.pk, *dead_pks]) == before
-    # Its cost: one by-task query, per session it ended one write and one by-owner query, one
-    # send per ten streams (plus one read for the session that was already over).
+    # One notification per STARTED stream the session held (the STOPPED one is reconcile's),
+    # each claimed by the peer through its intake; nothing was left to announce again.
+    assert sorted(claimed) == sorted(model.connection_pk(s) for s in started)
+    assert (result["notified"], result["notified_again"]) == (len(started), 0)
+    # The handler claims nothing itself and touches no other session or row.
+    assert primary.items([*alive_pks, alive.session.pk]) == {
+        pk: before[pk] for pk in [*alive_pks, alive.session.pk]
+    }
+    stopped_pk = model.connection_pk(stopped[0])
+    assert primary.item(stopped_pk) == before[stopped_pk]
+    # Its cost: one by-task query; per session it ended one write, one by-owner query, one
+    # send per ten streams and one look a moment later; one read for the session already over.
     assert result["requests"] == {
-        "dynamodb": {"query": 2, "update_item": 2, "get_item": 1},
+        "dynamodb": {"query": 3, "update_item": 2, "get_item": 1},
         "sqs": {"send_message_batch": math.ceil(len(started) / 10)},
     }
-    # A live peer claims each announced stream at once, as its intake does.
-    peer, _ = await worker_session(primary, task_arn=running_task, streams={})
-    leases = await asyncio.gather(*(peer.connections.acquire(pk) for pk in notified))
-    assert all(lease is not None and lease.owner == peer.session.worker_id for lease in leases)
 
     # The same event again (a retry, a duplicate): nothing changes, and the result says so.
     after = primary.items([*dead_pks, dead.session.pk, earlier_pk])
@@ -278,6 +293,23 @@ async def test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_s
     assert {s["outcome"] for s in again["sessions"]} == {"already_ended"}
     assert again["notified"] == 0 and primary.drain() == []
     assert primary.items([*dead_pks, dead.session.pk, earlier_pk]) == after
+
+
+async def test_streams_nobody_claims_are_announced_again_then_left_to_reconcile(primary):
+    """A notification can be lost to the dead worker's own pending long poll: what is still
+    held by the ended session a moment later is announced once more, twice at most."""
+    primary.drain()
+    task = local_task_arn(primary.cluster_arn)
+    dead, pks = await worker_session(primary, task_arn=task, streams=dict.fromkeys(ids("u", 3)))
+
+    result = invoke(primary, primary.event(task))  # and no peer claims anything
+
+    assert (result["notified"], result["notified_again"]) == (3, 6)
+    announced = primary.drain()
+    assert sorted(announced) == sorted(pks * 3)
+    assert result["requests"]["dynamodb"]["query"] == 1 + 3  # by-task, then by-owner x 3
+    # Still the ended session's rows: reconcile's from here on (an ended session is takeable).
+    assert {primary.item(pk)[model.LEASE_OWNER]["S"] for pk in pks} == {dead.session.worker_id}
 
 
 async def test_an_event_after_a_peer_fenced_the_expired_session_changes_nothing(primary):
@@ -394,7 +426,7 @@ async def test_the_standby_regions_handler_never_ends_the_primarys_sessions(prim
     )
     result = secondary.invoke(secondary.event(own.session.task_arn))
     assert result["decision"] == "acted"
-    assert sorted(secondary.drain()) == sorted(own_pks)
+    assert sorted(set(secondary.drain())) == sorted(own_pks)  # (announced again: no peer here)
 
 
 # --- Configuration, environment, permissions -------------------------------------------------

@@ -21,7 +21,10 @@ For one such event (EventBridge rule: ``streamfleet_cdk.task_events``) the handl
    of the primary's workers, whatever its replica shows;
 4. for each session it ended, finds the STARTED connections the session held (one ``by-owner``
    query, as orphan discovery asks) and publishes an SQS notification for each, so live peers
-   claim them at once through intake; reconcile picks up whatever a notification misses.
+   claim them at once through intake. A moment later (0.5 s, then 1.5 s more) it asks again and
+   announces once more the rows still held: a notification the dead worker's own pending long
+   poll swallowed would otherwise wait out the queue's visibility timeout. Reconcile picks up
+   whatever is left.
 
 It is idempotent: the same event again, or an event for a session a peer already fenced after
 its lease expired, finds nothing LIVE, changes nothing and says so. A failure to reach
@@ -94,6 +97,9 @@ MAX_BATCH = 10  # SQS's limit per SendMessageBatch
 MAX_WORK_SECONDS = 20.0
 DEADLINE_MARGIN_SECONDS = 1.0
 SEND_ATTEMPTS = 3
+# After the notifications, rows still held by the ended session are announced again after
+# these pauses (see SessionEnder._notify_leftovers); a peer claims one within tens of ms.
+FOLLOW_UP_DELAYS_SECONDS = (0.5, 1.5)
 LOGGED_FIELD_CHARS = 256
 # One invocation at a time per execution environment: two threads per client are plenty.
 CLIENT_SETTINGS = ClientSettings(threads=2)
@@ -256,6 +262,7 @@ class SessionReport:
     owner: str | None = None
     version: int | None = None
     notified: int = 0
+    notified_again: int = 0  # rows still unclaimed a moment later, announced once more
 
 
 @dataclass
@@ -301,12 +308,35 @@ class SessionEnder:
         for pk in await self._sessions_of(stopped.task_arn, deadline):
             session = await self._end(pk, stopped.task_arn, deadline, token)
             if session.outcome is SessionOutcome.ENDED:
-                assert session.owner is not None and session.version is not None
-                rows = await self._started_rows(session.owner, session.version, deadline)
+                rows = await self._started_rows(session, deadline)
                 await self._notify(rows, deadline)
                 session.notified = len(rows)
             report.sessions.append(session)
+        await self._notify_leftovers(report, deadline)
         return report
+
+    async def _notify_leftovers(self, report: Report, deadline: float) -> None:
+        """Announce again what no peer has claimed a moment later.
+
+        A notification can be swallowed: the dead worker's own long poll may still be pending
+        at SQS, which hands it the first messages and takes them out of sight for the queue's
+        visibility timeout (30 s), and a row acquired just before the crash may have been
+        missing from the ``by-owner`` index at the first query. Each round asks the index once
+        per ended session and notifies only the rows still held; it stops as soon as none is.
+        """
+        pending = [s for s in report.sessions if s.outcome is SessionOutcome.ENDED]
+        for delay in FOLLOW_UP_DELAYS_SECONDS:
+            if not pending or self.clock.monotonic() + delay >= deadline:
+                return
+            await asyncio.sleep(delay)
+            still = []
+            for session in pending:
+                rows = await self._started_rows(session, deadline)
+                if rows:
+                    await self._notify(rows, deadline)
+                    session.notified_again += len(rows)
+                    still.append(session)
+            pending = still
 
     async def _sessions_of(self, task_arn: str, deadline: float) -> list[str]:
         """The keys the ``by-task`` index lists for the task (one query; keys only)."""
@@ -408,17 +438,19 @@ class SessionEnder:
         )
         return from_item(response.get("Item"))
 
-    async def _started_rows(self, owner: str, version: int, deadline: float) -> list[str]:
-        """The STARTED connections the session held (``by-owner``, as orphan discovery asks).
+    async def _started_rows(self, session: SessionReport, deadline: float) -> list[str]:
+        """The STARTED connections the session holds (``by-owner``, as orphan discovery asks).
 
         STOPPED rows of the dead owner are left to reconcile, which clears them (or has their
         log sealed); a row the index has not caught up with yet is found by reconcile too.
         """
+        owner, version = session.owner, session.version
+        assert owner is not None and version is not None
         items = await query_all(
             self._dynamodb,
             clock=self.clock,
             deadline=deadline,
-            what=f"connections of {model.session_pk(owner, version)}",
+            what=f"connections of {session.pk}",
             TableName=self.config.table_name,
             IndexName=model.OWNER_INDEX.name,
             KeyConditionExpression="#lease_owner = :owner",
@@ -588,6 +620,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             pk=session.pk,
             outcome=session.outcome.value,
             notified=session.notified,
+            notifiedAgain=session.notified_again,
             # Said in words, so that a replayed event reads as harmless in the log.
             changed=session.outcome is SessionOutcome.ENDED,
         )
@@ -616,9 +649,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                 "owner": s.owner,
                 "version": s.version,
                 "notified": s.notified,
+                "notified_again": s.notified_again,
             }
             for s in report.sessions
         ],
         "notified": report.notified,
+        "notified_again": sum(s.notified_again for s in report.sessions),
         "requests": requests,
     }
