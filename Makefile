@@ -15,16 +15,40 @@ export PYTHONDONTWRITEBYTECODE := 1
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements.txt
+# The virtualenv holds one of four fully pinned sets (requirements/*.txt) or all of them
+# (requirements.txt, their union): runtime (the deployed code and the CLI), cdk (the CDK app),
+# local (the local servers), dev (tests, linters, plots). make local installs runtime + cdk +
+# local; make setup and make test install everything.
+PIP_INSTALL := $(PYTHON) -m pip install --quiet --disable-pip-version-check
+SETS := runtime cdk local dev
+
+$(PYTHON):
 	python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+
+# The checkout's import roots on the virtualenv's path (what PYTHONPATH says, for a
+# .venv/bin/python run outside make): a .pth file, as an editable install would write.
+$(VENV)/.checkout: | $(PYTHON)
+	printf '%s\n' "$(CURDIR)/runtime" "$(CURDIR)/devtools" "$(CURDIR)" \
+	  > "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/streamfleet-checkout.pth"
 	touch $@
+
+$(VENV)/.installed-%: requirements/%.txt | $(PYTHON)
+	$(PIP_INSTALL) -r $<
+	touch $@
+
+$(VENV)/.installed: requirements.txt | $(PYTHON)
+	$(PIP_INSTALL) -r requirements.txt
+	touch $@ $(SETS:%=$(VENV)/.installed-%)
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-setup: $(VENV)/.installed node_modules/.installed ## Create the virtualenv and install pinned Python and npm packages
+RUNTIME_ENV := $(VENV)/.checkout $(VENV)/.installed-runtime
+CDK_ENV := $(RUNTIME_ENV) $(VENV)/.installed-cdk node_modules/.installed
+LOCAL_ENV := $(CDK_ENV) $(VENV)/.installed-local
+
+setup: $(VENV)/.installed $(VENV)/.checkout node_modules/.installed ## Create the virtualenv and install every pinned Python and npm package
 
 # The web client (clients/web): its own pinned npm packages, the demo pages built into
 # clients/web/dist, and Debian's Chromium for the browser tests (never a tool's own download).
@@ -61,8 +85,13 @@ pytest: setup web
 
 test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
 
-local: setup ## The whole fleet on this machine with a live view (type k N to kill -9 worker N)
+# Local mode synthesizes the app (it runs what the assembly says), so it needs the CDK set too.
+local: $(LOCAL_ENV) $(WEB)/dist/.built ## The whole system on this machine, live: the fleet, both WebSocket regions, the demo page
 	$(PYTHON) -m streamfleet_dev.local.mode --workers 3 --streams 12
+
+.PHONY: cdk
+cdk: $(CDK_ENV) ## The CDK CLI with this virtualenv, no activation needed: make cdk ARGS="deploy ..."
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk $(ARGS)
 
 cli: ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
 	@$(MAKE) --no-print-directory setup >&2

@@ -1,91 +1,458 @@
-"""``make local`` as a person uses it: start it, watch a stream's owner, kill -9 that worker by
-typing ``k N``, see the stream come back on another worker, then Ctrl-C for a clean shutdown."""
+"""``make local`` as a person uses it, in a terminal of 80 x 24: the banner's URLs answer and
+build a working START, what is typed shows, ``k N`` kills the owner of a stream and the view
+shows it dead and when its streams move, the stream moves, ``f``/``r`` fail the primary region
+over and back, ``d N`` drains a worker, the hand-run worker command works against it, and
+Ctrl-C stops everything. Plus the view's pieces on their own (sizing, events) and the worker
+run from the virtualenv as the README says."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import io
+import json
 import os
+import pty
 import re
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
+from rich.console import Console
 
 from streamfleet import model
 from streamfleet.lease.dynamo import from_item
 from streamfleet_dev.local.fleet import eventually
+from streamfleet_dev.local.view import (
+    EventLog,
+    Snapshot,
+    StreamView,
+    WorkerView,
+    render,
+)
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-TOOLS_PATH = os.pathsep.join(str(REPO / d) for d in ("runtime", "devtools"))
+TOOLS_PATH = os.pathsep.join(str(REPO / d) for d in ("runtime", "devtools", "."))
+ROWS, COLUMNS = 24, 80
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]|\x1b[=>]")
+ALT_SCREEN_ON, ALT_SCREEN_OFF, HOME = "\x1b[?1049h", "\x1b[?1049l", "\x1b[H"
+
+
+class Terminal:
+    """``python -m streamfleet_dev.local.mode`` on a pseudo-terminal of ROWS x COLUMNS."""
+
+    def __init__(self, *args: str):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        env.update(TERM="xterm-256color", PYTHONPATH=TOOLS_PATH)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streamfleet_dev.local.mode", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            cwd=REPO,
+        )
+        os.close(slave)
+        self.master = master
+        self._data: list[str] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                with self._lock:
+                    self._data.append(chunk.decode(errors="replace"))
+            elif self.process.poll() is not None:
+                return
+
+    @property
+    def output(self) -> str:
+        with self._lock:
+            return "".join(self._data)
+
+    def banner(self) -> str:
+        """What was printed before the live view took the screen."""
+        before, _, _ = self.output.partition(ALT_SCREEN_ON)
+        return ANSI.sub("", before).replace("\r", "")
+
+    def frames(self) -> list[list[str]]:
+        """Every complete frame drawn on the alternate screen, as plain lines."""
+        _, _, screen = self.output.partition(ALT_SCREEN_ON)
+        screen, closed, _ = screen.partition(ALT_SCREEN_OFF)
+        parts = screen.split(HOME)[1:]
+        complete = parts if closed else parts[:-1]  # the last one may still be arriving
+        frames = []
+        for part in complete:
+            text = ANSI.sub("", part).replace("\r", "")
+            if text.strip():
+                frames.append(text.split("\n"))
+        return frames
+
+    def screen(self) -> str:
+        frames = self.frames()
+        return "\n".join(frames[-1]) if frames else ""
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    async def shows(self, pattern: str, *, timeout: float, what: str) -> re.Match[str]:
+        return await eventually(
+            lambda: re.search(pattern, self.screen(), re.MULTILINE),
+            timeout=timeout,
+            what=f"{what}\n--- the screen ---\n{self.screen()}",
+        )
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        os.close(self.master)
+
+
+def lease_items(table: str) -> list[dict]:
+    client = boto3.client("dynamodb")
+    pages = client.get_paginator("scan").paginate(TableName=table)
+    return [from_item(raw) for page in pages for raw in page["Items"]]
 
 
 def owners(table: str) -> dict[str, str | None]:
-    client = boto3.client("dynamodb")
-    items = [from_item(raw) for raw in client.scan(TableName=table)["Items"]]
     return {
         model.connection_id_of(item[model.PK]): item.get(model.LEASE_OWNER)
-        for item in items
+        for item in lease_items(table)
         if item[model.PK].startswith(model.CONNECTION_PREFIX)
     }
 
 
-def launch(*args: str) -> subprocess.Popen[str]:
+def live_sessions(table: str) -> set[str]:
+    now_ms = time.time_ns() // 1_000_000
+    return {
+        item[model.SESSION_OWNER]
+        for item in lease_items(table)
+        if item[model.PK].startswith(model.SESSION_PREFIX)
+        and item.get(model.SESSION_STATE) == model.SessionState.LIVE.value
+        and int(item[model.EXPIRES_AT_MS]) > now_ms
+    }
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.status, response.headers.get("Content-Type", ""), response.read()
+
+
+def post_json(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, json.load(response)
+
+
+def run_worker_by_hand(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``.venv/bin/python -m streamfleet.worker`` with the banner's exports, no PYTHONPATH."""
     return subprocess.Popen(
-        [sys.executable, "-m", "streamfleet_dev.local.mode", *args],
-        env={
-            **os.environ,
-            "PYTHONPATH": f"{REPO / 'runtime'}:{REPO / 'devtools'}",
-            "COLUMNS": "120",
-        },
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, "-m", "streamfleet.worker"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
-async def test_local_mode_recovers_from_a_kill_typed_at_its_prompt(monkeypatch):
-    process = launch("--workers", "2", "--streams", "4")
-    banner = ""
+pytestmark = pytest.mark.slow
+
+
+async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
+    terminal = Terminal("--workers", "2", "--streams", "4", "--env-file", str(tmp_path / "env"))
     try:
-        while "QUEUE_URL=" not in banner:
-            line = await asyncio.to_thread(process.stdout.readline)
-            assert line, f"local mode exited early:\n{banner}"
-            banner += line
-        exports = dict(re.findall(r"export (\w+)=(\S+)", banner))
+        await eventually(
+            lambda: ALT_SCREEN_ON in terminal.output or terminal.process.poll() is not None,
+            timeout=240,
+            what="the live view",
+        )
+        banner = terminal.banner()
+        assert terminal.process.poll() is None, banner
+        exports = dict(re.findall(r"^export (\w+)=(\S+)$", banner, re.MULTILINE))
+        assert set(exports) >= {
+            "TABLE_NAME",
+            "MESSAGES_TABLE_NAME",
+            "QUEUE_URL",
+            "ALLOWED_UPSTREAMS",
+            "AWS_ENDPOINT_URL_DYNAMODB",
+            "AWS_ENDPOINT_URL_SQS",
+            "AWS_DEFAULT_REGION",
+        }, banner
+        assert (tmp_path / "env").read_text() == "".join(
+            f"export {k}={v}\n" for k, v in exports.items()
+        )
         for name, value in exports.items():
             monkeypatch.setenv(name, value)
-        # Keep reading the live view so the pipe never fills up.
-        drain = asyncio.create_task(asyncio.to_thread(process.stdout.read))
         table = exports["TABLE_NAME"]
 
-        live = await eventually(
-            lambda: (o := owners(table)) and len(o) == 4 and all(o.values()) and o,
-            timeout=30,
-            what="all four streams owned",
+        # Every URL the banner prints answers, and they make a working START by hand.
+        page = re.search(r"demo page:\s+(http://127\.0\.0\.1:\d+)/\?user=alice", banner)
+        assert page and f"{page.group(1)}/?user=bob" in banner, banner
+        status, kind, body = get(f"{page.group(1)}/?user=alice")
+        assert status == 200 and kind.startswith("text/html") and b"<html" in body.lower()
+        primary = re.search(r"(ws://127\.0\.0\.1:\d+) \(us-east-1, primary\)", banner)
+        secondary = re.search(r"(ws://127\.0\.0\.1:\d+) \(us-west-2, secondary\)", banner)
+        assert primary and secondary, banner
+        resolved = json.loads(get(f"{page.group(1)}/resolve")[2])
+        assert resolved == {"url": primary.group(1), "region": "us-east-1"}
+        api = re.search(r"POST (http://127\.0\.0\.1:\d+)/events", banner)
+        upstream = re.search(r"fake upstream:\s+(ws://127\.0\.0\.1:\d+)/streams/<id>", banner)
+        assert api and upstream and exports["ALLOWED_UPSTREAMS"] == upstream.group(1), banner
+        status, answer = post_json(
+            f"{api.group(1)}/events",
+            {
+                "event_type": "START",
+                "connection_id": "by-hand",
+                "ws_url": f"{upstream.group(1)}/streams/by-hand",
+            },
         )
-        victim = live["s00"]
-        process.stdin.write(f"k {victim.removeprefix('w')}\n")
-        process.stdin.flush()
+        assert (status, answer.get("outcome")) == (201, "created"), answer
+        live = await eventually(
+            lambda: (o := owners(table)) and len(o) == 5 and all(o.values()) and o,
+            timeout=30,
+            what="the four streams and the one STARTed by hand owned",
+        )
 
+        # What a person types shows before Enter; k N kills the owner of s00.
+        victim = live["s00"]
+        number = victim.removeprefix("w")
+        terminal.type("k")
+        terminal.type(f" {number}")
+        await terminal.shows(rf"^> k {number}\b", timeout=10, what="the typed line")
+        terminal.type("\r")
+        dead = await terminal.shows(
+            rf"^s00 .*{victim} dead.*(moves in \d+\.\d s|moving now)",
+            timeout=15,
+            what=f"s00 marked: its owner {victim} is dead, and when it moves",
+        )
+        assert dead
+        await terminal.shows(
+            rf"^{victim}\s+\d+\s+dead \(kill -9\)\s+-\s",
+            timeout=5,
+            what="the worker dead, no conns",
+        )
         await eventually(
             lambda: (o := owners(table)) and o["s00"] not in (None, victim),
             timeout=20,
             what=f"s00 taken over from the killed {victim}",
         )
-        process.send_signal(signal.SIGINT)  # Ctrl-C
-        assert await asyncio.to_thread(process.wait, 60) == 0
-        output = await drain
-        assert "shutting down" in output
-        assert "kill -9 " + victim in output
+        heir = owners(table)["s00"]
+        await terminal.shows(rf"^s00\s+STARTED\s+{heir}\s", timeout=10, what="s00's new owner")
+        screen = await terminal.shows(
+            rf"^\d\d:\d\d:\d\d {heir} took over .*s00.* from {victim}",
+            timeout=10,
+            what="the takeover in the events",
+        )
+        events = screen.string.splitlines()
+        assert sum("took over" in line and "s00" in line for line in events) == 1, events
+        assert any(re.match(rf"\d\d:\d\d:\d\d > k {number}: kill -9 {victim}", e) for e in events)
+        assert re.search(r"stream\s+state\s+owner\s+checkpoint\s+stored\s+lag\s", screen.string)
+        numbers = await terminal.shows(
+            rf"^s00\s+STARTED\s+{heir}\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)",
+            timeout=10,
+            what="s00's checkpoint, stored seq, lag and upstream seq",
+        )
+        checkpoint, stored, lag, _ = (int(v) for v in numbers.groups())
+        assert lag == stored - checkpoint >= 0  # the CLI's lag: messages past the checkpoint
+
+        # i shows every URL and the CLI's environment in the view, i again the fleet.
+        terminal.type("i\r")
+        await terminal.shows(r"^export TABLE_NAME=", timeout=10, what="the info screen")
+        terminal.type("i\r")
+        await terminal.shows(r"^workers \(", timeout=10, what="the fleet again")
+
+        # The primary region fails over and back, typed in the view.
+        terminal.type("f\r")
+        await terminal.shows(r"serving us-west-2", timeout=20, what="the failover")
+        assert json.loads(get(f"{page.group(1)}/resolve")[2])["region"] == "us-west-2"
+        terminal.type("r\r")
+        await terminal.shows(r"serving us-east-1", timeout=30, what="the fail-back")
+
+        # A worker added, the survivor drained: it shows draining or drained, not running.
+        terminal.type("a\r")
+        await terminal.shows(r"^w3\s+\d+\s+running", timeout=20, what="the added worker")
+        await eventually(lambda: "w3" in live_sessions(table), timeout=20, what="w3's session")
+        terminal.type(f"d {heir.removeprefix('w')}\r")
+        await terminal.shows(rf"^{heir}\s+\d+\s+(draining|drained)\s", timeout=15, what="drain")
+        await eventually(
+            lambda: set(owners(table).values()) == {"w3"},
+            timeout=30,
+            what="every stream handed to w3",
+        )
+        await terminal.shows(rf"^{heir}\s+\d+\s+drained\s+0\s", timeout=10, what="drained")
+
+        # The hand-run worker command the banner prints works against it, as written.
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **exports}
+        env["WORKER_ID"] = "by-hand-worker"
+        by_hand = run_worker_by_hand(env)
+        try:
+            await eventually(
+                lambda: "by-hand-worker" in live_sessions(table) or by_hand.poll() is not None,
+                timeout=30,
+                what="the hand-run worker's session",
+            )
+            assert by_hand.poll() is None, by_hand.stderr.read().decode()
+            await terminal.shows(
+                r"^by-hand-worker\s+-\s+running.*started elsewhere",
+                timeout=10,
+                what="the hand-run worker in the view",
+            )
+        finally:
+            by_hand.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(by_hand.wait, 30) == 0
+
+        # Every frame fitted 80 x 24 and drew each section once (no stale lines piling up).
+        frames = terminal.frames()
+        assert len(frames) > 20
+        for frame in frames:
+            assert len(frame) <= ROWS, frame
+            assert max(len(line) for line in frame) <= COLUMNS, frame
+            titles = sum(line.startswith("workers (") for line in frame)
+            other = any(ln.startswith(("export ", "starting...")) for ln in frame)  # i, start-up
+            assert titles == 1 or (titles == 0 and other), frame
+
+        terminal.process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert await asyncio.to_thread(terminal.process.wait, 90) == 0
+        await asyncio.sleep(0.5)
+        assert "shutting down" in terminal.output.partition(ALT_SCREEN_OFF)[2]
+        assert not (tmp_path / "env").exists()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        terminal.close()
+
+
+# --- The view's pieces --------------------------------------------------------------------------
+
+
+def _snapshot(workers: int, streams: int) -> Snapshot:
+    views = [
+        WorkerView(f"w{n}", 100 + n, "running", streams // workers, "3.1 s left")
+        for n in range(1, workers + 1)
+    ]
+    views[1] = WorkerView("w2", 102, "dead (kill -9)", None, "0.4 s left", "3 streams moves in")
+    rows = [
+        StreamView(f"s{n:02d}", "STARTED", f"w{n % workers + 1}", "", 10, 12, 2, 15)
+        for n in range(streams)
+    ]
+    for n in (1, 7, 11):
+        rows[n] = StreamView(f"s{n:02d}", "STARTED", "w2", "dead", 9, 9, 0, 15, "moves in 0.6 s")
+    return Snapshot(at=time.time(), workers=tuple(views), streams=tuple(rows))
+
+
+@pytest.mark.parametrize(("rows", "columns"), [(24, 80), (40, 120), (12, 80)])
+def test_the_view_fits_the_screen_and_shows_what_needs_attention(rows, columns):
+    events = EventLog()
+    for n in range(30):
+        events.note(f"note {n}", important=False)
+    console = Console(file=io.StringIO(), width=columns, height=rows, record=True)
+    view = render(
+        _snapshot(5, 12),
+        events,
+        header="demo page http://127.0.0.1:1/?user=alice",
+        typed="k 2",
+        last_result="",
+        height=rows,
+    )
+    console.print(view)
+    lines = console.export_text().rstrip("\n").split("\n")
+    assert len(lines) <= rows, lines
+    assert max(len(line) for line in lines) <= columns
+    text = "\n".join(lines)
+    assert "> k 2" in text  # what is typed shows
+    assert re.search(r"^w2\s+102\s+dead \(kill -9\)\s+-\s", text, re.MULTILINE)
+    shown = re.findall(r"^(s\d\d) ", text, re.MULTILINE)
+    dead_owned = ["s01", "s07", "s11"]  # held by the dead worker: on screen before the others
+    assert shown[: len(dead_owned)] == dead_owned[: len(shown)] or set(dead_owned) <= set(shown)
+    for stream_id in set(shown) & set(dead_owned):
+        assert re.search(rf"^{stream_id}\s+STARTED\s+w2 dead\s.*moves in", text, re.MULTILINE)
+    if len(shown) < 12:
+        assert f"streams (12, {12 - len(shown)} not shown" in text
+
+
+def test_events_keep_what_matters_and_say_each_takeover_once():
+    events = EventLog()
+    base = time.time()
+    events.add({"ts": base, "event": "deadline_passed", "worker": "w2", "connections": 3})
+    for n in range(12):  # a burst of losses after it: one line, with the reason
+        events.add({"ts": base + 0.1, "event": "lease_lost", "worker": "w2", "pk": f"CONN#s{n}"})
+    takeover = {
+        "event": "lease_taken_over",
+        "worker": "w1",
+        "pk": "CONN#s3",
+        "previous_owner": "w2",
+    }
+    events.add({"ts": base + 1, **takeover})
+    events.add({"ts": base + 1, "event": "lease_gained", "worker": "w1", "pk": "CONN#s3"})
+    events.add({"ts": base + 2, "event": "session_reopened", "worker": "w2"})
+    for n in range(20):
+        events.add(
+            {"ts": base + 3 + n * 3, "event": "lease_released", "worker": "w3", "pk": f"CONN#x{n}"}
+        )
+    lines = events.lines(4)
+    assert len(lines) == 4
+    assert any("w2 deadline passed" in line for line in lines)
+    assert any("w2 session lapsed" in line for line in lines)
+    assert [line for line in lines if "s3" in line and "w1" in line] == [
+        next(line for line in lines if "took over s3 from w2" in line)
+    ]
+    everything = events.lines(100)
+    lost = [line for line in everything if "lost" in line]
+    assert len(lost) == 1 and "after its deadline passed" in lost[0] and "s11" in lost[0]
+    assert not any("gained s3" in line for line in everything)
+    assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in everything)
+
+
+# --- The worker from the virtualenv, as the README runs it ----------------------------------------
+
+
+def test_the_worker_runs_from_the_virtualenv_and_names_a_missing_setting(tmp_path):
+    """After make setup, ``.venv/bin/python -m streamfleet.worker`` imports without PYTHONPATH
+    (the checkout is on the virtualenv's path), and a missing region is one line, not a
+    NoRegionError traceback."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "TABLE_NAME": "leases",
+        "MESSAGES_TABLE_NAME": "messages",
+        "QUEUE_URL": "http://127.0.0.1:9/queue",
+        "ALLOWED_UPSTREAMS": "ws://127.0.0.1:8765",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "streamfleet.worker"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert json.loads(lines[0])["error"].startswith("AWS_REGION: not set")
 
 
 def test_the_help_lists_every_command():
@@ -96,4 +463,5 @@ def test_the_help_lists_every_command():
         text=True,
         check=True,
     )
-    assert "--workers" in result.stdout and "--dynamodb" in result.stdout
+    for option in ("--workers", "--dynamodb", "--no-regions", "--static-dir", "--env-file"):
+        assert option in result.stdout

@@ -9,11 +9,11 @@ workers' JSON logs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,7 +27,15 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item
+from streamfleet_dev.assembly import (
+    ContainerSpec,
+    Stack,
+    default_assembly,
+    local_environment,
+    reference_of,
+)
 from streamfleet_dev.checks import log_problems
+from streamfleet_dev.local.container import container_launch, image_python
 from streamfleet_dev.tables import create_tables
 from streamfleet_dev.upstream.fake import FakeUpstream, message_data
 from streamfleet_dev.upstream.process import UpstreamProcess
@@ -104,6 +112,30 @@ class WorkerProcess:
         self.process.wait()
 
 
+WORKER_STACK = "StreamFleet-Primary"  # the active Region's fleet: its task definition
+
+
+@functools.cache
+def worker_container() -> tuple[Stack, ContainerSpec, Path]:
+    """The synthesized worker container (``WORKER_STACK``'s task definition), its stack and the
+    image's interpreter (a cached virtualenv of the image's requirements): what every worker
+    process started here runs. Synthesizes once per process unless ``STREAMFLEET_ASSEMBLY``
+    names an assembly."""
+    stack = default_assembly().stack(WORKER_STACK)
+    container = stack.container()
+    if container.image_dir is None:
+        raise RuntimeError(f"{WORKER_STACK}: the worker image is not an asset of the assembly")
+    return stack, container, image_python(container.image_dir)
+
+
+def local_aws_environment(region: str) -> dict[str, str]:
+    """What the task gets from Fargate and the local servers: its Region (this process's, else
+    the stack's), credentials and every ``AWS_*`` variable of this process (the endpoints)."""
+    found = {name: value for name, value in os.environ.items() if name.startswith("AWS_")}
+    region = found.get("AWS_REGION") or found.get("AWS_DEFAULT_REGION") or region
+    return {**found, "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+
+
 @dataclass
 class Fleet:
     """Tables, a queue, an upstream and worker processes for one test."""
@@ -155,25 +187,52 @@ class Fleet:
     # -- workers ------------------------------------------------------------------------------
 
     def start_worker(self, worker_id: str | None = None, **env: str) -> WorkerProcess:
+        """Start one worker as ECS starts the synthesized task definition's container: its
+        command in the image's code with the image's interpreter, the image's and the
+        container's environment (references mapped to this fleet's tables and queue), and the
+        local differences named: short timings, the local upstream on the allow-list, a
+        capacity of 100, no health port (``HEALTH_PORT`` in ``env`` for one), the worker id,
+        the endpoint variables and credentials of the local servers, then ``extra_env`` and
+        ``env`` (which win)."""
         worker_id = worker_id or f"w{len(self.workers) + 1}"
         log_path = self.tmp / f"{worker_id}-{len(self.workers)}.log"
-        environment = {
-            **os.environ,
+        stack, container, image_bin = worker_container()
+        wanted = {
             **FAST_ENV,
-            "PYTHONPATH": str(REPO / "runtime"),
-            "TABLE_NAME": self.lease_table,
-            "MESSAGES_TABLE_NAME": self.messages_table,
-            "QUEUE_URL": self.queue_url,
-            "WORKER_ID": worker_id,
             "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{self.upstream.port}",
             "MAX_CONNECTIONS": "100",
+            "HEALTH_PORT": "0",
+            "WORKER_ID": worker_id,
             **self.extra_env,
             **env,
         }
+        # What the template sets is overridden by name (a typo fails); the rest are extras.
+        declared = container.environment
+        refs = {
+            reference_of(declared["TABLE_NAME"]): self.lease_table,
+            reference_of(declared["MESSAGES_TABLE_NAME"]): self.messages_table,
+            reference_of(declared["QUEUE_URL"]): self.queue_url,
+        }
+        environment = local_environment(
+            declared,
+            stack,
+            refs=refs,
+            overrides={k: v for k, v in wanted.items() if k in declared},
+        )
+        launch = container_launch(
+            container,
+            environment,
+            image_bin=image_bin,
+            overrides={
+                **local_aws_environment(stack.region),
+                **{k: v for k, v in wanted.items() if k not in declared},
+            },
+        )
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "streamfleet.worker"],
-                env=environment,
+                list(launch.argv),
+                env=dict(launch.env),
+                cwd=launch.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

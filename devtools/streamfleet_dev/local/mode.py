@@ -1,19 +1,28 @@
-"""``make local``: the whole fleet on this machine, with a live view you can poke at.
+"""``make local``: the whole system on this machine, from the synthesized assembly, live.
 
-Starts the local servers (dynalite for DynamoDB, moto's server mode for SQS; ``--dynamodb moto``
-puts DynamoDB on moto too),
-creates the tables and queue from :mod:`streamfleet.model`, serves the event REST API through
-the real event-router handler, starts the fake upstream and N worker processes, STARTs a set of
-streams through that API, and shows workers, streams and lease events live.
+What runs (each piece what ``cdk deploy`` would run, read from the cloud assembly that
+``cdk synth`` writes; :mod:`streamfleet_dev.assembly` caches it by its inputs):
 
-Type a command and Enter while it runs::
+* dynalite for DynamoDB and moto's server for SQS (``--dynamodb moto`` puts DynamoDB on moto
+  too), the fleet's tables created from the synthesized templates, and its queue;
+* the event REST API: the template's methods served on a local port, each request a REST proxy
+  event for the event router running from its synthesized asset in a clean interpreter
+  (:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess`);
+* the fake upstream, and N worker processes started as ECS starts the task definition's
+  container (its command, the image's code and interpreter, the container's environment);
+* the client-facing WebSocket API in two local regions with their canaries, alarms and failover
+  resolver (:class:`~streamfleet_dev.wsapi.regions.LocalRegions`, in a process of its own),
+  serving the demo page built into ``clients/web/dist`` (``make web``);
+* twelve STARTed streams, and a live view of workers, streams, regions and lease events.
 
-    k 2   kill -9 worker 2          t 2   SIGTERM worker 2
+Type a command and Enter while it runs (what you type shows at the bottom)::
+
+    k 2   kill -9 worker 2          t 2   SIGTERM worker 2 (hand over, exit)
     p 2   pause worker 2 (SIGSTOP)  c 2   continue worker 2 (SIGCONT)
-    a     add a worker              s ID  START stream ID     x ID  STOP stream ID
-    q     quit (Ctrl-C works too)
-
-The operator CLI works against it from a second terminal (the banner prints the environment).
+    d 2   drain worker 2            a     add a worker
+    s ID  START stream ID           x ID  STOP stream ID
+    f     fail the primary region (throttled; "f down": down)   r   restore it
+    i     show every URL and the operator CLI's environment     q   quit (Ctrl-C too)
 """
 
 from __future__ import annotations
@@ -22,30 +31,55 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import select
 import signal
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.panel import Panel
-from rich.table import Table
 
 from streamfleet import model
+from streamfleet.cli import checkpoint_of, connection_rows
+from streamfleet.lease import LeaseTiming, SessionDirectory
+from streamfleet.lease.dynamo import from_item, to_attr
+from streamfleet_dev.assembly import (
+    default_assembly,
+    local_environment,
+    reference_of,
+)
 from streamfleet_dev.upstream.process import UpstreamProcess
 
-from .fleet import Fleet, WorkerProcess
-from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, free_port, moto_server
+from . import http_adapter
+from .fleet import WORKER_STACK, Fleet, WorkerProcess, worker_container
+from .lambda_runner import LambdaProcess, LambdaSpec, host_twin, native_mismatches
+from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
+from .terminal import Keyboard, LineEditor
+from .view import (
+    EventLog,
+    RegionsView,
+    SessionView,
+    Snapshot,
+    StreamView,
+    WorkerView,
+    lease_text,
+    moves_text,
+    render,
+)
 
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_STATIC_DIR = REPO / "clients" / "web" / "dist"
+DEFAULT_ENV_FILE = Path(tempfile.gettempdir()) / "streamfleet-local.env"
+ROUTER_HANDLER = "streamfleet.event_router.handler"
 # Slow enough to watch, fast enough that a kill -9 recovers while you look.
 DEMO_TIMING = {
     "LEASE_SECONDS": "4",
@@ -58,30 +92,162 @@ DEMO_TIMING = {
     "SQS_WAIT_SECONDS": "2",
     "METRICS_EVERY": "5",
 }
-LEASE_EVENTS = {
-    "session_opened",
-    "lease_gained",
-    "lease_taken_over",
-    "lease_lost",
-    "lease_released",
-    "lease_handed_over",
-    "deadline_passed",
-    "session_reopened",
-    "draining",
-    "worker_stopped",
-}
-HELP = "k N kill -9 · t N SIGTERM · p N pause · c N continue · a add · s ID start · x ID stop · q"
+SKEW_SECONDS = float(DEMO_TIMING["MAX_CLOCK_SKEW_SECONDS"])
+SNAPSHOT_EVERY = 1.0  # seconds between reads of the tables, the upstream and the regions
+FRAME_EVERY = 0.25  # seconds between redraws (and at once after every key)
+REGIONS_START_TIMEOUT = 90.0
+SIGNAL_NAMES = {signal.SIGKILL: "kill -9", signal.SIGTERM: "SIGTERM", signal.SIGSEGV: "SIGSEGV"}
+
+
+# --- The WebSocket API's two regions, in a process of their own ---------------------------------
+
+
+class RegionsProcess:
+    """``python -m streamfleet_dev.wsapi.regions --serve``: LocalRegions out of this process
+    (its canaries run every 0.5 s; the live view's loop and its logs stay apart), steered over
+    its HTTP port as a browser test or ``curl`` would."""
+
+    def __init__(self, *, static_dir: Path | None, log_path: Path):
+        self.static_dir = static_dir
+        self.log_path = log_path
+        self.process: subprocess.Popen[str] | None = None
+        self.described: dict[str, Any] = {}
+
+    def start(self) -> RegionsProcess:
+        command = [sys.executable, "-m", "streamfleet_dev.wsapi.regions", "--serve"]
+        if self.static_dir is not None:
+            command += ["--static-dir", str(self.static_dir)]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,  # Ctrl-C reaches local mode, which stops it in order
+            )
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], REGIONS_START_TIMEOUT)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the local WebSocket regions did not start:\n{tail}")
+        self.described = json.loads(line)
+        return self
+
+    @property
+    def http_url(self) -> str:
+        return str(self.described["http_url"])
+
+    @property
+    def primary(self) -> str:
+        return str(self.described["primary"])
+
+    @property
+    def secondary(self) -> str:
+        return str(self.described["secondary"])
+
+    def region_url(self, name: str) -> str:
+        return str(self.described["regions"][name])
+
+    def _call(self, path: str, method: str = "GET") -> dict[str, Any]:
+        request = urllib.request.Request(f"{self.http_url}{path}", method=method, data=None)
+        try:
+            with urllib.request.urlopen(request, timeout=3) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:
+            return json.load(error)
+
+    def health(self) -> dict[str, Any]:
+        return self._call("/health")
+
+    def fail(self, mode: str) -> dict[str, Any]:
+        return self._call(f"/fail?mode={mode}", "POST")
+
+    def restore(self) -> dict[str, Any]:
+        return self._call("/restore", "POST")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# --- The event router, from its synthesized asset -----------------------------------------------
+
+
+@dataclass
+class EventApi:
+    """The REST API's methods from the template, served locally; the router from its asset."""
+
+    router: LambdaProcess
+    server: Any
+    url: str
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.router.stop()
+
+
+def start_event_api(fleet: Fleet, allowed_upstreams: str, log_path: Path) -> EventApi:
+    """The event router as the primary fleet stack deploys it: its asset, handler, runtime
+    settings and environment (references mapped to this fleet's table and queue; the allow-list
+    naming the local upstream), behind the template's REST methods."""
+    stack = default_assembly().stack(WORKER_STACK)
+    function = stack.function_with_handler(ROUTER_HANDLER)
+    refs = {
+        reference_of(function.environment["TABLE_NAME"]): fleet.lease_table,
+        reference_of(function.environment["QUEUE_URL"]): fleet.queue_url,
+    }
+    environment = local_environment(
+        function.environment,
+        stack,
+        refs=refs,
+        overrides={"ALLOWED_UPSTREAMS": allowed_upstreams},
+    )
+    spec = LambdaSpec.for_function(function, environment, region=stack.region)
+    code_dir = host_twin(function.asset_dir) if native_mismatches(spec) else None
+    router = LambdaProcess(
+        spec,
+        extra_env={k: v for k, v in os.environ.items() if k.startswith("AWS_ENDPOINT_URL")},
+        log_path=log_path,
+        code_dir=code_dir,
+    ).start()
+    routes = [
+        http_adapter.Route(method.http_method, method.resource_path)
+        for method in stack.rest_methods()
+        if method.function == function.logical_id
+    ]
+    server = http_adapter.make_server(handler=router, routes=routes)
+    http_adapter.serve_in_thread(server)
+    return EventApi(router, server, f"http://127.0.0.1:{server.server_address[1]}")
+
+
+# --- The running system -------------------------------------------------------------------------
 
 
 @dataclass
 class LocalMode:
-    """The running system and what the live view shows of it."""
+    """The running system, what the person did to it, and how to read it for the view."""
 
     fleet: Fleet
     api_url: str
-    events: deque[str] = field(default_factory=lambda: deque(maxlen=12))
+    regions: RegionsProcess | None = None
+    events: EventLog = field(default_factory=EventLog)
     paused: set[str] = field(default_factory=set)
-    _offsets: dict[str, int] = field(default_factory=dict)
+    terminated: set[str] = field(default_factory=set)
+    latest: Snapshot | None = None
+    info: str = ""
+    show_info: bool = False
+    last_result: str = ""
+    _offsets: dict[Path, int] = field(default_factory=dict)
+    _health: dict[str, Any] = field(default_factory=dict)
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -96,195 +262,319 @@ class LocalMode:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return f"{response.status} {json.load(response).get('outcome')}"
         except urllib.error.HTTPError as error:
-            return f"{error.code} {json.load(error).get('error')}"
+            answer = json.load(error)
+            return f"{error.code} {answer.get('error') or answer.get('message')}"
 
     def start(self, stream_id: str) -> str:
         url = self.fleet.upstream.url_for(stream_id)
-        body = {"event_type": "START", "connection_id": stream_id, "ws_url": url}
-        return self.post_event(body)
+        return self.post_event({"event_type": "START", "connection_id": stream_id, "ws_url": url})
 
     def stop(self, stream_id: str) -> str:
         return self.post_event({"event_type": "STOP", "connection_id": stream_id})
 
-    def worker(self, number: str) -> WorkerProcess | None:
-        return self.fleet.workers.get(f"w{number}")
+    def worker(self, name: str) -> WorkerProcess | None:
+        name = name.strip()
+        return self.fleet.workers.get(name if name.startswith("w") else f"w{name}")
 
-    def command(self, line: str) -> str:
-        """Carry out one typed command; returns what happened, for the event list."""
+    async def drain(self, worker_id: str) -> str:
+        """What ``cli drain`` does: the drain flag on the worker's live session."""
+        directory = SessionDirectory(
+            dynamodb=self.fleet.async_dynamodb,
+            table_name=self.fleet.lease_table,
+            timing=LeaseTiming(),
+        )
+        asked = await directory.request_drain(worker_id)
+        return f"drain asked of {worker_id}" if asked else f"no live session of {worker_id}"
+
+    async def command(self, line: str) -> str:
+        """Carry out one typed command; returns what happened (shown and logged)."""
         verb, _, argument = line.strip().partition(" ")
         argument = argument.strip()
         signals = {"k": signal.SIGKILL, "t": signal.SIGTERM, "p": signal.SIGSTOP}
+        if verb == "i":
+            self.show_info = not self.show_info
+            return "showing every URL (i again: the fleet)" if self.show_info else "the fleet"
         if verb == "a":
-            return f"added {self.fleet.start_worker().worker_id}"
+            started = await asyncio.to_thread(self.fleet.start_worker)
+            return f"added {started.worker_id} (pid {started.process.pid})"
         if verb == "s" and argument:
-            return f"START {argument}: {self.start(argument)}"
+            return f"START {argument}: {await asyncio.to_thread(self.start, argument)}"
         if verb == "x" and argument:
-            return f"STOP {argument}: {self.stop(argument)}"
-        if verb in (*signals, "c"):
-            worker = self.worker(argument)
+            return f"STOP {argument}: {await asyncio.to_thread(self.stop, argument)}"
+        if verb in ("f", "r"):
+            if self.regions is None:
+                return "the WebSocket regions are not running (--no-regions)"
+            if verb == "f":
+                mode = argument or "throttled"
+                answer = await asyncio.to_thread(self.regions.fail, mode)
+                if "error" in answer:
+                    return f"fail: {answer['error']}"
+                return f"primary {self.regions.primary} {mode}: watch the page move"
+            await asyncio.to_thread(self.regions.restore)
+            return f"primary {self.regions.primary} restored (fail-back after 3 healthy runs)"
+        if verb in (*signals, "c", "d"):
+            worker = self.worker(argument) if argument else None
             if worker is None or not worker.alive():
-                return f"no running worker w{argument}"
-            worker.signal(signals.get(verb, signal.SIGCONT))
+                return f"no running worker {argument or '(give its number)'}"
+            if verb == "d":
+                return await self.drain(worker.worker_id)
+            signum = signals.get(verb, signal.SIGCONT)
+            if verb != "p":
+                worker.signal(signal.SIGCONT)  # a paused worker cannot act on SIGTERM
+            worker.signal(signum)
             (self.paused.add if verb == "p" else self.paused.discard)(worker.worker_id)
+            if verb == "t":
+                self.terminated.add(worker.worker_id)
             names = {"k": "kill -9", "t": "SIGTERM", "p": "SIGSTOP", "c": "SIGCONT"}
             return f"{names[verb]} {worker.worker_id}"
-        return f"unknown command {line.strip()!r} ({HELP})"
+        return f"unknown command {line.strip()!r}: see the help line"
 
-    # -- the view -----------------------------------------------------------------------------
+    # -- reading the system -------------------------------------------------------------------
 
     def _tail(self, worker: WorkerProcess) -> None:
-        offset = self._offsets.get(worker.worker_id, 0)
-        with open(worker.log_path, "rb") as log:
-            log.seek(offset)
-            chunk = log.read()
+        offset = self._offsets.get(worker.log_path, 0)
+        try:
+            with open(worker.log_path, "rb") as log:
+                log.seek(offset)
+                chunk = log.read()
+        except FileNotFoundError:
+            return
         complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offsets[worker.worker_id] = offset + len(complete)
+        self._offsets[worker.log_path] = offset + len(complete)
         for line in complete.decode(errors="replace").splitlines():
-            if not line.startswith('{"ts"'):
-                continue
-            record = json.loads(line)
-            if record.get("event") in LEASE_EVENTS:
-                when = time.strftime("%H:%M:%S", time.localtime(record["ts"]))
-                detail = record.get("pk", "").removeprefix(model.CONNECTION_PREFIX)
-                extra = record.get("reason") or record.get("via") or ""
-                self.events.append(
-                    f"{when} {record['worker']:>4} {record['event']} {detail} {extra}"
-                )
+            if line.startswith('{"ts"'):
+                with contextlib.suppress(ValueError):
+                    self.events.add(json.loads(line))
 
-    def snapshot(self) -> dict[str, Any]:
-        """Everything the view shows, read from the table, the upstream and the logs."""
-        for worker in self.fleet.workers.values():
-            self._tail(worker)
-        return {"rows": self.fleet.rows(), "upstream": self.fleet.upstream.stats()}
+    def _items(self) -> list[dict[str, Any]]:
+        pages = self.fleet.dynamodb.get_paginator("scan").paginate(TableName=self.fleet.lease_table)
+        return [from_item(raw) for page in pages for raw in page["Items"]]
 
-    def render(self, snapshot: dict[str, Any]) -> Group:
-        rows, upstream = snapshot["rows"], snapshot["upstream"]
-        held: dict[str, int] = {}
-        for row in rows.values():
-            if row.get(model.LEASE_OWNER):
-                held[row[model.LEASE_OWNER]] = held.get(row[model.LEASE_OWNER], 0) + 1
-        workers = Table(title="workers", expand=True)
-        for column in ("worker", "pid", "state", "connections"):
-            workers.add_column(column)
-        for worker_id, worker in self.fleet.workers.items():
-            state = (
-                "paused"
-                if worker_id in self.paused
-                else "running"
-                if worker.alive()
-                else f"exited {worker.process.returncode}"
+    def _newest_stored(self, pks: list[str]) -> dict[str, int]:
+        """The newest stored seq of each stream (one descending Query of one item each, as
+        ``cli connections --messages-table`` reads it)."""
+        found = {}
+        for pk in pks:
+            page = self.fleet.dynamodb.query(
+                TableName=self.fleet.messages_table,
+                KeyConditionExpression="#pk = :pk",
+                ExpressionAttributeNames={"#pk": model.PK, "#seq": model.SEQ},
+                ExpressionAttributeValues={":pk": to_attr(pk)},
+                ProjectionExpression="#seq",
+                ScanIndexForward=False,
+                Limit=1,
             )
-            workers.add_row(worker_id, str(worker.process.pid), state, str(held.get(worker_id, 0)))
-        streams = Table(title="streams", expand=True)
-        for column in ("stream", "state", "owner", "persisted seq", "upstream seq", "lag"):
-            streams.add_column(column)
-        for stream_id, row in sorted(rows.items()):
-            head = upstream["head"].get(stream_id, 0)
-            last = row.get(model.LAST_SEQ, 0)
-            lag = head - last if row.get(model.DESIRED_STATE) == "STARTED" else ""
-            streams.add_row(
-                stream_id,
-                row.get(model.DESIRED_STATE, ""),
-                row.get(model.LEASE_OWNER) or "-",
-                str(last),
-                str(head),
-                str(lag),
-            )
-        recent = Panel("\n".join(self.events) or "(none yet)", title="recent lease events")
-        return Group(workers, streams, recent, Panel(HELP, title="type a command + Enter"))
+            if page.get("Items"):
+                found[pk] = int(page["Items"][0][model.SEQ]["N"])
+        return found
 
-
-async def run(args: argparse.Namespace, workdir: Path) -> None:
-    os.environ.update(LOCAL_AWS_ENV)
-    servers: list[LocalServer] = [moto_server(workdir / "moto.log").start()]
-    if args.dynamodb == "dynalite":
-        servers.append(dynalite_server(workdir / "dynalite.log").start())
-    os.environ["AWS_ENDPOINT_URL_SQS"] = servers[0].endpoint
-    os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = servers[-1].endpoint
-    console = Console()
-    upstream = UpstreamProcess(rate=args.rate, keepalive_seconds=1.0).start()
-    fleet = Fleet(
-        endpoint=servers[-1].endpoint, upstream=upstream, tmp=workdir, extra_env=DEMO_TIMING
-    )
-    api_port = free_port()
-    router_env = {
-        **os.environ,
-        "TABLE_NAME": fleet.lease_table,
-        "QUEUE_URL": fleet.queue_url,
-        "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{upstream.port}",
-    }
-    router = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "streamfleet_dev.local.http_adapter",
-        "--port",
-        str(api_port),
-        env=router_env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    mode = LocalMode(fleet=fleet, api_url=f"http://127.0.0.1:{api_port}")
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stopping.set)
-    loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    try:
-        for _ in range(args.workers):
-            fleet.start_worker()
-        await _wait_for_api(mode)
-        for n in range(args.streams):
-            mode.events.append(
-                f"START s{n:02d}: {await asyncio.to_thread(mode.start, f's{n:02d}')}"
+    def _regions_view(self) -> tuple[RegionsView | None, str]:
+        if self.regions is None:
+            return None, "not running (--no-regions)"
+        try:
+            health = self.regions.health()
+        except (OSError, ValueError) as exc:
+            return None, f"no answer from {self.regions.http_url} ({exc})"
+        previous, self._health = self._health, health
+        if previous and previous.get("serving") != health.get("serving"):
+            self.events.note(
+                f"the failover name now points at {health.get('serving')} "
+                "(the page reconnects there)"
             )
-        console.print(
-            Panel(
-                "\n".join(
-                    f"export {k}={v}"
-                    for k, v in {
-                        "AWS_ENDPOINT_URL_DYNAMODB": os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
-                        "AWS_ENDPOINT_URL_SQS": os.environ["AWS_ENDPOINT_URL_SQS"],
-                        "AWS_ACCESS_KEY_ID": "local",
-                        "AWS_SECRET_ACCESS_KEY": "local",
-                        "AWS_DEFAULT_REGION": "us-east-1",
-                        "TABLE_NAME": fleet.lease_table,
-                        "QUEUE_URL": fleet.queue_url,
-                    }.items()
-                )
-                + f'\n# event API: {mode.api_url}/events   then: make cli ARGS="workers"',
-                title="local fleet: use the operator CLI from another terminal with",
-            )
+        if previous and previous.get("primary") != health.get("primary"):
+            self.events.note(f"primary {self.regions.primary} is {health.get('primary')}")
+        view = RegionsView(
+            primary=self.regions.primary,
+            secondary=self.regions.secondary,
+            primary_mode=str(health.get("primary", "?")),
+            secondary_mode=str(health.get("secondary", "?")),
+            serving=str(health.get("serving", "?")),
+            alarms=health.get("alarms") or {},
         )
-        _read_commands(loop, commands, stopping)
-        deadline = time.monotonic() + args.duration if args.duration else None
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while not stopping.is_set() and (deadline is None or time.monotonic() < deadline):
-                while not commands.empty():
-                    line = commands.get_nowait()
-                    if line.strip() == "q":
-                        stopping.set()
-                        break
-                    mode.events.append(await asyncio.to_thread(mode.command, line))
-                live.update(mode.render(await asyncio.to_thread(mode.snapshot)))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), 0.5)
-        if args.summary:
-            _print_summary(mode)
-    finally:
-        console.print("shutting down: workers hand over, then everything stops")
-        for worker in fleet.workers.values():
-            if worker.alive():
-                worker.signal(signal.SIGCONT)
-                worker.signal(signal.SIGTERM)
-        for worker in fleet.workers.values():
-            with contextlib.suppress(Exception):
-                worker.process.wait(15)
-        fleet.close()
-        router.terminate()
-        await router.wait()
-        upstream.stop()
-        for server in servers:
-            server.stop()
+        return view, ""
+
+    def snapshot(self) -> Snapshot:
+        """Everything the view shows, read from the table, the upstream, the regions and the
+        logs (blocking: call it in a thread)."""
+        for worker in list(self.fleet.workers.values()):
+            self._tail(worker)
+        now_ms = time.time_ns() // 1_000_000
+        items = self._items()
+        connections = [i for i in items if i[model.PK].startswith(model.CONNECTION_PREFIX)]
+        sessions: dict[tuple[str, int], SessionView] = {}
+        for item in items:
+            if item[model.PK].startswith(model.SESSION_PREFIX):
+                session = SessionView(
+                    owner=item[model.SESSION_OWNER],
+                    version=int(item[model.SESSION_VERSION]),
+                    state=str(item.get(model.SESSION_STATE, "")),
+                    expires_at_ms=int(item.get(model.EXPIRES_AT_MS, 0)),
+                    drain_requested=bool(item.get(model.DRAIN_REQUESTED)),
+                )
+                sessions[(session.owner, session.version)] = session
+        newest: dict[str, SessionView] = {}
+        for key in sorted(sessions):  # by owner, then version: the newest one wins
+            newest[key[0]] = sessions[key]
+        stored = self._newest_stored([i[model.PK] for i in connections])
+        rows = {r["connection_id"]: r for r in connection_rows(connections, now_ms, stored)}
+        head = self.fleet.upstream.stats()["head"]
+        owned: dict[str, int] = {}
+        for item in connections:
+            if item.get(model.LEASE_OWNER):
+                owned[item[model.LEASE_OWNER]] = owned.get(item[model.LEASE_OWNER], 0) + 1
+        workers = [
+            self._worker_view(worker, newest.get(worker.worker_id), owned, now_ms)
+            for worker in self.fleet.workers.values()
+        ]
+        for owner, session in newest.items():  # workers started by hand, say
+            live = session.state == model.SessionState.LIVE.value
+            if owner not in self.fleet.workers and live and session.seconds_left(now_ms) > -60:
+                workers.append(
+                    WorkerView(
+                        owner,
+                        None,
+                        "running" if session.seconds_left(now_ms) > 0 else "silent",
+                        owned.get(owner, 0),
+                        lease_text(session, now_ms),
+                        "started elsewhere",
+                    )
+                )
+        streams = []
+        for item in sorted(connections, key=lambda i: i[model.PK]):
+            stream_id = model.connection_id_of(item[model.PK])
+            owner = item.get(model.LEASE_OWNER)
+            session = (
+                sessions.get((owner, int(item.get(model.LEASE_SESSION, -1)))) if owner else None
+            )
+            owner_state = self._owner_state(owner, session, now_ms) if owner else ""
+            note = ""
+            if owner_state:
+                note = moves_text(session, now_ms, SKEW_SECONDS)
+            elif item.get(model.REFUSED_REASON):
+                note = f"refused: {item[model.REFUSED_REASON]}"
+            elif item.get(model.DESIRED_STATE) == "STARTED" and not owner:
+                note = "waiting for a worker"
+            streams.append(
+                StreamView(
+                    stream_id=stream_id,
+                    desired=str(item.get(model.DESIRED_STATE, "")),
+                    owner=owner,
+                    owner_state=owner_state,
+                    checkpoint=checkpoint_of(item),
+                    stored=rows[stream_id]["stored_seq"],
+                    lag=rows[stream_id]["lag"],
+                    upstream=head.get(stream_id),
+                    note=note,
+                )
+            )
+        regions, regions_error = self._regions_view()
+        return Snapshot(
+            at=time.time(),
+            workers=tuple(workers),
+            streams=tuple(streams),
+            regions=regions,
+            regions_error=regions_error,
+        )
+
+    def _owner_state(self, owner: str, session: SessionView | None, now_ms: int) -> str:
+        """Why a stream's owner no longer holds it in practice ("" while it does)."""
+        worker = self.fleet.workers.get(owner)
+        if worker is not None and not worker.alive():
+            return "dead"
+        if owner in self.paused:
+            return "paused"
+        if session is None:
+            return "" if worker is None else "ended"
+        if session.state != model.SessionState.LIVE.value:
+            return "ended"
+        return "expired" if session.seconds_left(now_ms) < 0 else ""
+
+    def _worker_view(
+        self,
+        worker: WorkerProcess,
+        session: SessionView | None,
+        owned: dict[str, int],
+        now_ms: int,
+    ) -> WorkerView:
+        holds = owned.get(worker.worker_id, 0)
+        returncode = worker.process.poll()
+        lease = lease_text(session, now_ms)
+        if returncode is not None:
+            if returncode < 0:
+                state = f"dead ({SIGNAL_NAMES.get(-returncode, signal.Signals(-returncode).name)})"
+            else:
+                state = "stopped" if returncode == 0 else f"exited {returncode}"
+            note = f"{holds} streams {moves_text(session, now_ms, SKEW_SECONDS)}" if holds else ""
+            if session is None or session.state != model.SessionState.LIVE.value:
+                lease = "ended" if session else "-"
+            return WorkerView(worker.worker_id, worker.process.pid, state, None, lease, note)
+        note = ""
+        if worker.worker_id in self.paused:
+            state = "paused"
+            note = "renews nothing: its streams move when the lease runs out"
+        elif worker.worker_id in self.terminated:
+            state = "stopping"
+        elif session is not None and session.drain_requested:
+            state = "draining" if holds else "drained"
+        else:
+            state = "running"
+        return WorkerView(worker.worker_id, worker.process.pid, state, holds, lease, note)
+
+
+# --- Start-up, the banner, the loop -------------------------------------------------------------
+
+
+def environment_lines(mode: LocalMode) -> dict[str, str]:
+    """What the operator CLI (and a worker run by hand) needs in a second terminal."""
+    fleet = mode.fleet
+    return {
+        "AWS_ENDPOINT_URL_DYNAMODB": os.environ["AWS_ENDPOINT_URL_DYNAMODB"],
+        "AWS_ENDPOINT_URL_SQS": os.environ["AWS_ENDPOINT_URL_SQS"],
+        "AWS_ACCESS_KEY_ID": "local",
+        "AWS_SECRET_ACCESS_KEY": "local",
+        "AWS_DEFAULT_REGION": os.environ["AWS_DEFAULT_REGION"],
+        "TABLE_NAME": fleet.lease_table,
+        "MESSAGES_TABLE_NAME": fleet.messages_table,
+        "QUEUE_URL": fleet.queue_url,
+        "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{fleet.upstream.port}",
+    }
+
+
+def banner(mode: LocalMode, assembly_dir: Path, env_file: Path) -> str:
+    """Every URL a person needs, and the environment of a second terminal (plain text, one
+    ``export`` per line, so it can be copied or sourced)."""
+    upstream = f"ws://127.0.0.1:{mode.fleet.upstream.port}"
+    _, container, _ = worker_container()
+    lines = ["StreamFleet on this machine, from the synthesized assembly:", f"  {assembly_dir}"]
+    if mode.regions is not None:
+        page = mode.regions.http_url
+        served = DEFAULT_STATIC_DIR if (DEFAULT_STATIC_DIR / "index.html").is_file() else None
+        lines += [
+            f"demo page:      {page}/?user=alice   and   {page}/?user=bob"
+            + ("" if served else "   (not built: run make web)"),
+            f"WebSocket API:  {mode.regions.region_url(mode.regions.primary)} "
+            f"({mode.regions.primary}, primary)",
+            f"                {mode.regions.region_url(mode.regions.secondary)} "
+            f"({mode.regions.secondary}, secondary)",
+            f"failover name:  GET {page}/resolve   (tokens: GET {page}/token?user=alice)",
+            f"fail / restore: type f / r, or curl -X POST {page}/fail?mode=throttled "
+            f"and {page}/restore",
+        ]
+    lines += [
+        f"event REST API: POST {mode.api_url}/events   GET {mode.api_url}/connections/<id>",
+        f"fake upstream:  {upstream}/streams/<id>",
+        f"workers:        {' '.join(container.argv())} in the image's code "
+        "(the task definition's container)",
+        "",
+        f"In a second terminal (or: source {env_file}):",
+    ]
+    lines += [f"export {name}={value}" for name, value in environment_lines(mode).items()]
+    lines += [
+        f'make cli ARGS="start my-1 {upstream}/streams/my-1"',
+        'make cli ARGS="connections"        # owner, checkpoint, lag in messages',
+        ".venv/bin/python -m streamfleet.worker   # one more worker, by hand (lease 20 s)",
+    ]
+    return "\n".join(lines)
 
 
 def _api_answers(api_url: str) -> bool:
@@ -297,44 +587,206 @@ def _api_answers(api_url: str) -> bool:
     return True
 
 
-async def _wait_for_api(mode: LocalMode) -> None:
+async def _wait_for_api(api_url: str) -> None:
     for _ in range(100):
-        if await asyncio.to_thread(_api_answers, mode.api_url):
+        if await asyncio.to_thread(_api_answers, api_url):
             return
         await asyncio.sleep(0.1)
-    raise RuntimeError(f"the local event API at {mode.api_url} did not start")
+    raise RuntimeError(f"the local event API at {api_url} did not start")
 
 
-def _read_commands(
-    loop: asyncio.AbstractEventLoop, commands: asyncio.Queue[str], stopping: asyncio.Event
+async def _refresh(mode: LocalMode, stopping: asyncio.Event) -> None:
+    while not stopping.is_set():
+        try:
+            mode.latest = await asyncio.to_thread(mode.snapshot)
+        except Exception as exc:  # a server restarting: say so, keep the view alive
+            mode.last_result = f"could not read the system: {exc}"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), SNAPSHOT_EVERY)
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> None:
+    console = Console()
+
+    def say(message: str) -> None:
+        console.print(f"[dim]local:[/dim] {message}", highlight=False)
+
+    logging.basicConfig(filename=workdir / "local-mode.log", level=logging.WARNING)
+    logging.captureWarnings(True)
+    os.environ.update(LOCAL_AWS_ENV)
+    started_at = time.monotonic()
+    servers: list[LocalServer] = []
+    upstream: UpstreamProcess | None = None
+    fleet: Fleet | None = None
+    event_api: EventApi | None = None
+    regions: RegionsProcess | None = None
+    try:
+        say("starting moto (SQS) and dynalite (DynamoDB)")
+        servers.append(await asyncio.to_thread(moto_server(workdir / "moto.log").start))
+        if args.dynamodb == "dynalite":
+            servers.append(await asyncio.to_thread(dynalite_server(workdir / "dynalite.log").start))
+        os.environ["AWS_ENDPOINT_URL_SQS"] = servers[0].endpoint
+        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = servers[-1].endpoint
+        say("reading the cloud assembly (cdk synth, about 15 s when an input changed)")
+        assembly = await asyncio.to_thread(default_assembly)
+        say("the worker image's interpreter (its requirements.txt, installed once)")
+        await asyncio.to_thread(worker_container)
+        upstream = await asyncio.to_thread(
+            UpstreamProcess(rate=args.rate, keepalive_seconds=1.0).start
+        )
+        fleet = await asyncio.to_thread(
+            Fleet,
+            endpoint=servers[-1].endpoint,
+            upstream=upstream,
+            tmp=workdir,
+            extra_env=DEMO_TIMING,
+        )
+        say("the event router from its asset (and the Lambda runtime's boto3, once)")
+        event_api = await asyncio.to_thread(
+            start_event_api, fleet, f"ws://127.0.0.1:{upstream.port}", workdir / "router.log"
+        )
+        if not args.no_regions:
+            say("the WebSocket API in two local regions, canaries and failover resolver")
+            static_dir = args.static_dir if (args.static_dir / "index.html").is_file() else None
+            regions = await asyncio.to_thread(
+                RegionsProcess(static_dir=static_dir, log_path=workdir / "regions.log").start
+            )
+        mode = LocalMode(fleet=fleet, api_url=event_api.url, regions=regions)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stopping.set)
+        loop.add_signal_handler(signal.SIGTERM, stopping.set)
+        say(f"{args.workers} workers from the task definition, {args.streams} STARTs")
+        for _ in range(args.workers):
+            await asyncio.to_thread(fleet.start_worker)
+        await _wait_for_api(event_api.url)
+        for n in range(args.streams):
+            outcome = await asyncio.to_thread(mode.start, f"s{n:02d}")
+            mode.events.note(f"START s{n:02d}: {outcome}", important=False)
+        mode.info = banner(mode, assembly.directory, args.env_file)
+        args.env_file.write_text(
+            "".join(f"export {k}={v}\n" for k, v in environment_lines(mode).items())
+        )
+        # Plain print: one line per export, never re-wrapped, so it can be copied.
+        print(mode.info, flush=True)
+        say(f"up in {time.monotonic() - started_at:.1f} s; the live view follows")
+        if args.banner_pause:
+            await asyncio.sleep(args.banner_pause)
+        await _live(mode, console, stopping, args)
+        if args.summary:
+            _print_summary(mode)
+    finally:
+        console.print("shutting down: workers hand over, then everything stops")
+        if fleet is not None:
+            for worker in fleet.workers.values():
+                if worker.alive():
+                    worker.signal(signal.SIGCONT)
+                    worker.signal(signal.SIGTERM)
+            for worker in fleet.workers.values():
+                with contextlib.suppress(Exception):
+                    worker.process.wait(15)
+            fleet.close()
+        if event_api is not None:
+            event_api.stop()
+        if regions is not None:
+            regions.stop()
+        if upstream is not None:
+            upstream.stop()
+        for server in servers:
+            server.stop()
+        with contextlib.suppress(OSError):
+            if args.env_file.is_file():
+                args.env_file.unlink()
+
+
+async def _live(
+    mode: LocalMode, console: Console, stopping: asyncio.Event, args: argparse.Namespace
 ) -> None:
-    """Typed lines reach the loop from a daemon thread (stdin has no asyncio reader here)."""
+    """The live view until q, Ctrl-C or ``--duration``: rich's screen mode (the alternate
+    screen, redrawn in place), every section capped to the terminal's height."""
+    loop = asyncio.get_running_loop()
+    editor = LineEditor()
+    lines: asyncio.Queue[str] = asyncio.Queue()
+    wake = asyncio.Event()
 
-    def read() -> None:
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(commands.put_nowait, line)
-        loop.call_soon_threadsafe(commands.put_nowait, "")  # stdin closed: keep running
+    def on_key(key: str) -> None:
+        line = editor.feed(key)
+        if line is not None:
+            lines.put_nowait(line)
+        wake.set()
 
-    threading.Thread(target=read, daemon=True, name="stdin").start()
+    keyboard = Keyboard(loop, on_key).start()
+    refresher = loop.create_task(_refresh(mode, stopping))
+    header = (
+        f"demo page {mode.regions.http_url}/?user=alice (and ?user=bob) · i: every URL"
+        if mode.regions is not None
+        else f"event API {mode.api_url}/events · i: every URL"
+    )
+    deadline = time.monotonic() + args.duration if args.duration else None
+    try:
+        with Live(console=console, screen=True, auto_refresh=False, transient=False) as live:
+            while not stopping.is_set() and (deadline is None or time.monotonic() < deadline):
+                while not lines.empty():
+                    line = lines.get_nowait()
+                    if not line.strip():
+                        continue
+                    if line.strip() == "q":
+                        stopping.set()
+                        break
+                    try:
+                        result = await mode.command(line)
+                    except Exception as exc:  # a command that failed must not end the view
+                        result = f"{line.strip()}: failed: {exc}"
+                    mode.last_result = result
+                    mode.events.note(f"> {line.strip()}: {result}")
+                frame = render(
+                    mode.latest,
+                    mode.events,
+                    header=header,
+                    typed=editor.text,
+                    last_result=mode.last_result,
+                    height=console.size.height,
+                    info=mode.info if mode.show_info else None,
+                )
+                live.update(frame, refresh=True)
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), FRAME_EVERY)
+    finally:
+        keyboard.restore()
+        stopping.set()
+        await asyncio.gather(refresher, return_exceptions=True)
+    # After the alternate screen: the last frame, in full, for the scrollback (off a terminal,
+    # Live printed it already).
+    if mode.latest is not None and console.is_terminal:
+        console.print(
+            render(
+                mode.latest,
+                mode.events,
+                header=header,
+                typed="",
+                last_result=mode.last_result,
+                height=max(console.size.height, 12 + len(mode.latest.streams)),
+            )
+        )
 
 
 def _print_summary(mode: LocalMode) -> None:
     snapshot = mode.snapshot()
-    rows, connected = snapshot["rows"], snapshot["upstream"]["connected"]
     print(
         json.dumps(
             {
                 "streams": {
-                    sid: {
-                        "state": row.get(model.DESIRED_STATE),
-                        "owner": row.get(model.LEASE_OWNER),
-                        "connected": connected.get(sid, 0),
-                        "last_seq": row.get(model.LAST_SEQ, 0),
+                    s.stream_id: {
+                        "state": s.desired,
+                        "owner": s.owner,
+                        "checkpoint": s.checkpoint,
+                        "lag": s.lag,
                     }
-                    for sid, row in sorted(rows.items())
+                    for s in snapshot.streams
                 },
-                "workers": {wid: w.alive() for wid, w in mode.fleet.workers.items()},
-                "events": list(mode.events),
+                "workers": {w.worker_id: w.state for w in snapshot.workers},
+                "events": mode.events.lines(50),
             }
         ),
         flush=True,
@@ -350,6 +802,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dynamodb", choices=("moto", "dynalite"), default="dynalite")
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until quit")
     parser.add_argument("--summary", action="store_true", help="print a JSON summary at the end")
+    parser.add_argument(
+        "--no-regions", action="store_true", help="without the WebSocket API's two regions"
+    )
+    parser.add_argument(
+        "--static-dir",
+        type=Path,
+        default=DEFAULT_STATIC_DIR,
+        help="the demo page's files (make web builds them)",
+    )
+    parser.add_argument(
+        "--env-file",
+        type=Path,
+        default=DEFAULT_ENV_FILE,
+        help="where to write the second terminal's exports (removed at exit)",
+    )
+    parser.add_argument(
+        "--banner-pause",
+        type=float,
+        default=0,
+        help="seconds to leave the banner on screen before the live view",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1 or args.streams < 0 or args.rate <= 0:
         parser.error("--workers must be ≥ 1, --streams ≥ 0, --rate > 0")
