@@ -1,5 +1,8 @@
 """One stack per Region for the client-facing WebSocket API: its tables, the API, the canary
-with its alarm and health check, and (with a custom domain) this Region's failover record.
+with its alarm and health check, (with a custom domain) this Region's failover record, and the
+live delivery of the fleet's streams (the fan-out of this Region's messages-table stream to the
+API's subscribed clients; the fleet's tables are referenced by name, as in the fleet's own
+secondary stack).
 
 These are stacks of their own, next to the fleet's: the two halves of the product share the
 Regions and the account, and each Region's singletons, which the fleet stack of that Region owns
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from aws_cdk import Annotations, App, CfnOutput, Stack
 from aws_cdk import aws_certificatemanager as acm
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_route53 as route53
 from constructs import Construct
 
@@ -22,6 +26,12 @@ from streamfleet_cdk.alarms import AlarmNotifications, topic_by_name
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
 from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
 from streamfleet_cdk.failover_dns import FailoverRecords, FailoverRecordsProps, FailoverTarget
+from streamfleet_cdk.live_delivery import (
+    LiveDeliveryTables,
+    MessagesStream,
+    StreamFanout,
+    StreamFanoutProps,
+)
 from streamfleet_cdk.websocket_api import (
     CustomDomain,
     JwtSettings,
@@ -51,6 +61,9 @@ class WebSocketApiStack(RegionalStack):
         failover: this Region's :class:`FailoverRecords` (``None`` without a custom domain).
         alarm_topic: the Region's alarm topic (declared by the fleet stack); every alarm of
             this stack notifies it.
+        subscriptions_table: this Region's subscriptions table.
+        messages_stream: this Region's stream of the fleet's messages table.
+        fanout: this Region's :class:`StreamFanout`.
     """
 
     def __init__(
@@ -69,10 +82,23 @@ class WebSocketApiStack(RegionalStack):
                 deletion_protection=config.deletion_protection,
                 state_table_name=config.ws_state_table_name,
                 connections_table_name=config.ws_connections_table_name,
+                subscriptions_table_name=config.ws_subscriptions_table_name,
             ),
         )
         self.state_table = tables.state_table
         self.connections_table = tables.connections_table
+        self.subscriptions_table = tables.subscriptions_table
+        # The fleet's tables (declared by the primary fleet stack, replicated here).
+        messages_table = dynamodb.TableV2.from_table_name(
+            self, "MessagesTable", config.messages_table_name
+        )
+        live = LiveDeliveryTables(
+            streams_table=dynamodb.TableV2.from_table_name(
+                self, "StreamsTable", config.lease_table_name
+            ),
+            messages_table=messages_table,
+            subscriptions_table=self.subscriptions_table,
+        )
         self.websocket = WebSocketApi(
             self,
             "WebSocket",
@@ -84,12 +110,34 @@ class WebSocketApiStack(RegionalStack):
                     audience=config.jwt_audience,
                     jwks_url=config.jwt_jwks_url,
                     canary_keys=config.canary_public_keys,
+                    reader_claims=config.jwt_reader_claims,
                 ),
                 custom_domain=self._custom_domain(config),
                 throttling_rate_limit=config.ws_api_rate_limit,
                 throttling_burst_limit=config.ws_api_burst_limit,
                 reserved_concurrency=config.ws_handler_reserved_concurrency,
                 authorizer_reserved_concurrency=config.authorizer_reserved_concurrency,
+                log_level=config.lambda_log_level,
+                log_retention=config.log_retention,
+                live=live,
+            ),
+        )
+        self.messages_stream = MessagesStream(
+            self,
+            "MessagesStream",
+            table=messages_table,
+            log_level=config.lambda_log_level,
+            log_retention=config.log_retention,
+        )
+        self.fanout = StreamFanout(
+            self,
+            "Fanout",
+            props=StreamFanoutProps(
+                stream_arn=self.messages_stream.stream_arn,
+                subscriptions_table=self.subscriptions_table,
+                api=self.websocket.api,
+                stage=self.websocket.stage,
+                reserved_concurrency=config.fanout_reserved_concurrency,
                 log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
             ),
@@ -190,6 +238,8 @@ class WebSocketApiStack(RegionalStack):
             CfnOutput(self, "WebSocketUrl", value=f"wss://{websocket.domain_name.name}")
         CfnOutput(self, "StateTableName", value=self.state_table.table_name)
         CfnOutput(self, "ConnectionsTableName", value=self.connections_table.table_name)
+        CfnOutput(self, "SubscriptionsTableName", value=self.subscriptions_table.table_name)
+        CfnOutput(self, "FanoutFunctionName", value=self.fanout.function.function_name)
         CfnOutput(self, "HealthAlarmName", value=self.canary.alarm.alarm_name)
         CfnOutput(self, "HealthCheckId", value=self.canary.health_check.health_check_id)
 

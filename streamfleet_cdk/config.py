@@ -27,6 +27,7 @@ from constructs import Node
 
 from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
+from streamfleet.readers import check_claim_name
 from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
 from streamfleet_cdk.alarms import EMAIL_PATTERN
 from streamfleet_cdk.event_ingestion import check_invoke_principals
@@ -116,6 +117,7 @@ RESERVED_CONCURRENCY_SETTINGS = (
     "authorizer_reserved_concurrency",
     "canary_reserved_concurrency",
     "task_stopped_reserved_concurrency",
+    "fanout_reserved_concurrency",
 )
 
 
@@ -186,6 +188,11 @@ class AppConfig:
         ws_api_burst_limit: the WebSocket stage's burst, per Region.
         ws_state_table_name: physical name of the WebSocket API's state table (global).
         ws_connections_table_name: physical name of each Region's connections table.
+        ws_subscriptions_table_name: physical name of each Region's subscriptions table (which
+            client connection receives which ingested stream live).
+        jwt_reader_claims: token claims the authorizer passes on as reader tags
+            (``<claim>:<value>``), which a START's ``readers`` may name besides ``user:<sub>``.
+        fanout_reserved_concurrency: reserved concurrency of each Region's stream fan-out.
         api_gateway_cloudwatch_role: create each Region's API Gateway CloudWatch role (the
             account setting every stage's logs go through) in that Region's fleet stack. Turn
             off where the account baseline sets it.
@@ -252,6 +259,9 @@ class AppConfig:
     ws_api_burst_limit: int = 1000
     ws_state_table_name: str = model.DEFAULT_WSAPI_STATE_TABLE_NAME
     ws_connections_table_name: str = model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
+    ws_subscriptions_table_name: str = model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME
+    jwt_reader_claims: tuple[str, ...] = ()
+    fanout_reserved_concurrency: int | None = 10
     api_gateway_cloudwatch_role: bool = True
     invoke_principals: tuple[str, ...] = ()
     router_reserved_concurrency: int | None = 100
@@ -432,10 +442,17 @@ class AppConfig:
                     f"{context_key('canary_signing_key_secret_name')}"
                 )
             check_canary_public_keys(context_key("canary_public_keys"), self.canary_public_keys)
-        for name in ("ws_state_table_name", "ws_connections_table_name"):
+        for name in (
+            "ws_state_table_name",
+            "ws_connections_table_name",
+            "ws_subscriptions_table_name",
+        ):
             _check_pattern(
                 name, getattr(self, name), TABLE_NAME_PATTERN, "3-255 of A-Z a-z 0-9 _ . -"
             )
+        for claim in self.jwt_reader_claims:
+            with _naming_context_key("jwt_reader_claims"):
+                check_claim_name("jwt_reader_claims", claim)
         # Every table of both halves has its own name (the fleet's pair is checked above).
         seen: dict[str, str] = {}
         for name in (
@@ -443,6 +460,7 @@ class AppConfig:
             "messages_table_name",
             "ws_state_table_name",
             "ws_connections_table_name",
+            "ws_subscriptions_table_name",
         ):
             other = seen.setdefault(getattr(self, name), name)
             if other != name:

@@ -50,6 +50,7 @@ from streamfleet_cdk.functions import (
     function_alarms,
     python_function,
 )
+from streamfleet_cdk.live_delivery import LiveDeliveryTables
 from streamfleet_cdk.nag import acknowledge, nag_text
 
 HANDLER_ENTRY = f"{handlers_runtime.handler.__module__}.{handlers_runtime.handler.__name__}"
@@ -117,6 +118,8 @@ class JwtSettings:
             or a PEM public key), the only keys that verify a canary token, which the handlers
             confine to ``heartbeat``. Public keys only: the environment is readable by whoever
             can read the stack. ``None``: the authorizer accepts no canary token.
+        reader_claims: claims whose values the authorizer passes on as reader tags
+            (``JWT_READER_CLAIMS``; ``groups`` makes ``groups:ops`` a reader a START may name).
     """
 
     issuer: str
@@ -125,8 +128,11 @@ class JwtSettings:
     keys: str | None = None
     leeway_seconds: float | None = None
     canary_keys: str | None = None
+    reader_claims: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.reader_claims, str):
+            raise ValueError("jwt: reader_claims: expected a tuple of claim names, got a string")
         try:
             authorizer_runtime.AuthorizerConfig.from_env(self.environment())
         except authorizer_runtime.AuthorizerConfigError as exc:
@@ -147,6 +153,8 @@ class JwtSettings:
             env["JWT_LEEWAY_SECONDS"] = f"{self.leeway_seconds:g}"
         if self.canary_keys is not None:
             env[model.ENV_JWT_CANARY_KEYS] = self.canary_keys
+        if self.reader_claims:
+            env[model.ENV_JWT_READER_CLAIMS] = ",".join(self.reader_claims)
         return env
 
 
@@ -211,6 +219,9 @@ class WebSocketApiProps:
             function (``None``: unreserved).
         log_level: application log level of both functions (JSON logs).
         log_retention: retention of the Lambdas' logs and the access logs.
+        live: where ``subscribe`` reads and writes (live delivery of the fleet's streams,
+            :class:`~streamfleet_cdk.live_delivery.LiveDeliveryTables`); ``None``: subscribe
+            answers ``not_supported``.
     """
 
     state_table: dynamodb.ITableV2
@@ -228,6 +239,7 @@ class WebSocketApiProps:
     authorizer_reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    live: LiveDeliveryTables | None = None
 
     def __post_init__(self) -> None:
         if not self.stage_name or not self.stage_name.replace("_", "").isalnum():
@@ -509,6 +521,8 @@ class WebSocketApi(Construct):
         }
         if props.connection_ttl_seconds is not None:
             environment["CONNECTION_TTL_SECONDS"] = str(props.connection_ttl_seconds)
+        if props.live is not None:
+            environment.update(props.live.environment())
         return python_function(
             self,
             "Handler",
@@ -620,6 +634,8 @@ class WebSocketApi(Construct):
             self.handler_role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
             )
+        if props.live is not None:
+            props.live.grant(self.handler_role)
 
     def _grant_authorizer(self) -> None:
         resources = {"log_group": self.authorizer_log_group.log_group_arn}

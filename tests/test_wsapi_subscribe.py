@@ -305,10 +305,12 @@ async def test_get_state_lists_the_users_subscriptions_across_connections(
             await subscribe(ws, "m1", None, "a")
             await subscribe(ws, "m2", None, "b")
             first = ws.id
+            (connection_id,) = tables.subscribers("m1")
+            key = model.connection_streams_key(connection_id)
             record = from_item(
                 tables.dynamodb.get_item(
-                    TableName=tables.connections,
-                    Key={model.PK: to_attr(model.ws_connection_pk(tables.subscribers("m1")[0]))},
+                    TableName=tables.subscriptions,
+                    Key={name: to_attr(value) for name, value in key.items()},
                     ConsistentRead=True,
                 )["Item"]
             )

@@ -542,8 +542,8 @@ CANARY_ENV = (
 # * the Region's **subscriptions table**: ``STREAM#<stream id>`` / ``<API Gateway connection
 #   id>``, one item per subscribed connection, with a TTL; the fan-out reads a stream's
 #   subscribers with a *consistent* query on the base table (an index could lag and miss a
-#   subscriber whose replay has already ended); the connection record lists its streams
-#   (WS_STREAMS) so ``$disconnect`` removes them;
+#   subscriber whose replay has already ended); and ``WSCONN#<connection id>`` / ``<connection
+#   id>``, which lists the connection's streams (WS_STREAMS), so ``$disconnect`` removes them;
 # * the user's **subscriptions** in the global state table, ``SUBS#<sub>`` (a string set), so a
 #   client that reconnects or reloads, in either Region, is told what it was subscribed to.
 
@@ -559,13 +559,18 @@ SUB_CONNECTION = "connection_id"  # sort key of the subscriptions table
 SUB_USER_ID = "user_id"
 SUB_SUBSCRIBED_AT_MS = "subscribed_at_ms"
 SUB_EXPIRES_AT = "expires_at"  # epoch seconds: the subscriptions table's TTL attribute
-WS_STREAMS = "streams"  # string set on a WSCONN# record, and on a SUBS#<sub> state item
+WS_STREAMS = "streams"  # string set: a connection's streams, and a user's (SUBS#<sub>)
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 50
 
 
 def stream_subscribers_pk(stream_id: str) -> str:
     """The subscriptions-table key of one stream's subscribers: ``STREAM#<stream id>``."""
     return f"{STREAM_SUBSCRIBERS_PREFIX}{stream_id}"
+
+
+def connection_streams_key(connection_id: str) -> dict[str, str]:
+    """The subscriptions-table key of the item listing one connection's streams."""
+    return {PK: ws_connection_pk(connection_id), SUB_CONNECTION: connection_id}
 
 
 def user_subscriptions_pk(user_id: str) -> str:

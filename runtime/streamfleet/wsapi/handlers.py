@@ -568,15 +568,19 @@ class WsApiHandlers:
         return {"statusCode": 200}
 
     def _forget_connection(self, connection_id: str) -> None:
-        old = self.dynamodb.delete_item(
+        self.dynamodb.delete_item(
             TableName=self.config.connections_table,
             Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+        )
+        live = self.config.live
+        if live is None:
+            return
+        old = self.dynamodb.delete_item(
+            TableName=live.subscriptions_table,
+            Key={k: to_attr(v) for k, v in model.connection_streams_key(connection_id).items()},
             ReturnValues="ALL_OLD",
         ).get("Attributes")
         streams = sorted((from_item(old) or {}).get(model.WS_STREAMS) or ())
-        live = self.config.live
-        if live is None or not streams:
-            return
         requests = [
             {
                 "DeleteRequest": {
@@ -845,7 +849,7 @@ class WsApiHandlers:
                 f"stream: {stream!r} does not exist or you are not one of its readers",
             )
         now_ms = self.clock.wall_ms()
-        self._add_connection_stream(connection_id, stream)
+        self._add_connection_stream(live, connection_id, stream, now_ms)
         # Registered BEFORE the replay is read: a message stored after the read below reaches
         # the fan-out, whose (consistent) query of this table then sees this subscriber.
         self.dynamodb.put_item(
@@ -911,35 +915,29 @@ class WsApiHandlers:
         )
         return reply, frames
 
-    def _add_connection_stream(self, connection_id: str, stream: str) -> None:
-        """List ``stream`` on the connection record (``$disconnect`` removes its subscriptions
+    def _add_connection_stream(
+        self, live: LiveTables, connection_id: str, stream: str, now_ms: int
+    ) -> None:
+        """List ``stream`` among the connection's (``$disconnect`` removes its subscriptions
         from there), within :data:`~streamfleet.model.MAX_SUBSCRIPTIONS_PER_CONNECTION`."""
         try:
             self.dynamodb.update_item(
-                TableName=self.config.connections_table,
-                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
-                UpdateExpression="ADD #streams :stream",
-                ConditionExpression="attribute_exists(#pk) AND (attribute_not_exists(#streams) "
-                "OR size(#streams) < :max OR contains(#streams, :one))",
-                ExpressionAttributeNames=names(model.PK, model.WS_STREAMS),
+                TableName=live.subscriptions_table,
+                Key={k: to_attr(v) for k, v in model.connection_streams_key(connection_id).items()},
+                UpdateExpression="ADD #streams :stream SET #expires_at = :expires",
+                ConditionExpression="attribute_not_exists(#streams) OR size(#streams) < :max "
+                "OR contains(#streams, :one)",
+                ExpressionAttributeNames=names(model.WS_STREAMS, model.SUB_EXPIRES_AT),
                 ExpressionAttributeValues={
                     ":stream": to_attr({stream}),
                     ":one": to_attr(stream),
                     ":max": to_attr(model.MAX_SUBSCRIPTIONS_PER_CONNECTION),
+                    ":expires": to_attr(now_ms // 1000 + self.config.connection_ttl_seconds),
                 },
             )
         except ClientError as exc:
             if not is_condition_failure(exc):
                 raise
-            record = self.dynamodb.get_item(
-                TableName=self.config.connections_table,
-                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
-                ConsistentRead=True,
-            ).get("Item")
-            if record is None:
-                raise _NotAuthorized(
-                    "this connection is not registered any more; reconnect"
-                ) from None
             raise BadMessage(
                 "stream",
                 f"at most {model.MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions per connection",
@@ -1010,10 +1008,10 @@ class WsApiHandlers:
         )
         try:
             self.dynamodb.update_item(
-                TableName=self.config.connections_table,
-                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                TableName=live.subscriptions_table,
+                Key={k: to_attr(v) for k, v in model.connection_streams_key(connection_id).items()},
                 UpdateExpression="DELETE #streams :stream",
-                ConditionExpression="attribute_exists(#pk)",  # never recreate a deleted record
+                ConditionExpression="attribute_exists(#pk)",  # never create an empty item
                 ExpressionAttributeNames=names(model.PK, model.WS_STREAMS),
                 ExpressionAttributeValues={":stream": to_attr({stream})},
             )
