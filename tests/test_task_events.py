@@ -270,9 +270,10 @@ async def test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_s
     assert ended[model.SESSION_ENDED_BY]["S"].startswith(f"{model.ENDED_BY_TASK_STOPPED}:")
     assert int(ended[model.DELETE_AFTER]["N"]) > 0  # left to the TTL, never deleted
     # One notification per STARTED stream the session held (the STOPPED one is reconcile's),
-    # each claimed by the peer through its intake; nothing was left to announce again.
-    assert sorted(claimed) == sorted(model.connection_pk(s) for s in started)
-    assert (result["notified"], result["notified_again"]) == (len(started), 0)
+    # each claimed by the peer through its intake. (A stream whose claim was still in flight
+    # half a second later is announced once more: harmless, the peer has it.)
+    assert set(claimed) == {model.connection_pk(s) for s in started}
+    assert result["notified"] == len(started)
     # The handler claims nothing itself and touches no other session or row.
     assert primary.items([*alive_pks, alive.session.pk]) == {
         pk: before[pk] for pk in [*alive_pks, alive.session.pk]
@@ -280,13 +281,24 @@ async def test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_s
     stopped_pk = model.connection_pk(stopped[0])
     assert primary.item(stopped_pk) == before[stopped_pk]
     # Its cost: one by-task query; per session it ended one write, one by-owner query, one
-    # send per ten streams and one look a moment later; one read for the session already over.
-    assert result["requests"] == {
-        "dynamodb": {"query": 3, "update_item": 2, "get_item": 1},
-        "sqs": {"send_message_batch": math.ceil(len(started) / 10)},
+    # send per ten streams and a look a moment later (a second one if something was still
+    # held at the first); one read for the session that was already over.
+    requests = result["requests"]
+    looks = requests["dynamodb"]["query"] - 2
+    assert looks in (1, 2) and (looks == 2) == (result["notified_again"] > 0), result
+    assert {k: v for k, v in requests["dynamodb"].items() if k != "query"} == {
+        "update_item": 2,
+        "get_item": 1,
     }
+    first = math.ceil(len(started) / 10)
+    extra_sends = requests["sqs"]["send_message_batch"] - first
+    if result["notified_again"]:
+        assert 1 <= extra_sends <= 2 * first, requests
+    else:
+        assert extra_sends == 0, requests
 
     # The same event again (a retry, a duplicate): nothing changes, and the result says so.
+    primary.drain()  # a last announcement the peer's intake had not picked up yet
     after = primary.items([*dead_pks, dead.session.pk, earlier_pk])
     again = invoke(primary, primary.event(dead_task))
     assert again["decision"] == "unchanged"

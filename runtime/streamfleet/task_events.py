@@ -271,6 +271,7 @@ class Report:
 
     task_arn: str
     sessions: list[SessionReport] = field(default_factory=list)
+    notified_at: float | None = None  # monotonic: when SQS accepted the first notifications
 
     @property
     def changed(self) -> bool:
@@ -311,6 +312,8 @@ class SessionEnder:
                 rows = await self._started_rows(session, deadline)
                 await self._notify(rows, deadline)
                 session.notified = len(rows)
+                if rows and report.notified_at is None:
+                    report.notified_at = self.clock.monotonic()
             report.sessions.append(session)
         await self._notify_leftovers(report, deadline)
         return report
@@ -655,5 +658,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ],
         "notified": report.notified,
         "notified_again": sum(s.notified_again for s in report.sessions),
+        # From the invocation's start until SQS accepted the first notifications.
+        "notified_after_ms": (
+            None if report.notified_at is None else round((report.notified_at - started) * 1000, 1)
+        ),
         "requests": requests,
     }
