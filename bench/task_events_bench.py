@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
 import signal
@@ -349,9 +348,11 @@ def report(figures: Figures, trials: int, lease_trials: int) -> str:
         lines.append(f"| {held} | {cells[0]} | {cells[1]} |")
     lines += [
         "",
-        f"= 1 by-task Query + per session ended (1 UpdateItem + 1 by-owner Query) + "
-        f"⌈streams / 10⌉ SendMessageBatch: independent of the fleet's size. ({math.ceil(40 / 10)} "
-        "sends for 40 streams.)",
+        "= 1 by-task Query + per session ended (1 UpdateItem + 1 by-owner Query) + "
+        "⌈streams / 10⌉ SendMessageBatch + 1 or 2 later by-owner Queries (with a send per ten "
+        "rows still held then): independent of the fleet's size, growing with the streams held "
+        "(where 2 UpdateItems show, the victim's task had run 2 sessions; an ended one costs "
+        "its failed UpdateItem and a GetItem).",
         "",
         f"Every request of the two survivors in the {COST_WINDOW_SECONDS:.0f} s after a kill -9 "
         "of a worker holding its share of 30 idle streams (default timing, no messages), "
