@@ -13,7 +13,13 @@ real runtime code (the contract with the browser client: ``/work/notes/wsapi-con
   the user tokens never use), its fail-back hysteresis in the connections table, publishing to
   a :class:`~.failover.HealthAlarm` (and to CloudWatch when an endpoint is given), and closing
   every client connection of its region while the region reports unhealthy;
-* a :class:`~.failover.FailoverResolver`: the failover name's answer.
+* a :class:`~.failover.FailoverResolver`: the failover name's answer;
+* with :class:`LiveSettings`, live delivery of the fleet's streams in both regions: a
+  subscriptions table per region, the handlers' ``subscribe`` over the fleet's lease and messages
+  tables, the messages table's global-table replication to the secondary
+  (:class:`~.replication.MessageReplicator`, from the primary's real DynamoDB stream), and per
+  region the fan-out function (from its synthesized asset by default) behind the event source
+  mapping stand-in (:class:`~.event_source.StreamEventSource`) on that region's stream.
 
 And an HTTP server on ``http_url`` (127.0.0.1, a free port unless configured):
 
@@ -25,6 +31,8 @@ And an HTTP server on ``http_url`` (127.0.0.1, a free port unless configured):
   ...}`` (each region's failure mode, plus alarms and URLs);
 * ``POST /fail?mode=throttled|down`` and ``POST /restore``: :meth:`LocalRegions.fail_primary`
   and :meth:`LocalRegions.restore_primary` from another process;
+* ``GET /streams`` -> ``{"streams": [...]}``: the streams :attr:`LocalRegions.streams` names
+  (what the demo page offers to watch; empty unless the caller set it);
 * ``GET /<path>``: files from ``static_dir`` (the built demo page), ``/`` is ``index.html``.
 
 Run it on its own: ``python -m streamfleet_dev.wsapi.regions --serve [--static-dir DIR]``
@@ -47,10 +55,11 @@ import mimetypes
 import os
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -73,10 +82,24 @@ from streamfleet.wsapi.canary import (
     MetricPublisher,
     MintedToken,
 )
-from streamfleet.wsapi.handlers import HandlerConfig, ManagementApiReplier, WsApiHandlers
+from streamfleet.wsapi.fanout import Fanout, FanoutConfig
+from streamfleet.wsapi.handlers import (
+    HandlerConfig,
+    LiveTables,
+    ManagementApiReplier,
+    WsApiHandlers,
+)
+from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
 from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
+from streamfleet_dev.wsapi.live import event_source_settings, fanout_process
 from streamfleet_dev.wsapi.local_gateway import FailureMode, GatewaySettings, LocalGateway
-from streamfleet_dev.wsapi.replication import ChangeFeed, Replicator, ScanFeed, StreamFeed
+from streamfleet_dev.wsapi.replication import (
+    ChangeFeed,
+    MessageReplicator,
+    Replicator,
+    ScanFeed,
+    StreamFeed,
+)
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 logger = logging.getLogger(__name__)
@@ -106,6 +129,31 @@ class RegionsError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class LiveSettings:
+    """Live delivery in both local regions.
+
+    The fleet's tables are the caller's (the fleet writes the primary's messages table): one
+    lease table stands for the global table in both regions; ``messages_tables`` are the
+    primary's and the secondary's replicas (the secondary's is created here from the template
+    when ``create_replica``). ``dynamodb_endpoint`` of the regions must reach the messages
+    tables on a server with DynamoDB Streams (moto; the recording proxy routes them there), and
+    ``streams_endpoint`` is that server, for the event sources and the replicator.
+    """
+
+    lease_table: str
+    messages_tables: tuple[str, str]
+    streams_endpoint: str
+    create_replica: bool = True
+    fanout_from_assembly: bool = True  # the synthesized asset; False: in-process (faster)
+    reader_claims: tuple[str, ...] = ()
+    poll_interval: float = 0.25  # the event source's idle poll (Lambda: about 4 a second)
+    replication_interval: float = 0.05
+    # Claims every development token carries (say, a group every local user is in, which the
+    # streams' readers name): ((claim, (values...)), ...).
+    token_claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
 class RegionsSettings:
     """Names, timings and endpoints of the two local regions."""
 
@@ -131,6 +179,7 @@ class RegionsSettings:
     audience: str = "streamfleet-wsapi"
     lambda_concurrency: int = 16
     table_prefix: str = "local"
+    live: LiveSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.primary or not self.secondary or self.primary == self.secondary:
@@ -176,6 +225,11 @@ class Region:
     stream_arn: str | None
     runs: list[CanaryRun] = field(default_factory=list)
     closed_by_canary: int = 0
+    subscriptions_table: str | None = None
+    messages_table: str | None = None
+    fanout: Any = None  # a LambdaProcess (the asset) or an in-process Fanout
+    event_source: StreamEventSource | None = None
+    fanout_metrics: list[dict[str, Any]] = field(default_factory=list)  # in-process only
 
     @property
     def mode(self) -> FailureMode:
@@ -208,12 +262,16 @@ class LocalRegions:
         self._dynamodb_endpoint: str | None = None
         self._cloudwatch_endpoint: str | None = None
         self._async_clients: list[AsyncClient] = []
-        self._created_tables: list[tuple[Any, str, str]] = []  # (client, state, connections)
+        # (client, state, connections, subscriptions or None)
+        self._created_tables: list[tuple[Any, str, str, str | None]] = []
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._http: asyncio.Server | None = None
         self._http_tasks: set[asyncio.Task[Any]] = set()
         self._clock: Callable[[], float] = time.monotonic
+        self.streams: list[str] = []  # what GET /streams offers (the demo page's choices)
+        self.message_replicator: MessageReplicator | None = None
+        self._log_dir: Path | None = None
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -268,6 +326,8 @@ class LocalRegions:
         ]
         self._tasks += [loop.create_task(self._canary_loop(r)) for r in self.regions.values()]
         self._tasks += [loop.create_task(r.run(self._stop)) for r in self.replicators]
+        if s.live is not None:
+            await self._start_live(s.live)
         self._tasks.append(loop.create_task(self._watch_dns()))
         self._http = await asyncio.start_server(self._serve_http, s.host, s.http_port)
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
@@ -290,17 +350,20 @@ class LocalRegions:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         for region in self.regions.values():
+            if region.fanout is not None and hasattr(region.fanout, "stop"):
+                await asyncio.to_thread(region.fanout.stop)
             await region.gateway.stop()
         for client in self._async_clients:
             client.close()
         self._async_clients.clear()
-        for dynamodb, state_table, connections_table in self._created_tables:
+        for dynamodb, state_table, connections_table, subscriptions in self._created_tables:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(
                     delete_wsapi_tables,
                     dynamodb,
                     state_table=state_table,
                     connections_table=connections_table,
+                    subscriptions_table=subscriptions,
                 )
         self._created_tables.clear()
         if self._server_process is not None:
@@ -354,6 +417,9 @@ class LocalRegions:
         # does not), and in AWS each region has its own replica anyway.
         state_table = f"{s.table_prefix}-wsstate-{name}-{self._suffix}"
         connections_table = f"{s.table_prefix}-wsconn-{name}-{self._suffix}"
+        subscriptions_table = (
+            f"{s.table_prefix}-wssubs-{name}-{self._suffix}" if s.live is not None else None
+        )
         dynamodb = await asyncio.to_thread(self._boto, "dynamodb", name)
         await asyncio.to_thread(
             create_wsapi_tables,
@@ -361,8 +427,15 @@ class LocalRegions:
             state_table=state_table,
             connections_table=connections_table,
             stream=True,
+            subscriptions_table=subscriptions_table,
         )
-        self._created_tables.append((dynamodb, state_table, connections_table))
+        self._created_tables.append((dynamodb, state_table, connections_table, subscriptions_table))
+        live_tables = None
+        messages_table = None
+        if s.live is not None:
+            assert subscriptions_table is not None
+            messages_table = s.live.messages_tables[0 if name == s.primary else 1]
+            live_tables = LiveTables(s.live.lease_table, messages_table, subscriptions_table)
         description = await asyncio.to_thread(dynamodb.describe_table, TableName=state_table)
         assert self.user_key is not None and self._canary_key is not None
         authorizer = Authorizer(
@@ -371,6 +444,7 @@ class LocalRegions:
                 audience=s.audience,
                 keys=json.dumps(jwt.jwks_document([self.user_key])),
                 canary_keys=json.dumps(jwt.jwks_document([self._canary_key])),
+                reader_claims=s.live.reader_claims if s.live is not None else (),
             )
         )
 
@@ -379,7 +453,7 @@ class LocalRegions:
 
         def handlers(endpoint: str) -> WsApiHandlers:
             return WsApiHandlers(
-                HandlerConfig(state_table, connections_table, name, endpoint),
+                HandlerConfig(state_table, connections_table, name, endpoint, live=live_tables),
                 dynamodb=dynamodb,
                 replier=ManagementApiReplier(
                     region=name, endpoint=endpoint, client_factory=management_client
@@ -446,7 +520,114 @@ class LocalRegions:
             state_table=state_table,
             connections_table=connections_table,
             stream_arn=description["Table"].get("LatestStreamArn"),
+            subscriptions_table=subscriptions_table,
+            messages_table=messages_table,
         )
+
+    # Live delivery ---------------------------------------------------------------------------
+
+    async def _start_live(self, live: LiveSettings) -> None:
+        """The messages table's replica and replication, and each region's fan-out."""
+        loop = asyncio.get_running_loop()
+        streams_endpoint = check_local_endpoint(live.streams_endpoint, "streams_endpoint")
+        primary, secondary = self.primary, self.secondary
+        if live.create_replica:
+            await asyncio.to_thread(self._create_messages_replica, secondary)
+        self._log_dir = Path(tempfile.mkdtemp(prefix="streamfleet-live-"))
+        for region in self.regions.values():
+            assert region.messages_table is not None and region.subscriptions_table is not None
+            described = await asyncio.to_thread(
+                region.dynamodb.describe_table, TableName=region.messages_table
+            )
+            stream_arn = described["Table"].get("LatestStreamArn")
+            if not stream_arn:
+                raise RegionsError(
+                    f"{region.messages_table}: no DynamoDB stream (is it on moto's server?)"
+                )
+            region.fanout = await asyncio.to_thread(self._fanout_for, region, live)
+            function = region.fanout.invoke if live.fanout_from_assembly else region.fanout
+            region.event_source = StreamEventSource(
+                streams=self._async("dynamodbstreams", region.name, streams_endpoint),
+                stream_arn=stream_arn,
+                function=function,
+                region=region.name,
+                settings=self._event_source_settings(region, live),
+                name=f"fanout-{region.name}",
+            )
+            self._tasks.append(loop.create_task(region.event_source.run(self._stop)))
+            await region.event_source.ready()
+            if region is primary:
+                self.message_replicator = MessageReplicator(
+                    streams=self._async("dynamodbstreams", region.name, streams_endpoint),
+                    stream_arn=stream_arn,
+                    destination=self._async("dynamodb", secondary.name, self._dynamodb_endpoint),
+                    destination_table=str(secondary.messages_table),
+                    interval=live.replication_interval,
+                )
+                self._tasks.append(loop.create_task(self.message_replicator.run(self._stop)))
+
+    def _create_messages_replica(self, region: Region) -> None:
+        from streamfleet_dev.tables import create_table
+
+        existing = region.dynamodb.list_tables().get("TableNames", [])
+        if region.messages_table not in existing:
+            create_table(region.dynamodb, model.MESSAGES_TABLE, str(region.messages_table))
+
+    def _event_source_settings(self, region: Region, live: LiveSettings) -> EventSourceSettings:
+        if live.fanout_from_assembly:
+            base = event_source_settings(self._websocket_stack(region))
+        else:
+            base = EventSourceSettings()
+        return replace(base, poll_interval=live.poll_interval)
+
+    def _websocket_stack(self, region: Region) -> Any:
+        from streamfleet_dev.assembly import default_assembly
+
+        stacks = [
+            stack
+            for stack in default_assembly().stacks
+            if stack.region == region.name and stack.of_type("AWS::Lambda::EventSourceMapping")
+        ]
+        if len(stacks) != 1:
+            raise RegionsError(f"{region.name}: no single WebSocket stack in the assembly")
+        return stacks[0]
+
+    def _fanout_for(self, region: Region, live: LiveSettings) -> Any:
+        assert region.subscriptions_table is not None and self._log_dir is not None
+        management = region.gateway.management_endpoint
+        if live.fanout_from_assembly:
+            return fanout_process(
+                self._websocket_stack(region),
+                subscriptions_table=region.subscriptions_table,
+                management_endpoint=management,
+                endpoint_url=str(self._dynamodb_endpoint),
+                log_path=self._log_dir / f"fanout-{region.name}.log",
+                credentials=(f"fanout-{region.name}", "local"),
+            )
+
+        def collect(line: str) -> None:
+            region.fanout_metrics.append(json.loads(line))
+            del region.fanout_metrics[:-10_000]
+
+        return Fanout(
+            FanoutConfig(region.subscriptions_table, management, region.name),
+            dynamodb=self._boto("dynamodb", region.name),
+            management=self._boto("apigatewaymanagementapi", region.name, management),
+            metrics_out=collect,
+        )
+
+    def fanout_metrics(self, region: str) -> list[dict[str, Any]]:
+        """The fan-out's metric documents (EMF) so far, as CloudWatch would read them."""
+        target = self.regions[region]
+        if target.fanout is None:
+            return []
+        if isinstance(target.fanout, Fanout):
+            return list(target.fanout_metrics)
+        return [
+            json.loads(line)
+            for line in target.fanout.log_text().splitlines()
+            if line.startswith("{") and '"_aws"' in line
+        ]
 
     def _feed(self, region: Region) -> ChangeFeed:
         if region.stream_arn is None:  # no Streams on this backend (dynalite)
@@ -548,7 +729,9 @@ class LocalRegions:
         if not (math.isfinite(expires_in) and 0 < expires_in <= MAX_TOKEN_SECONDS):
             raise RegionsError(f"expires_in: between 0 and {MAX_TOKEN_SECONDS} seconds")
         now = int(time.time())
-        claims = {
+        live = self.settings.live
+        claims: dict[str, Any] = {
+            **{claim: list(values) for claim, values in (live.token_claims if live else ())},
             "sub": user_id,
             "iss": self.settings.issuer,
             "aud": self.settings.audience,
@@ -621,6 +804,7 @@ class LocalRegions:
             "/resolve": ("GET", lambda: self.resolve()),
             "/token": ("GET", lambda: self._token_endpoint(query)),
             "/health": ("GET", lambda: self.health()),
+            "/streams": ("GET", lambda: {"streams": list(self.streams)}),
             "/fail": ("POST", None),
             "/restore": ("POST", None),
         }

@@ -192,3 +192,113 @@ class Replicator:
         self.stats.shipped += 1
         self.stats.max_lag_ms = max(self.stats.max_lag_ms, time.time_ns() // 1_000_000 - version[0])
         return 1
+
+
+class MessageReplicator:
+    """The messages table's global-table replication, one direction: every write of the source
+    Region's replica (its DynamoDB stream, read from the start) applied to the destination's.
+
+    Stored messages are immutable per ``(pk, seq)`` (a rewrite carries the same message), and
+    only the active Region's fleet writes them, so there is nothing to resolve: puts and deletes
+    are applied as they come, in stream order. Like a global table it is asynchronous; ``lag``
+    says how far behind it is. The destination's own stream sees each applied write, which is
+    what that Region's fan-out delivers (as a replica's stream carries replicated writes).
+    """
+
+    def __init__(
+        self,
+        *,
+        streams: AsyncClient,
+        stream_arn: str,
+        destination: AsyncClient,
+        destination_table: str,
+        interval: float,
+    ):
+        self.streams = streams
+        self.stream_arn = stream_arn
+        self.destination = destination
+        self.destination_table = destination_table
+        self.interval = interval
+        self.stats = ReplicationStats()
+        self.paused = False
+        self._iterators: dict[str, str | None] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Replicate until ``stop`` is set."""
+        while not stop.is_set():
+            shipped = 0
+            if not self.paused:
+                try:
+                    shipped = await self.poll_once()
+                except Exception as exc:  # the next poll tries again from the same iterator
+                    logger.warning("message replication poll failed: %s", exc)
+            if not shipped:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+
+    async def poll_once(self) -> int:
+        """Apply what the source stream has; the number of writes applied."""
+        self.stats.passes += 1
+        if not self._iterators:
+            description = await self.streams.call("describe_stream", StreamArn=self.stream_arn)
+            for shard in description["StreamDescription"].get("Shards", []):
+                response = await self.streams.call(
+                    "get_shard_iterator",
+                    StreamArn=self.stream_arn,
+                    ShardId=shard["ShardId"],
+                    ShardIteratorType="TRIM_HORIZON",
+                )
+                self._iterators[shard["ShardId"]] = response["ShardIterator"]
+        applied = 0
+        for shard_id, iterator in list(self._iterators.items()):
+            if iterator is None:
+                continue
+            page = await self.streams.call("get_records", ShardIterator=iterator, Limit=1000)
+            records = page.get("Records") or []
+            requests = []
+            newest_ms = 0
+            for record in records:
+                change = record.get("dynamodb") or {}
+                if record.get("eventName") == "REMOVE":
+                    requests.append({"DeleteRequest": {"Key": change["Keys"]}})
+                elif change.get("NewImage"):
+                    requests.append({"PutRequest": {"Item": change["NewImage"]}})
+                    received = change["NewImage"].get(model.MESSAGE_RECEIVED_AT_MS, {}).get("N")
+                    newest_ms = max(newest_ms, int(received or 0))
+            # Batches keep the stream's order: a put and a later delete of one item never
+            # share a request (BatchWriteItem refuses two requests for one key anyway).
+            for chunk in _ordered_chunks(requests):
+                pending = chunk
+                while pending:
+                    response = await self.destination.call(
+                        "batch_write_item", RequestItems={self.destination_table: pending}
+                    )
+                    pending = response.get("UnprocessedItems", {}).get(self.destination_table, [])
+                applied += len(chunk)
+            # Only after the records are applied: a failed write is retried from here.
+            self._iterators[shard_id] = page.get("NextShardIterator")
+            self.stats.shipped += len(requests)
+            if newest_ms:
+                self.stats.max_lag_ms = max(
+                    self.stats.max_lag_ms, time.time_ns() // 1_000_000 - newest_ms
+                )
+        return applied
+
+
+def _ordered_chunks(requests: list[dict[str, Any]], size: int = 25) -> list[list[dict[str, Any]]]:
+    """Consecutive chunks of at most ``size`` requests, a new chunk whenever a key repeats (the
+    later write must land after the earlier one)."""
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    keys: set[str] = set()
+    for request in requests:
+        body = request.get("PutRequest", {}).get("Item") or request["DeleteRequest"]["Key"]
+        key = f"{body[model.PK]['S']}#{body[model.SEQ]['N']}"
+        if len(current) >= size or key in keys:
+            chunks.append(current)
+            current, keys = [], set()
+        current.append(request)
+        keys.add(key)
+    if current:
+        chunks.append(current)
+    return chunks

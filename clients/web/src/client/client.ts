@@ -17,6 +17,13 @@
  *   marks the connection healthy (which resets the backoff).
  * - Replies arrive in any order: requests are correlated by `requestId`, each with a timeout.
  * - Frames over 32 KB are refused locally (API Gateway would close the socket with 1009).
+ * - Subscribed streams, exactly once: `subscribe(stream, {after})` asks for an ingested stream
+ *   (its stored messages after `after`, or the newest few, then live ones); the `streamMessage`
+ *   event gets each message exactly once, in seq order, with no gap, whatever the wire does
+ *   (see streams.ts). Every (re)connect subscribes again from the last seq delivered (kept in
+ *   `positions`, which may be the page's localStorage), and, with `followServerSubscriptions`,
+ *   to the streams the server's state lists for the user, so a reloaded page picks up where it
+ *   was.
  */
 
 import { DEFAULT_BACKOFF_BASE_MS, DEFAULT_BACKOFF_CAP_MS, fullJitterBackoff } from './backoff.js';
@@ -28,6 +35,7 @@ import {
   RequestTimeoutError,
   ServerError,
   StreamFleetError,
+  SubscriptionRefusedError,
 } from './errors.js';
 import {
   APP_SUBPROTOCOL,
@@ -40,14 +48,53 @@ import {
   MAX_BID_AMOUNT,
   MAX_FRAME_BYTES,
   MAX_REQUEST_ID_CHARS,
+  type MessagesFrame,
   PONG_FRAME,
   type Reply,
   ROUTE_BID,
   ROUTE_GET_STATE,
+  ROUTE_SUBSCRIBE,
+  ROUTE_UNSUBSCRIBE,
   type StateReply,
+  type StreamMessage,
+  type SubscribedReply,
   TOKEN_QUERY_PARAMETER,
 } from './protocol.js';
+import { DEFAULT_GAP_TIMEOUT_MS, DEFAULT_MAX_BUFFERED, StreamCursor } from './streams.js';
 import { globalTimers, type Timers } from './timers.js';
+
+/** Where the last seq delivered per stream is kept (what every reconnect resumes from). */
+export interface PositionStore {
+  get(stream: string): number | null | undefined;
+  set(stream: string, seq: number): void;
+}
+
+/** Positions in memory (the default): they survive reconnects, not a reload. */
+export function memoryPositions(): PositionStore {
+  const positions = new Map<string, number>();
+  return { get: (stream) => positions.get(stream), set: (stream, seq) => void positions.set(stream, seq) };
+}
+
+/** Positions in a `Storage` (the page's `localStorage`): they survive a reload too. */
+export function storagePositions(storage: Storage, prefix = 'streamfleet.position.'): PositionStore {
+  return {
+    get: (stream) => {
+      const raw = storage.getItem(prefix + stream);
+      const value = raw === null ? NaN : Number(raw);
+      return Number.isSafeInteger(value) ? value : null;
+    },
+    set: (stream, seq) => {
+      try {
+        storage.setItem(prefix + stream, String(seq));
+      } catch {
+        // Full or forbidden storage: the position lives on in the cursor for this page.
+      }
+    },
+  };
+}
+
+/** Errors after which subscribing again cannot help (the others are retried). */
+const FINAL_SUBSCRIBE_ERRORS = new Set(['forbidden', 'not_supported', 'bad_request']);
 
 /** Where the client is in its connection loop. */
 export type ConnectionStatus = 'idle' | 'connecting' | 'open' | 'backing-off' | 'closed';
@@ -120,6 +167,14 @@ export interface StreamFleetClientOptions {
   random?: () => number;
   /** Default: the global timers and `Date.now`. */
   timers?: Timers;
+  /** How long a gap in a subscribed stream may stay open before the stored log is asked. Default 2 000 ms. */
+  gapTimeoutMs?: number;
+  /** The bound of each subscribed stream's reorder buffer. Default 10 000 messages. */
+  maxBufferedPerStream?: number;
+  /** Subscribe to the streams the server's state lists for the user. Default true. */
+  followServerSubscriptions?: boolean;
+  /** Where positions are kept. Default: in memory ({@link storagePositions} keeps them across reloads). */
+  positions?: PositionStore;
 }
 
 export interface RequestOptions {
@@ -178,6 +233,12 @@ export interface ClientEvents {
   error: (error: unknown) => void;
   /** Anything in the snapshot changed. */
   change: (snapshot: ClientSnapshot) => void;
+  /** A subscribed stream's next message: exactly once, in seq order, no gap. */
+  streamMessage: (message: StreamMessage) => void;
+  /** A subscribe was answered (the replay of `reply.replayed` messages follows). */
+  subscribed: (reply: SubscribedReply) => void;
+  /** The server refused a subscribe; the stream is not subscribed any more. */
+  subscriptionError: (error: SubscriptionRefusedError) => void;
 }
 
 type Listeners = { [E in keyof ClientEvents]: Set<ClientEvents[E]> };
@@ -263,7 +324,16 @@ export class StreamFleetClient {
     reconnecting: new Set(),
     error: new Set(),
     change: new Set(),
+    streamMessage: new Set(),
+    subscribed: new Set(),
+    subscriptionError: new Set(),
   };
+  private readonly gapTimeoutMs: number;
+  private readonly maxBufferedPerStream: number;
+  private readonly followServerSubscriptions: boolean;
+  private readonly positions: PositionStore;
+  private readonly cursors = new Map<string, StreamCursor>();
+  private gapTimer: unknown = null;
 
   private _status: ConnectionStatus = 'idle';
   private _region: string | null = null;
@@ -350,6 +420,16 @@ export class StreamFleetClient {
     this.createSocket = options.webSocket ?? defaultWebSocket;
     this.random = options.random ?? Math.random;
     this.timers = options.timers ?? globalTimers;
+    this.gapTimeoutMs = positiveMs('gapTimeoutMs', options.gapTimeoutMs, DEFAULT_GAP_TIMEOUT_MS);
+    const maxBuffered = options.maxBufferedPerStream ?? DEFAULT_MAX_BUFFERED;
+    if (!Number.isInteger(maxBuffered) || maxBuffered < 1) {
+      throw new RangeError(
+        `StreamFleetClient: maxBufferedPerStream must be a whole number >= 1, got ${String(maxBuffered)}`,
+      );
+    }
+    this.maxBufferedPerStream = maxBuffered;
+    this.followServerSubscriptions = options.followServerSubscriptions ?? true;
+    this.positions = options.positions ?? memoryPositions();
   }
 
   // --- What the application sees ----------------------------------------------------------
@@ -431,6 +511,152 @@ export class StreamFleetClient {
     if (this.ws !== null) {
       this.endConnection(this.generation, { code: null, reason: 'reconnect requested', forced: true });
     }
+  }
+
+  // --- Subscribed streams -----------------------------------------------------------------
+
+  /** The streams subscribed here, with their positions (the last seq delivered). */
+  get subscriptions(): { stream: string; position: number | null; buffered: number }[] {
+    return [...this.cursors.values()].map((c) => ({
+      stream: c.stream,
+      position: c.position,
+      buffered: c.buffered,
+    }));
+  }
+
+  /** The cursor of `stream` (its counters), if subscribed. */
+  cursor(stream: string): StreamCursor | undefined {
+    return this.cursors.get(stream);
+  }
+
+  /** The last seq of `stream` delivered to the application. */
+  position(stream: string): number | null {
+    return this.cursors.get(stream)?.position ?? this.positions.get(stream) ?? null;
+  }
+
+  /**
+   * Receive `stream`: its stored messages after `after` (default: the saved position, else the
+   * newest few), then live ones, through the `streamMessage` event. Connected: resolves with
+   * the `subscribed` reply, or rejects with {@link SubscriptionRefusedError} (the stream is then
+   * not subscribed). Not connected: resolves with null; the subscribe goes with the next
+   * connection, as after every reconnect.
+   */
+  async subscribe(stream: string, options: { after?: number | null } = {}): Promise<SubscribedReply | null> {
+    if (typeof stream !== 'string' || stream.length === 0) {
+      throw new RangeError('stream: expected a non-empty string');
+    }
+    const after = options.after ?? null;
+    if (after !== null && (!Number.isSafeInteger(after) || after < 0)) {
+      throw new RangeError(`after: expected a seq (a whole number >= 0) or null, got ${String(after)}`);
+    }
+    let cursor = this.cursors.get(stream);
+    if (cursor === undefined) {
+      cursor = new StreamCursor(
+        stream,
+        after ?? this.positions.get(stream) ?? null,
+        this.maxBufferedPerStream,
+      );
+      this.cursors.set(stream, cursor);
+    } else if (after !== null && (cursor.position === null || after > cursor.position)) {
+      cursor.position = after;
+    }
+    if (this.ws === null || !this.opened) return null;
+    this.ensureGapCheck();
+    return this.sendSubscribe(cursor, true);
+  }
+
+  /** Stop receiving `stream` (here at once; on the server when connected). */
+  async unsubscribe(stream: string): Promise<void> {
+    if (!this.cursors.delete(stream)) return;
+    if (this.ws === null || !this.opened) return;
+    try {
+      await this.request({ action: ROUTE_UNSUBSCRIBE, stream });
+    } catch {
+      // Not connected any more: the server forgets this connection's subscriptions with it.
+    }
+  }
+
+  private async sendSubscribe(cursor: StreamCursor, raiseRefusal = false): Promise<SubscribedReply | null> {
+    cursor.inFlight = true;
+    let reply: Reply;
+    try {
+      reply = await this.request({ action: ROUTE_SUBSCRIBE, stream: cursor.stream, after: cursor.position });
+    } catch {
+      cursor.inFlight = false;
+      cursor.retryLater(this.timers.now()); // or the next connection subscribes again
+      return null;
+    }
+    cursor.inFlight = false;
+    if (isErrorReply(reply)) {
+      if (FINAL_SUBSCRIBE_ERRORS.has(reply.error)) {
+        if (this.cursors.get(cursor.stream) === cursor) this.cursors.delete(cursor.stream);
+        const refusal = new SubscriptionRefusedError(cursor.stream, reply);
+        this.emit('subscriptionError', refusal);
+        if (raiseRefusal) throw refusal;
+        return null;
+      }
+      cursor.retryLater(this.timers.now());
+      return null;
+    }
+    return reply as SubscribedReply;
+  }
+
+  private onStreamFrame(reply: Reply): void {
+    const stream = typeof reply.stream === 'string' ? reply.stream : '';
+    const cursor = this.cursors.get(stream);
+    if (cursor === undefined) return; // unsubscribed, or never asked for
+    const now = this.timers.now();
+    const ready =
+      reply.type === 'subscribed'
+        ? cursor.onSubscribed(reply as SubscribedReply, now)
+        : cursor.onFrame(reply as MessagesFrame, now);
+    if (reply.type === 'subscribed') this.emit('subscribed', reply as SubscribedReply);
+    for (const message of ready) {
+      this.positions.set(message.stream, message.seq);
+      this.emit('streamMessage', message);
+    }
+  }
+
+  private resubscribeAll(): void {
+    for (const cursor of this.cursors.values()) {
+      cursor.acknowledged = false;
+      void this.sendSubscribe(cursor);
+    }
+  }
+
+  private followSubscriptions(state: StateReply): void {
+    if (!this.followServerSubscriptions || !Array.isArray(state.subscriptions)) return;
+    for (const stream of state.subscriptions) {
+      if (typeof stream !== 'string' || this.cursors.has(stream)) continue;
+      const cursor = new StreamCursor(stream, this.positions.get(stream) ?? null, this.maxBufferedPerStream);
+      this.cursors.set(stream, cursor);
+      void this.sendSubscribe(cursor);
+    }
+    this.ensureGapCheck();
+  }
+
+  /** Watch the subscriptions' gaps while connected and subscribed (no timer otherwise). */
+  private ensureGapCheck(): void {
+    if (this.gapTimer === null && this.cursors.size > 0 && this.opened) {
+      this.scheduleGapCheck(this.generation);
+    }
+  }
+
+  private scheduleGapCheck(generation: number): void {
+    const interval = Math.min(this.gapTimeoutMs / 4, 500);
+    this.gapTimer = this.timers.setTimeout(() => {
+      this.gapTimer = null;
+      if (generation !== this.generation || this.cursors.size === 0) return;
+      const now = this.timers.now();
+      for (const cursor of this.cursors.values()) {
+        const reason = cursor.resubscribeReason(now, this.gapTimeoutMs);
+        if (reason !== null) {
+          cursor.countResubscribe(reason, now);
+          void this.sendSubscribe(cursor);
+        }
+      }
+      this.scheduleGapCheck(generation);
+    }, interval);
   }
 
   // --- Sending ----------------------------------------------------------------------------
@@ -610,6 +836,9 @@ export class StreamFleetClient {
       return;
     }
     this.scheduleHeartbeat(generation);
+    // Resume every subscription from the last seq delivered, without waiting for the state.
+    this.resubscribeAll();
+    this.ensureGapCheck();
   }
 
   private onMessage(generation: number, data: unknown): void {
@@ -641,6 +870,8 @@ export class StreamFleetClient {
       this.emit('region', reply.region, previous);
       changed = true;
     }
+    // Before the reply's promise resolves: an awaiting subscribe() finds the cursor positioned.
+    if (reply.type === 'messages' || reply.type === 'subscribed') this.onStreamFrame(reply);
     const requestId = typeof reply.requestId === 'string' ? reply.requestId : null;
     if (requestId !== null) this.settle(requestId)?.resolve(reply);
     if (reply.type === 'state') {
@@ -653,6 +884,7 @@ export class StreamFleetClient {
         this.failures = 0;
         this.failedBeforeOpen = false;
         this.emit('ready', state);
+        this.followSubscriptions(state);
       }
       this.emit('state', state);
     }
@@ -778,10 +1010,12 @@ export class StreamFleetClient {
     this.stateRequestId = null;
     this.clearTimer('openTimer');
     this.clearTimer('heartbeatTimer');
+    this.clearTimer('gapTimer');
     this.outstanding = [];
+    for (const cursor of this.cursors.values()) cursor.inFlight = false;
   }
 
-  private clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer'): void {
+  private clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer'): void {
     if (this[which] !== null) {
       this.timers.clearTimeout(this[which]);
       this[which] = null;

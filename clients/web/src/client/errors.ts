@@ -53,3 +53,18 @@ export class ServerError extends StreamFleetError {
     return this.reply.retryable === true;
   }
 }
+
+/** The server refused a subscribe (`forbidden`, `not_supported`, `bad_request`); the stream is
+ * no longer subscribed. */
+export class SubscriptionRefusedError extends StreamFleetError {
+  constructor(
+    readonly stream: string,
+    readonly reply: { error: string; message?: string; field?: string },
+  ) {
+    super(`subscribe ${stream}: ${reply.error}: ${reply.message ?? ''}`);
+  }
+
+  get error(): string {
+    return this.reply.error;
+  }
+}

@@ -2,6 +2,9 @@
 export {
   StreamFleetClient,
   handshake,
+  memoryPositions,
+  storagePositions,
+  type PositionStore,
   type AttemptContext,
   type ClientEvents,
   type ClientSnapshot,
@@ -24,6 +27,14 @@ export {
   RequestTimeoutError,
   ServerError,
   StreamFleetError,
+  SubscriptionRefusedError,
 } from './errors.js';
+export {
+  DEFAULT_GAP_TIMEOUT_MS,
+  DEFAULT_MAX_BUFFERED,
+  StreamCursor,
+  type CursorStats,
+  type ResubscribeReason,
+} from './streams.js';
 export * from './protocol.js';
 export { globalTimers, type Timers } from './timers.js';

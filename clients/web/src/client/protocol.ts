@@ -14,6 +14,9 @@ export const TOKEN_QUERY_PARAMETER = 'token';
 export const ROUTE_HEARTBEAT = 'heartbeat';
 export const ROUTE_GET_STATE = 'getState';
 export const ROUTE_BID = 'bid';
+/** Live delivery of an ingested stream: `{"action":"subscribe","stream":"<id>","after":<seq|null>}`. */
+export const ROUTE_SUBSCRIBE = 'subscribe';
+export const ROUTE_UNSUBSCRIBE = 'unsubscribe';
 
 /** The heartbeat frame: exactly what the seed article's react-use-websocket configuration sends. */
 export const HEARTBEAT_FRAME = JSON.stringify({ action: ROUTE_HEARTBEAT });
@@ -63,6 +66,53 @@ export interface StateReply extends Reply {
   user: string;
   state: UserState;
   auction?: AuctionView;
+  /** The streams the user is subscribed to (server-side state, kept across reconnects). */
+  subscriptions?: string[];
+}
+
+/** The answer to `subscribe`; the replay's `messages` frames follow it. */
+export interface SubscribedReply extends Reply {
+  type: 'subscribed';
+  stream: string;
+  /** Where the replay starts (seqs above it follow); null: the stream has stored nothing yet. */
+  after: number | null;
+  /** How many messages the replay frames carry. */
+  replayed: number;
+  /** The last replayed seq (`after` when nothing was replayed). */
+  upTo: number | null;
+  /** The replay was cut at its budget: subscribe again from where you got to. */
+  more: boolean;
+  /** Seqs below the oldest kept message that expired with the table's TTL. */
+  skipped?: number;
+}
+
+/** One entry of a `messages` frame; a message over one frame comes in `parts`. */
+export interface StreamEntry {
+  seq: number;
+  data: string;
+  /** When the fleet's worker received it from the upstream (epoch ms). */
+  at?: number;
+  part?: number;
+  parts?: number;
+}
+
+/** Several messages of one stream, in seq order, within one frame. */
+export interface MessagesFrame extends Reply {
+  type: 'messages';
+  stream: string;
+  /** `replay` (the stored log, after a subscribe) or `live` (the fan-out). */
+  source: string;
+  messages: StreamEntry[];
+}
+
+/** A stream message as delivered to the application: exactly once, in seq order. */
+export interface StreamMessage {
+  stream: string;
+  seq: number;
+  data: string;
+  receivedAtMs: number | null;
+  source: string;
+  region: string | null;
 }
 
 export interface BidReply extends Reply {

@@ -7,7 +7,9 @@
  * it), `auction` (default `a1`), and, to compress the timings for tests and demos, `hb` and
  * `hbTimeout` (heartbeat interval and timeout, ms; default 30000 / 35000), `backoffBase` and
  * `backoffCap` (ms; default 2000 / 20000), `poll` (how often to refresh the highest bid from
- * the server, ms; default 2000).
+ * the server, ms; default 2000), `gap` (how long a gap in a watched stream may stay open before
+ * the stored log is asked, ms; default 2000), and `stream` (watch this stream in the live-stream
+ * panel, see stream-panel.ts).
  */
 import './style.css';
 
@@ -17,8 +19,10 @@ import {
   ServerError,
   type StateReply,
   StreamFleetClient,
+  storagePositions,
 } from '../client/index.js';
 import { idParameter, msParameter, resolveUrl, tokenProvider } from './local.js';
+import { mountStreamPanel } from './stream-panel.js';
 
 const BID_STEP = 10;
 const LOG_LINES = 200;
@@ -75,6 +79,9 @@ function main(): void {
     heartbeatTimeoutMs: msParameter(params, 'hbTimeout', 35000),
     backoffBaseMs: msParameter(params, 'backoffBase', 2000),
     backoffCapMs: msParameter(params, 'backoffCap', 20000),
+    gapTimeoutMs: msParameter(params, 'gap', 2000),
+    // Per user: a reload resumes each stream after the last seq this browser showed.
+    positions: storagePositions(localStorage, `streamfleet.${user}.position.`),
     name: 'page',
   });
 
@@ -171,7 +178,8 @@ function main(): void {
   }, pollMs);
 
   // For the browser tests and for poking at it from the devtools console.
-  (window as unknown as { streamfleet: unknown }).streamfleet = { client, user, auction };
+  const streams = mountStreamPanel(client, params);
+  (window as unknown as { streamfleet: unknown }).streamfleet = { client, user, auction, streams };
   render(client.snapshot());
   client.start();
 }

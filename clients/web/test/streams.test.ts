@@ -1,0 +1,255 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+
+import {
+  StreamCursor,
+  StreamFleetClient,
+  SubscriptionRefusedError,
+  storagePositions,
+  type MessagesFrame,
+  type StreamFleetClientOptions,
+  type StreamMessage,
+} from '../src/client/index.js';
+import { type FakeSocket, socketFactory } from './fake-websocket.js';
+
+function frame(stream: string, seqs: number[], source = 'live'): MessagesFrame {
+  return {
+    type: 'messages',
+    stream,
+    source,
+    region: 'us-east-1',
+    messages: seqs.map((seq) => ({ seq, data: `d${seq}`, at: seq })),
+  };
+}
+
+describe('StreamCursor', () => {
+  it('delivers in order, once, whatever order and repeats arrive', () => {
+    const cursor = new StreamCursor('s', 10);
+    const got: number[] = [];
+    for (const batch of [[13, 12], [11], [12, 14, 9, 10], [16], [15, 16]]) {
+      got.push(...cursor.onFrame(frame('s', batch), 0).map((m) => m.seq));
+    }
+    expect(got).toEqual([11, 12, 13, 14, 15, 16]);
+    expect(cursor.position).toBe(16);
+    expect(cursor.stats.duplicates).toBe(4);
+  });
+
+  it('joins a message sent in parts before delivering it', () => {
+    const cursor = new StreamCursor('s', 0);
+    const parts: MessagesFrame = {
+      type: 'messages',
+      stream: 's',
+      source: 'replay',
+      messages: [
+        { seq: 1, part: 1, parts: 2, data: 'world' },
+        { seq: 1, part: 0, parts: 2, data: 'hello ' },
+      ],
+    };
+    expect(cursor.onFrame(parts, 0).map((m) => m.data)).toEqual(['hello world']);
+  });
+
+  it('asks the log to fill a gap after the timeout, then ever more patiently', () => {
+    const cursor = new StreamCursor('s', 5);
+    cursor.acknowledged = true;
+    cursor.onFrame(frame('s', [8]), 100);
+    expect(cursor.resubscribeReason(1999 + 100, 2000)).toBeNull();
+    expect(cursor.resubscribeReason(2100, 2000)).toBe('gap');
+    cursor.countResubscribe('gap', 2100);
+    expect(cursor.resubscribeReason(2100 + 3999, 2000)).toBeNull();
+    expect(cursor.resubscribeReason(2100 + 4000, 2000)).toBe('gap');
+    expect(cursor.onFrame(frame('s', [6, 7], 'replay'), 7000).map((m) => m.seq)).toEqual([6, 7, 8]);
+    expect(cursor.resubscribeReason(99_999, 2000)).toBeNull();
+  });
+
+  it('learns an unknown start from the reply, and bounds its buffer', () => {
+    const cursor = new StreamCursor('s', null, 3);
+    expect(cursor.onFrame(frame('s', [41, 42, 43, 44]), 0)).toEqual([]);
+    expect(cursor.stats.droppedForSpace).toBe(1);
+    const ready = cursor.onSubscribed(
+      { type: 'subscribed', stream: 's', after: 40, replayed: 0, upTo: 40, more: false },
+      0,
+    );
+    expect(ready.map((m) => m.seq)).toEqual([41, 42, 43]);
+  });
+});
+
+// --- The client -------------------------------------------------------------------------------
+
+function setup(overrides: Partial<StreamFleetClientOptions> = {}) {
+  const factory = socketFactory();
+  const client = new StreamFleetClient({
+    url: 'ws://127.0.0.1:9/primary',
+    token: () => 'token',
+    webSocket: factory.create,
+    random: () => 0,
+    name: 'alice',
+    gapTimeoutMs: 1000,
+    ...overrides,
+  });
+  const delivered: StreamMessage[] = [];
+  client.on('streamMessage', (message) => delivered.push(message));
+  return { client, factory, delivered };
+}
+
+async function settle(): Promise<void> {
+  await vi.advanceTimersByTimeAsync(0);
+}
+
+function subscribes(socket: FakeSocket): Record<string, unknown>[] {
+  return socket.sentJson().filter((m) => m.action === 'subscribe');
+}
+
+/** Answer the last subscribe of `stream` on `socket`. */
+function acknowledge(socket: FakeSocket, stream: string, after: number | null, more = false): void {
+  const request = subscribes(socket)
+    .filter((m) => m.stream === stream)
+    .at(-1)!;
+  socket.deliver({
+    type: 'subscribed',
+    stream,
+    after,
+    replayed: 0,
+    upTo: after,
+    more,
+    requestId: request.requestId,
+    region: 'us-east-1',
+  });
+}
+
+beforeEach(() => {
+  vi.useFakeTimers();
+});
+
+afterEach(() => {
+  vi.useRealTimers();
+});
+
+describe('StreamFleetClient subscriptions', () => {
+  it('subscribes, delivers exactly once in order, and resumes from its position after a drop', async () => {
+    const { client, factory, delivered } = setup();
+    client.start();
+    await settle();
+    const first = factory.last();
+    first.open();
+    first.restoreState('us-east-1');
+    const subscribed = client.subscribe('m1', { after: 0 });
+    expect(subscribes(first)).toMatchObject([{ stream: 'm1', after: 0 }]);
+    acknowledge(first, 'm1', 0);
+    await expect(subscribed).resolves.toMatchObject({ type: 'subscribed', after: 0 });
+    first.deliver(frame('m1', [3, 1], 'replay'));
+    first.deliver(frame('m1', [2, 3, 4]));
+    expect(delivered.map((m) => m.seq)).toEqual([1, 2, 3, 4]);
+    expect(delivered[0]).toMatchObject({ stream: 'm1', data: 'd1', source: 'replay', region: 'us-east-1' });
+    // The connection drops; the next one subscribes again from seq 4, unasked.
+    first.drop();
+    await vi.advanceTimersByTimeAsync(10);
+    const second = factory.last();
+    expect(second).not.toBe(first);
+    second.open();
+    expect(subscribes(second)).toMatchObject([{ stream: 'm1', after: 4 }]);
+    acknowledge(second, 'm1', 4);
+    second.deliver(frame('m1', [4, 5, 6], 'replay'));
+    expect(delivered.map((m) => m.seq)).toEqual([1, 2, 3, 4, 5, 6]);
+    expect(client.position('m1')).toBe(6);
+    client.close();
+  });
+
+  it('fills a gap from the stored log after the gap timeout', async () => {
+    const { client, factory, delivered } = setup();
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    void client.subscribe('m1', { after: 10 });
+    acknowledge(socket, 'm1', 10);
+    socket.deliver(frame('m1', [11, 14]));
+    expect(delivered.map((m) => m.seq)).toEqual([11]);
+    await vi.advanceTimersByTimeAsync(900);
+    expect(subscribes(socket)).toHaveLength(1);
+    await vi.advanceTimersByTimeAsync(400);
+    expect(subscribes(socket).at(-1)).toMatchObject({ stream: 'm1', after: 11 });
+    acknowledge(socket, 'm1', 11);
+    socket.deliver(frame('m1', [12, 13, 14], 'replay'));
+    expect(delivered.map((m) => m.seq)).toEqual([11, 12, 13, 14]);
+    expect(client.cursor('m1')?.stats.gapResubscribes).toBe(1);
+    client.close();
+  });
+
+  it('a reloaded page follows the server state from its saved position', async () => {
+    const storage = new Map<string, string>();
+    const fakeStorage = {
+      getItem: (key: string) => storage.get(key) ?? null,
+      setItem: (key: string, value: string) => void storage.set(key, value),
+    } as unknown as Storage;
+    const positions = storagePositions(fakeStorage);
+    positions.set('m2', 41);
+    const { client, factory } = setup({ positions });
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    const request = socket.getStateRequest();
+    socket.deliver({
+      type: 'state',
+      region: 'us-west-2',
+      requestId: request.requestId,
+      user: 'alice',
+      state: { lastBid: null, bidsAccepted: 0, bidsRefused: 0, updatedAtMs: null },
+      subscriptions: ['m2', 'm3'],
+    });
+    expect(subscribes(socket)).toMatchObject([
+      { stream: 'm2', after: 41 },
+      { stream: 'm3', after: null },
+    ]);
+    acknowledge(socket, 'm2', 41);
+    socket.deliver(frame('m2', [42]));
+    expect(storage.get('streamfleet.position.m2')).toBe('42');
+    client.close();
+  });
+
+  it('a refused subscribe rejects, is reported, and leaves nothing subscribed', async () => {
+    const { client, factory } = setup();
+    const refusals: SubscriptionRefusedError[] = [];
+    client.on('subscriptionError', (error) => refusals.push(error));
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    const subscribed = client.subscribe('secret');
+    const request = subscribes(socket)[0]!;
+    socket.deliver({
+      type: 'error',
+      error: 'forbidden',
+      field: 'stream',
+      message: "stream: 'secret' does not exist or you are not one of its readers",
+      requestId: request.requestId,
+    });
+    await expect(subscribed).rejects.toBeInstanceOf(SubscriptionRefusedError);
+    expect(refusals.map((r) => r.error)).toEqual(['forbidden']);
+    expect(client.subscriptions).toEqual([]);
+    client.close();
+  });
+
+  it('a cut replay is continued once caught up', async () => {
+    const { client, factory, delivered } = setup();
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    void client.subscribe('m1', { after: 0 });
+    const request = subscribes(socket)[0]!;
+    socket.deliver({
+      type: 'subscribed',
+      stream: 'm1',
+      after: 0,
+      replayed: 2,
+      upTo: 2,
+      more: true,
+      requestId: request.requestId,
+    });
+    socket.deliver(frame('m1', [1, 2], 'replay'));
+    await vi.advanceTimersByTimeAsync(300);
+    expect(subscribes(socket).at(-1)).toMatchObject({ stream: 'm1', after: 2 });
+    expect(delivered.map((m) => m.seq)).toEqual([1, 2]);
+    client.close();
+  });
+});
