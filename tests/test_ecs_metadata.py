@@ -17,7 +17,9 @@ import pytest
 from streamfleet import model
 from streamfleet.worker.ecs_metadata import MAX_BODY_BYTES, check_task_arn, task_arn
 
-TASK_ARN = "arn:aws:ecs:us-east-1:123456789012:task/streamfleet-cluster/0123456789abcdef0123456789abcdef"
+TASK_ARN = (
+    "arn:aws:ecs:us-east-1:123456789012:task/streamfleet-cluster/0123456789abcdef0123456789abcdef"
+)
 VARIABLE = model.ENV_ECS_METADATA_URI
 
 

@@ -312,7 +312,10 @@ def test_the_construct_composes_with_imported_resources():
         ({"memory_mib": 64}, "memory_mib: expected 128-10240"),
         ({"retry_attempts": -1}, "retry_attempts: expected 0-185"),
         ({"timeout": cdk.Duration.seconds(1)}, "timeout: 1 s is outside 5-900 s"),
-        ({"max_event_age": cdk.Duration.seconds(10)}, "max_event_age: 10 s is outside 60 s to 24 h"),
+        (
+            {"max_event_age": cdk.Duration.seconds(10)},
+            "max_event_age: 10 s is outside 60 s to 24 h",
+        ),
         ({"service_name": ""}, "service_name: required"),
     ],
 )
