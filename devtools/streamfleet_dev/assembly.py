@@ -207,6 +207,7 @@ def synthesize(
 def _prune(root: Path, *, keep: Path) -> None:
     """Drop cached assemblies beyond the newest :data:`KEEP_ASSEMBLIES` that are also older than
     an hour (another run may still read a recent one); each one holds every asset."""
+
     def modified(path: Path) -> float:
         try:
             return path.stat().st_mtime
