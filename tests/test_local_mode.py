@@ -246,7 +246,7 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
         await terminal.shows(rf"^> k {number}\b", timeout=10, what="the typed line")
         terminal.type("\r")
         dead = await terminal.shows(
-            rf"^s00 .*{victim} dead.*(moves in \d+\.\d s|moving now)",
+            rf"^s00 .*{victim} dead.*moves (in \d+\.\d s|now)",
             timeout=15,
             what=f"s00 marked: its owner {victim} is dead, and when it moves",
         )
@@ -353,7 +353,7 @@ def _snapshot(workers: int, streams: int) -> Snapshot:
         WorkerView(f"w{n}", 100 + n, "running", streams // workers, "3.1 s left")
         for n in range(1, workers + 1)
     ]
-    views[1] = WorkerView("w2", 102, "dead (kill -9)", None, "0.4 s left", "3 streams moves in")
+    views[1] = WorkerView("w2", 102, "dead (kill -9)", None, "0.4 s left", "3 streams move in")
     rows = [
         StreamView(f"s{n:02d}", "STARTED", f"w{n % workers + 1}", "", 10, 12, 2, 15)
         for n in range(streams)

@@ -26,7 +26,6 @@ import boto3
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
-from streamfleet.lease.dynamo import from_item
 from streamfleet_dev.assembly import (
     ContainerSpec,
     Stack,
@@ -34,7 +33,7 @@ from streamfleet_dev.assembly import (
     local_environment,
     reference_of,
 )
-from streamfleet_dev.checks import log_problems
+from streamfleet_dev.checks import connection_rows, log_problems, stored_log
 from streamfleet_dev.local.container import container_launch, image_python
 from streamfleet_dev.tables import create_tables
 from streamfleet_dev.upstream.fake import FakeUpstream, message_data
@@ -266,31 +265,14 @@ class Fleet:
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Every connection row, by stream id."""
-        pages = self.dynamodb.get_paginator("scan").paginate(TableName=self.lease_table)
-        items = [from_item(raw) for page in pages for raw in page["Items"]]
-        return {
-            model.connection_id_of(item[model.PK]): item
-            for item in items
-            if item[model.PK].startswith(model.CONNECTION_PREFIX)
-        }
+        return connection_rows(self.dynamodb, self.lease_table)
 
     def owners(self) -> dict[str, str | None]:
         return {sid: row.get(model.LEASE_OWNER) for sid, row in self.rows().items()}
 
     def stored_log(self, stream_id: str) -> dict[int, str]:
         """What is stored for a stream: seq -> data, read consistently."""
-        pages = self.dynamodb.get_paginator("query").paginate(
-            TableName=self.messages_table,
-            KeyConditionExpression="#pk = :pk",
-            ExpressionAttributeNames={"#pk": model.PK},
-            ExpressionAttributeValues={":pk": {"S": model.connection_pk(stream_id)}},
-            ConsistentRead=True,
-        )
-        return {
-            int(item[model.SEQ]["N"]): item[model.MESSAGE_DATA]["S"]
-            for page in pages
-            for item in page["Items"]
-        }
+        return stored_log(self.dynamodb, self.messages_table, stream_id)
 
     def stored_seqs(self, stream_id: str) -> list[int]:
         return sorted(self.stored_log(stream_id))

@@ -142,13 +142,16 @@ def lease_text(session: SessionView | None, now_ms: int) -> str:
     return f"expired {format_seconds(-left)} ago"
 
 
-def moves_text(session: SessionView | None, now_ms: int, skew_seconds: float) -> str:
-    """When a stream held by a worker that no longer runs becomes takeable: its session's
-    expiry plus the clock-skew allowance (the taker's rule)."""
+def moves_text(
+    session: SessionView | None, now_ms: int, skew_seconds: float, *, streams: int = 1
+) -> str:
+    """When streams held by a worker that no longer runs become takeable: its session's expiry
+    plus the clock-skew allowance (the taker's rule). ``streams`` > 1 says how many."""
+    subject = "moves" if streams == 1 else f"{streams} streams move"
     if session is None:
-        return "moves at the next reconcile"
+        return f"{subject} at the next reconcile"
     left = session.seconds_left(now_ms) + skew_seconds
-    return f"moves in {format_seconds(left)}" if left > 0 else "moving now"
+    return f"{subject} in {format_seconds(left)}" if left > 0 else f"{subject} now"
 
 
 # --- Events -------------------------------------------------------------------------------------
@@ -287,7 +290,9 @@ class EventLog:
         important = [i for i, e in enumerate(self.entries) if e.important][-limit:]
         room = limit - len(important)
         routine = [i for i, e in enumerate(self.entries) if not e.important][-room:] if room else []
-        return [self.entries[i].line() for i in sorted(important + routine)]
+        # In time order (a worker's log is read a moment after a typed command's note).
+        chosen = sorted(important + routine, key=lambda i: (self.entries[i].ts, i))
+        return [self.entries[i].line() for i in chosen]
 
 
 def _paren(text: str) -> str:
