@@ -109,6 +109,8 @@ class RegionHandler:
                 return found
             for message in messages:
                 found.append(model.parse_notification(message["Body"]))
+                # Announced as an orphan: claimed by each peer up to its fair share.
+                assert model.is_orphan_notification(message["Body"]), message["Body"]
                 self.sqs.delete_message(
                     QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"]
                 )

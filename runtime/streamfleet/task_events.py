@@ -21,10 +21,11 @@ For one such event (EventBridge rule: ``streamfleet_cdk.task_events``) the handl
    of the primary's workers, whatever its replica shows;
 4. for each session it ended, finds the STARTED connections the session held (one ``by-owner``
    query, as orphan discovery asks) and publishes an SQS notification for each, so live peers
-   claim them at once through intake. A moment later (0.5 s, then 1.5 s more) it asks again and
-   announces once more the rows still held: a notification the dead worker's own pending long
-   poll swallowed would otherwise wait out the queue's visibility timeout. Reconcile picks up
-   whatever is left.
+   claim them at once through intake, each up to its fair share (the notifications say
+   ``orphan``: a worker hands back what is beyond its share, visible to peers a second later).
+   A moment later (1.5 s, then 2 s more) it asks again and announces once more the rows still
+   held: a notification the dead worker's own pending long poll swallowed would otherwise wait
+   out the queue's visibility timeout. Reconcile picks up whatever is left.
 
 It is idempotent: the same event again, or an event for a session a peer already fenced after
 its lease expired, finds nothing LIVE, changes nothing and says so. A failure to reach
@@ -98,8 +99,9 @@ MAX_WORK_SECONDS = 20.0
 DEADLINE_MARGIN_SECONDS = 1.0
 SEND_ATTEMPTS = 3
 # After the notifications, rows still held by the ended session are announced again after
-# these pauses (see SessionEnder._notify_leftovers); a peer claims one within tens of ms.
-FOLLOW_UP_DELAYS_SECONDS = (0.5, 1.5)
+# these pauses (see SessionEnder._notify_leftovers). The first waits out the workers' fair
+# share: what a worker does not take it hands back visible a second later, still announced.
+FOLLOW_UP_DELAYS_SECONDS = (1.5, 2.0)
 LOGGED_FIELD_CHARS = 256
 # One invocation at a time per execution environment: two threads per client are plenty.
 CLIENT_SETTINGS = ClientSettings(threads=2)
@@ -474,7 +476,7 @@ class SessionEnder:
             pending = {str(n): pk for n, pk in enumerate(pks[start : start + MAX_BATCH])}
             for _ in range(SEND_ATTEMPTS):
                 entries = [
-                    {"Id": entry_id, "MessageBody": model.notification_body(pk)}
+                    {"Id": entry_id, "MessageBody": model.notification_body(pk, orphan=True)}
                     for entry_id, pk in pending.items()
                 ]
                 response = await retry_until(
