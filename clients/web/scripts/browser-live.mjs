@@ -67,6 +67,7 @@ function readPage(page) {
       stream,
       seqs: sf?.streams.seqs[stream] ?? [],
       startedAfter: sf?.streams.startedAfter[stream] ?? null,
+      deliveredAtMs: sf?.streams.deliveredAtMs[stream] ?? [],
       allSeqs: sf?.streams.seqs ?? {},
       latenciesMs: sf?.streams.latenciesMs ?? [],
       region: client?.region ?? null,

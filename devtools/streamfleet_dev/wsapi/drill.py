@@ -24,10 +24,15 @@ leave the failed region two ways, and the summary counts both: its own rule (two
 without a ``pong``) or the canary closing its connection (what moves third-party clients).
 
 Run it: ``python -m streamfleet_dev.wsapi.drill [--clients 8] [--failure throttled|down]
-[--backend dynalite|moto] [--markdown]``. Without ``AWS_ENDPOINT_URL_DYNAMODB`` it starts its
-own server: dynalite by default, because moto's server does not serialise concurrent
-conditional writes on one item (two racing first bids can both be accepted there), which is
-exactly the guarantee the auction relies on. It refuses to run against anything but loopback.
+[--backend dynalite|moto] [--markdown] [--only failover|live]``. After this failover drill it
+runs the end-to-end drill of live delivery (:mod:`.live_drill`: the real fleet, both regions'
+fan-out, Python clients and browser pages, a worker ``kill -9``, a network drop and a regional
+failover, and the exactly-once check); ``--only`` runs one of the two.
+
+Without ``AWS_ENDPOINT_URL_DYNAMODB`` the failover drill starts its own server: dynalite by
+default, because moto's server does not serialise concurrent conditional writes on one item
+(two racing first bids can both be accepted there), which is exactly the guarantee the auction
+relies on. It refuses to run against anything but loopback.
 """
 
 from __future__ import annotations
@@ -585,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the canary does not close the failed region's connections (clients move alone)",
     )
     parser.add_argument("--verbose", action="store_true", help="log every canary run")
+    parser.add_argument(
+        "--only", choices=["failover", "live"], default=None, help="run one of the two drills"
+    )
+    parser.add_argument(
+        "--short", action="store_true", help="the live drill's short version (as make test)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # Failed probes and closed connections are what a drill is about: not warnings here.
@@ -595,6 +606,26 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         disconnect_when_unhealthy=not args.no_canary_disconnect,
     )
+    passed = True
+    if args.only != "live":
+        passed = _failover_main(args, config)
+    if args.only != "failover":
+        from streamfleet_dev.wsapi import live_drill
+
+        live_config = (
+            live_drill.LiveDrillConfig() if args.short else live_drill.LiveDrillConfig.full()
+        )
+        report = asyncio.run(live_drill.run_live_drill(live_config))
+        if args.markdown:
+            print("\n## Live delivery, end to end\n")
+            print(live_drill.markdown(report))
+        else:
+            print(json.dumps(report.summary(), indent=2))
+        passed = passed and report.ok
+    return 0 if passed else 1
+
+
+def _failover_main(args: argparse.Namespace, config: DrillConfig) -> bool:
     from streamfleet_dev.local.servers import dynalite_server, moto_server
 
     started = []
@@ -621,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         for server in started:
             server.stop()
     print(markdown(summary) if args.markdown else json.dumps(summary, indent=2))
-    return 0 if summary["passed"] else 1
+    return bool(summary["passed"])
 
 
 if __name__ == "__main__":

@@ -384,6 +384,16 @@ class ReconnectingClient:
         stand in for API Gateway's 2-hour limit)."""
         self._reconnect_now.set()
 
+    def abort_connection(self) -> bool:
+        """Cut the socket without a closing handshake, as a lost network would (drills and
+        tests); the client notices and reconnects by its own rules. ``False`` if not open."""
+        ws = self._ws
+        transport = getattr(ws, "transport", None)
+        if transport is None:
+            return False
+        transport.abort()
+        return True
+
     # Subscribed streams -----------------------------------------------------------------------
 
     async def subscribe(self, stream: str, *, after: int | None = None) -> dict[str, Any] | None:

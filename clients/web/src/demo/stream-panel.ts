@@ -20,6 +20,8 @@ function element<T extends HTMLElement>(id: string): T {
 /** What the browser tests read: every seq delivered per stream, in delivery order. */
 export interface StreamRecord {
   seqs: Record<string, number[]>;
+  /** When each of `seqs` was delivered (epoch ms). */
+  deliveredAtMs: Record<string, number[]>;
   latenciesMs: number[];
   /** The position each stream was watched from (a reloaded page: the one it had saved). */
   startedAfter: Record<string, number | null>;
@@ -38,11 +40,12 @@ export function mountStreamPanel(client: StreamFleetClient, params: URLSearchPar
     error: element('stream-error'),
     list: element<HTMLOListElement>('stream-messages'),
   };
-  const record: StreamRecord = { seqs: {}, latenciesMs: [], startedAfter: {} };
+  const record: StreamRecord = { seqs: {}, deliveredAtMs: {}, latenciesMs: [], startedAfter: {} };
   let watching: string | null = null;
 
   function show(message: StreamMessage): void {
     (record.seqs[message.stream] ??= []).push(message.seq);
+    (record.deliveredAtMs[message.stream] ??= []).push(Date.now());
     if (message.receivedAtMs !== null && message.source === 'live') {
       record.latenciesMs.push(Date.now() - message.receivedAtMs);
     }
