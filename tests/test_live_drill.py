@@ -48,6 +48,14 @@ def test_the_drills_check_sees_every_kind_of_wrong_log(seqs, first_after, last, 
     assert bool(_checked(seqs, first_after=first_after, last=last)) is bad
 
 
+def test_a_pause_belongs_to_the_fault_window_it_ends_in() -> None:
+    watcher = Watcher("c", "browser", "s", "failover name")
+    times = [0.0, 0.5, 1.0, 3.0, 3.5, 9.0, 9.5]  # pauses: 2 s ending at 3.0, 5.5 s ending at 9.0
+    watcher.deliveries = [Delivery(n, at, None, "live") for n, at in enumerate(times)]
+    assert watcher.longest_pause(1.0, 8.5) == (2.0, 0.0)  # the next window's pause is not ours
+    assert watcher.longest_pause(8.5, 12.0) == (5.5, -5.0)  # began before the fault, ended in it
+
+
 @pytest.mark.slow
 async def test_clients_receive_every_seq_once_in_order_through_crash_drop_and_failover(
     tmp_path,

@@ -94,12 +94,13 @@ class Watcher:
         return seen
 
     def longest_pause(self, start: float, end: float) -> tuple[float, float]:
-        """The longest time without a delivery that ends after ``start`` and begins before
-        ``end``, and when it began (seconds after ``start``; negative: before it)."""
+        """The longest time without a delivery that ends in ``(start, end]``, and when it
+        began (seconds after ``start``; negative: before it). A pause belongs to the fault
+        window it ends in: one that spans the next fault's start is that fault's."""
         times = [d.at for d in self.deliveries]
         longest, began = 0.0, 0.0
         for before, after in itertools.pairwise(times):
-            if after > start and before < end and after - before > longest:
+            if start < after <= end and after - before > longest:
                 longest, began = after - before, before - start
         return longest, began
 
