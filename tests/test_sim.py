@@ -3,8 +3,8 @@
 Each schedule runs real workers (the deployed ``Worker``, ``LeaseStore`` and ``Connection``
 code) against dynalite behind the fault layer, with START/STOP/kill/SIGTERM/pause/outages and
 random lost answers, late and duplicated deliveries, refusals, timeouts and stale index views,
-then checks one owner, liveness and exactly-once (``streamfleet_dev.sim``). ``make sim`` runs a
-thousand; ``SIM_SEED=<n>`` replays one, ``SIM_SCHEDULES`` sets how many run here.
+then checks one owner, liveness and exactly-once (``streamfleet_dev.sim``). ``make sim`` runs
+2,000; ``SIM_SEED=<n>`` replays one, ``SIM_SCHEDULES`` sets how many run here.
 """
 
 from __future__ import annotations
