@@ -135,6 +135,7 @@ OPTIONAL_UNSET = {
         "JWT_TYP": "optional (unset: as JWT_TOKEN_USE)",
         "JWT_AUTHORIZED_PARTIES": "optional (no azp restriction)",
         "JWT_CANARY_KEYS": "set only when the canary has a signing key",
+        "JWT_READER_CLAIMS": "set only with the jwt_reader_claims context key (no reader tags)",
     },
     "streamfleet.wsapi.canary": {
         "CANARY_TOKEN": "alternative to the signing-key secret (a static token, local use)",

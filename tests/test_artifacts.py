@@ -12,6 +12,7 @@ template sets. A failure names the function by its construct path.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import re
 import uuid
@@ -48,11 +49,22 @@ from tests.assembly_support import (
 
 pytestmark = pytest.mark.slow
 ROLES = ("primary", "secondary")
+# Each handler of the templates -> the test that runs it from its asset ("module::function"
+# when the test lives elsewhere; checked to exist below, so this list cannot go stale).
 DRIVEN_HANDLERS = {
     ROUTER_ENTRY: "test_router_from_its_asset",
     HANDLER_ENTRY: "test_websocket_routes_and_authorizer_from_their_assets",
     AUTHORIZER_ENTRY: "test_websocket_routes_and_authorizer_from_their_assets",
     CANARY_ENTRY: "test_canary_from_its_asset",
+    "streamfleet.task_events.handler": (
+        "tests.test_task_events::test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_stream"
+    ),
+    "streamfleet.wsapi.fanout.handler": (
+        "tests.test_fanout_assets::test_the_fanout_from_its_asset_delivers_the_stream_live"
+    ),
+    "streamfleet.wsapi.stream_lookup.handler": (
+        "tests.test_fanout_assets::test_the_stream_lookup_from_its_asset_answers_cloudformation"
+    ),
 }
 # CDK's own custom-resource providers (Node.js code that ships inside aws-cdk-lib and runs at
 # deploy time, never the project's code): their construct path names the provider.
@@ -73,6 +85,9 @@ def test_every_lambda_function_of_every_template_is_driven():
         elif not CDK_PROVIDER_PATH.search(function.path):
             undriven.append(f"{function.label} ({function.runtime}, not CDK's own provider)")
     assert not undriven, f"functions no test here runs from their asset: {undriven}"
+    for test in set(DRIVEN_HANDLERS.values()):
+        module, _, name = test.rpartition("::")
+        assert callable(getattr(importlib.import_module(module or __name__), name, None)), test
     stacks = {f.stack for f in artifact_assembly().functions() if f.is_python}
     assert stacks == {*FLEET_STACKS.values(), *WS_STACKS.values()}
 
@@ -164,12 +179,26 @@ ROUTE_MESSAGES = {
         "auction": "a1",
         "amount": 10,
     },
+    # A stream nobody STARTed: refused (default deny), after the route read the lease table.
+    model.WS_ROUTE_SUBSCRIBE: {
+        "action": model.WS_ROUTE_SUBSCRIBE,
+        "requestId": "r-subscribe",
+        "stream": "never-started",
+        "after": None,
+    },
+    model.WS_ROUTE_UNSUBSCRIBE: {
+        "action": model.WS_ROUTE_UNSUBSCRIBE,
+        "requestId": "r-unsubscribe",
+        "stream": "never-started",
+    },
     "$default": {"action": "no-such-route", "requestId": "r-default"},
 }
 EXPECTED_REPLY = {
     "r-heartbeat": model.WS_REPLY_PONG,
     "r-state": model.WS_REPLY_STATE,
     "r-bid": model.WS_REPLY_BID,
+    "r-subscribe": model.WS_REPLY_ERROR,
+    "r-unsubscribe": model.WS_REPLY_UNSUBSCRIBED,
     "r-default": model.WS_REPLY_ERROR,
 }
 
