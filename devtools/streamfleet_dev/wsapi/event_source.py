@@ -142,10 +142,37 @@ class StreamEventSource:
         if not records:
             return False
         if self.settings.max_batching_window > 0 and len(records) < self.settings.batch_size:
-            await asyncio.sleep(self.settings.max_batching_window)
+            records += await self._fill_batch(shard_id, len(records))
         event = {"Records": [self._lambda_record(record) for record in records]}
         await self._invoke(event)
         return True
+
+    async def _fill_batch(self, shard_id: str, have: int) -> list[dict[str, Any]]:
+        """``MaximumBatchingWindowInSeconds``: keep reading the shard until the batch is full
+        or the window (counted from the batch's first records) has passed, as Lambda gathers
+        records before it invokes. Waiting without reading would only add latency."""
+        window_ends = time.monotonic() + self.settings.max_batching_window
+        more: list[dict[str, Any]] = []
+        while have + len(more) < self.settings.batch_size:
+            remaining = window_ends - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(self.settings.poll_interval, remaining))
+            iterator = self._iterators.get(shard_id)
+            if iterator is None:  # the shard is closed: nothing more will come
+                break
+            try:
+                page = await self.streams.call(
+                    "get_records",
+                    ShardIterator=iterator,
+                    Limit=self.settings.batch_size - have - len(more),
+                )
+            except Exception as exc:  # invoke with what was gathered; the next poll goes on
+                logger.warning("%s: get_records failed: %s", self.name, exc)
+                break
+            self._iterators[shard_id] = page.get("NextShardIterator")
+            more += page.get("Records") or []
+        return more
 
     async def _invoke(self, event: dict[str, Any]) -> None:
         records = event["Records"]
