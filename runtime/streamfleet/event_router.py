@@ -21,16 +21,14 @@ into a 500 naming the variable.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
 import re
 import sys
-import threading
 import time
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -42,6 +40,7 @@ from .desired_state import Outcome
 from .lease.dynamo import error_code
 from .lease.errors import StoreUnavailable
 from .validation import check_id, check_ws_url
+from .warm import WarmContainer
 from .worker.upstream_policy import UpstreamPolicy
 
 DEFAULT_MAX_BODY_BYTES = 4096
@@ -426,47 +425,18 @@ class EventRouter:
 # --- Per-container state --------------------------------------------------------------------
 
 
-class _Container:
-    """What survives between warm invocations: one event loop, the clients, the config."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()  # the local adapter calls from several threads
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.clients: tuple[AsyncClient, AsyncClient] | None = None
-        self.router: tuple[tuple[str, ...], EventRouter] | None = None
-
-    def get_router(self) -> EventRouter:
-        # Keyed on the raw values: Lambda's environment never changes, a test's does.
-        key = tuple(
-            os.environ.get(name, "")
-            for name in ("TABLE_NAME", "QUEUE_URL", "ALLOWED_UPSTREAMS", "MAX_BODY_BYTES")
-        )
-        if self.router is None or self.router[0] != key:
-            config = RouterConfig.from_env()
-            if self.clients is None:
-                self.clients = (
-                    AsyncClient("dynamodb", CLIENT_SETTINGS),
-                    AsyncClient("sqs", CLIENT_SETTINGS),
-                )
-            dynamodb, sqs = self.clients
-            self.router = (key, EventRouter(config, dynamodb=dynamodb, sqs=sqs))
-        return self.router[1]
-
-    def run(self, coroutine: Any) -> Any:
-        if self.loop is None or self.loop.is_closed():
-            self.loop = asyncio.new_event_loop()
-        return self.loop.run_until_complete(coroutine)
-
-    def reset(self) -> None:
-        if self.clients:
-            for client in self.clients:
-                client.close()
-        if self.loop is not None:
-            self.loop.close()
-        self.loop, self.clients, self.router = None, None, None
+def _build_router(clients: Callable[[], tuple[AsyncClient, ...]]) -> EventRouter:
+    config = RouterConfig.from_env()
+    dynamodb, sqs = clients()
+    return EventRouter(config, dynamodb=dynamodb, sqs=sqs)
 
 
-_CONTAINER = _Container()
+_CONTAINER = WarmContainer(
+    ("TABLE_NAME", "QUEUE_URL", "ALLOWED_UPSTREAMS", "MAX_BODY_BYTES"),
+    ("dynamodb", "sqs"),
+    _build_router,
+    CLIENT_SETTINGS,
+)
 
 
 def reset() -> None:
@@ -494,7 +464,7 @@ def _dispatch(event: Mapping[str, Any], log: dict[str, Any]) -> dict[str, Any]:
         return response(missing.status, {"error": str(missing), "field": field}, headers)
     log["route"] = kind
     try:
-        router = _CONTAINER.get_router()
+        router = _CONTAINER.get()
         if kind == "connection":
             connection_id = check_connection_id(raw_id)
             log[CONNECTION_ID] = connection_id

@@ -41,11 +41,10 @@ import asyncio
 import logging
 import os
 import re
-import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -65,6 +64,7 @@ from .lease.dynamo import (
 )
 from .lease.errors import StoreUnavailable
 from .lease.sessions import delete_after
+from .warm import WarmContainer
 from .worker.ecs_metadata import check_task_arn
 from .wsapi.logs import log_event
 
@@ -500,42 +500,15 @@ class SessionEnder:
 # --- Per-container state and the entry point ----------------------------------------------
 
 
-class _Container:
-    """What survives between warm invocations: one event loop, the clients, the config."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.clients: tuple[AsyncClient, AsyncClient] | None = None
-        self.config: tuple[tuple[str, ...], TaskEventsConfig] | None = None
-
-    def get(self) -> tuple[TaskEventsConfig, AsyncClient, AsyncClient]:
-        # Keyed on the raw values: Lambda's environment never changes, a test's does.
-        key = tuple(os.environ.get(name, "") for name in ENV_NAMES)
-        if self.config is None or self.config[0] != key:
-            self.config = (key, TaskEventsConfig.from_env())
-        if self.clients is None:
-            self.clients = (
-                AsyncClient("dynamodb", CLIENT_SETTINGS),
-                AsyncClient("sqs", CLIENT_SETTINGS),
-            )
-        return self.config[1], *self.clients
-
-    def run(self, coroutine: Any) -> Any:
-        if self.loop is None or self.loop.is_closed():
-            self.loop = asyncio.new_event_loop()
-        return self.loop.run_until_complete(coroutine)
-
-    def reset(self) -> None:
-        if self.clients:
-            for client in self.clients:
-                client.close()
-        if self.loop is not None:
-            self.loop.close()
-        self.loop, self.clients, self.config = None, None, None
+def _build_config(
+    clients: Callable[[], tuple[AsyncClient, ...]],
+) -> tuple[TaskEventsConfig, AsyncClient, AsyncClient]:
+    config = TaskEventsConfig.from_env()
+    dynamodb, sqs = clients()
+    return config, dynamodb, sqs
 
 
-_CONTAINER = _Container()
+_CONTAINER = WarmContainer(ENV_NAMES, ("dynamodb", "sqs"), _build_config, CLIENT_SETTINGS)
 
 
 def reset() -> None:
