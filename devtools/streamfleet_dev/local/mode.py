@@ -3,17 +3,24 @@
 What runs (each piece what ``cdk deploy`` would run, read from the cloud assembly that
 ``cdk synth`` writes; :mod:`streamfleet_dev.assembly` caches it by its inputs):
 
-* dynalite for DynamoDB and moto's server for SQS (``--dynamodb moto`` puts DynamoDB on moto
-  too), the fleet's tables created from the synthesized templates, and its queue;
+* dynalite for the lease table, moto's server for the messages table (its DynamoDB stream
+  feeds live delivery) and SQS, behind one routing DynamoDB endpoint
+  (:mod:`~streamfleet_dev.local.stores`; ``--dynamodb moto`` puts every table on moto), the
+  fleet's tables created from the synthesized templates, and its queue;
 * the event REST API: the template's methods served on a local port, each request a REST proxy
   event for the event router running from its synthesized asset in a clean interpreter
   (:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess`);
 * the fake upstream, and N worker processes started as ECS starts the task definition's
-  container (its command, the image's code and interpreter, the container's environment);
+  container (its command, the image's code and interpreter, the container's environment), each
+  in a local task: when one exits, ECS's ``STOPPED`` event goes to the task-events handler
+  from its asset, which ends its session at once (``--no-task-events``: the lease alone);
 * the client-facing WebSocket API in two local regions with their canaries, alarms and failover
   resolver (:class:`~streamfleet_dev.wsapi.regions.LocalRegions`, in a process of its own),
-  serving the demo page built into ``clients/web/dist`` (``make web``);
-* twelve STARTed streams, and a live view of workers, streams, regions and lease events.
+  with live delivery (each region's fan-out from its synthesized asset on its messages table's
+  stream, the replica in the secondary), serving the demo page built into ``clients/web/dist``
+  (``make web``), whose stream panel watches a stream live;
+* twelve STARTed streams (every development token's group may read them), and a live view of
+  workers, streams, regions, lease events and ECS's task events.
 
 Type a command and Enter while it runs (what you type shows at the bottom)::
 
@@ -52,10 +59,13 @@ from streamfleet.lease import LeaseTiming, SessionDirectory
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet_dev.assembly import default_assembly
 from streamfleet_dev.upstream.process import UpstreamProcess
+from streamfleet_dev.wsapi.e2e import READER_CLAIM, READER_GROUP
+from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
 
 from .fleet import Fleet, WorkerProcess, worker_container
-from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
+from .servers import LOCAL_AWS_ENV
 from .services import EventApi, RegionsProcess, start_event_api
+from .stores import LocalStores, replica_name, start_stores
 from .terminal import Keyboard, LineEditor
 from .view import (
     EventLog,
@@ -67,6 +77,7 @@ from .view import (
     lease_text,
     moves_text,
     render,
+    task_event_text,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,16 +89,41 @@ DEMO_TIMING = {
     "HEARTBEAT_EVERY": "1",
     "MAX_CLOCK_SKEW_SECONDS": "0.25",
     "SAFETY_MARGIN_SECONDS": "0.25",
-    "RECONCILE_EVERY": "2",
+    # Reconcile also claims what an ended session held: with the task events, a kill -9
+    # recovers within about a second of it even when the dead worker's pending long poll
+    # swallowed the handler's first notifications (they come again after 1.5 s).
+    "RECONCILE_EVERY": "1",
     "STOP_CHECK_EVERY": "1",
     "CHECKPOINT_EVERY": "0.5",
-    "SQS_WAIT_SECONDS": "2",
+    "SQS_WAIT_SECONDS": "1",
     "METRICS_EVERY": "5",
 }
 SKEW_SECONDS = float(DEMO_TIMING["MAX_CLOCK_SKEW_SECONDS"])
 SNAPSHOT_EVERY = 1.0  # seconds between reads of the tables, the upstream and the regions
 FRAME_EVERY = 0.25  # seconds between redraws (and at once after every key)
 SIGNAL_NAMES = {signal.SIGKILL: "kill -9", signal.SIGTERM: "SIGTERM", signal.SIGSEGV: "SIGSEGV"}
+# Who may watch the STARTed streams: the group every local development token carries.
+STREAM_READERS = (f"{READER_CLAIM}:{READER_GROUP}",)
+# How often each region's event source polls an idle stream (Lambda: about 4 times a second).
+EVENT_SOURCE_POLL = 0.25
+RECOVERY_LOG_WAIT = 10.0  # seconds after a kill to wait for the takers' log lines
+
+
+def start_worker(fleet: Fleet) -> WorkerProcess:
+    """One more worker from the task definition, in a task of its own (when the fleet has task
+    events, its exit sends ECS's STOPPED event)."""
+    worker_id = f"w{len(fleet.workers) + 1}"
+    return fleet.start_worker(worker_id, **fleet.task_env(worker_id))
+
+
+@dataclass
+class Recovery:
+    """A worker killed from the view, until every stream it held is owned by a peer."""
+
+    worker_id: str
+    killed_at: float  # epoch seconds
+    streams: frozenset[str]
+    lease_allows_at: float | None  # epoch seconds: its session's expiry plus the skew allowance
 
 
 # --- The running system -------------------------------------------------------------------------
@@ -100,6 +136,7 @@ class LocalMode:
     fleet: Fleet
     api_url: str
     regions: RegionsProcess | None = None
+    stores: LocalStores | None = None
     events: EventLog = field(default_factory=EventLog)
     paused: set[str] = field(default_factory=set)
     terminated: set[str] = field(default_factory=set)
@@ -107,8 +144,14 @@ class LocalMode:
     info: str = ""
     show_info: bool = False
     last_result: str = ""
+    recoveries: list[Recovery] = field(default_factory=list)
     _offsets: dict[Path, int] = field(default_factory=dict)
     _health: dict[str, Any] = field(default_factory=dict)
+    _deliveries_seen: int = 0
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _ended_seen: set[tuple[str, int]] = field(default_factory=set)
+    # stream -> (worker, epoch seconds) of its last lease_gained in the workers' logs
+    _gained: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -127,8 +170,16 @@ class LocalMode:
             return f"{error.code} {answer.get('error') or answer.get('message')}"
 
     def start(self, stream_id: str) -> str:
+        """START through the event REST API, naming the readers (any local user may watch)."""
         url = self.fleet.upstream.url_for(stream_id)
-        return self.post_event({"event_type": "START", "connection_id": stream_id, "ws_url": url})
+        return self.post_event(
+            {
+                "event_type": "START",
+                "connection_id": stream_id,
+                "ws_url": url,
+                "readers": list(STREAM_READERS),
+            }
+        )
 
     def stop(self, stream_id: str) -> str:
         return self.post_event({"event_type": "STOP", "connection_id": stream_id})
@@ -156,7 +207,7 @@ class LocalMode:
             self.show_info = not self.show_info
             return "showing every URL (i again: the fleet)" if self.show_info else "the fleet"
         if verb == "a":
-            started = await asyncio.to_thread(self.fleet.start_worker)
+            started = await asyncio.to_thread(start_worker, self.fleet)
             return f"added {started.worker_id} (pid {started.process.pid})"
         if verb == "s" and argument:
             return f"START {argument}: {await asyncio.to_thread(self.start, argument)}"
@@ -186,11 +237,107 @@ class LocalMode:
             (self.paused.add if verb == "p" else self.paused.discard)(worker.worker_id)
             if verb == "t":
                 self.terminated.add(worker.worker_id)
+            if verb == "k":  # what it held, read in the background: the kill is not delayed
+                read = asyncio.create_task(
+                    asyncio.to_thread(self._watch_recovery, worker.worker_id, time.time())
+                )
+                self._background.add(read)
+                read.add_done_callback(self._background.discard)
             names = {"k": "kill -9", "t": "SIGTERM", "p": "SIGSTOP", "c": "SIGCONT"}
             return f"{names[verb]} {worker.worker_id}"
         return f"unknown command {line.strip()!r}: see the help line"
 
     # -- reading the system -------------------------------------------------------------------
+
+    def _watch_recovery(self, worker_id: str, killed_at: float) -> None:
+        """Remember what a killed worker held and when its lease alone would let it move."""
+        items = self._items()
+        held = frozenset(
+            model.connection_id_of(item[model.PK])
+            for item in items
+            if item[model.PK].startswith(model.CONNECTION_PREFIX)
+            and item.get(model.LEASE_OWNER) == worker_id
+        )
+        live = [
+            item
+            for item in items
+            if item[model.PK].startswith(model.SESSION_PREFIX)
+            and item.get(model.SESSION_OWNER) == worker_id
+            and item.get(model.SESSION_STATE) == model.SessionState.LIVE.value
+        ]
+        newest = max(live, key=lambda i: int(i[model.SESSION_VERSION]), default=None)
+        allows = (
+            int(newest[model.EXPIRES_AT_MS]) / 1000 + SKEW_SECONDS if newest is not None else None
+        )
+        if held:
+            self.recoveries.append(Recovery(worker_id, killed_at, held, allows))
+
+    def _note_task_events(self) -> None:
+        """One events-panel line per STOPPED event delivered since the last snapshot."""
+        ecs = self.fleet.ecs
+        if ecs is None:
+            return
+        new = ecs.deliveries[self._deliveries_seen :]
+        self._deliveries_seen += len(new)
+        for delivery in new:
+            containers = delivery.event.get("detail", {}).get("containers") or [{}]
+            text, important = task_event_text(
+                delivery.worker_id or "?",
+                matched=delivery.matched,
+                result=delivery.result if isinstance(delivery.result, dict) else None,
+                error=delivery.error,
+                exit_code=containers[0].get("exitCode"),
+                ms=(delivery.answered_at - delivery.exited_at) * 1000,
+            )
+            answered = delivery.wall + (delivery.answered_at - delivery.exited_at)
+            self.events.note(text, ts=answered, important=important)
+
+    def _note_ended_sessions(self, sessions: dict[tuple[str, int], SessionView]) -> None:
+        """A line as soon as a session is seen ended by ECS's STOPPED event (the handler's own
+        answer comes seconds later: it announces the streams again after 1.5 s)."""
+        for key, session in sessions.items():
+            if not session.ended_by_task_event or key in self._ended_seen:
+                continue
+            self._ended_seen.add(key)
+            worker = self.fleet.workers.get(session.owner)
+            code = worker.process.returncode if worker is not None else None
+            exit_text = "" if code is None else f" (exit {128 - code if code < 0 else code})"
+            self.events.note(f"{session.owner}'s session ended by its STOPPED event{exit_text}")
+
+    def _note_recoveries(self, connections: list[dict[str, Any]]) -> None:
+        """Once every stream a killed worker held is owned by a peer (or stopped): how long
+        that took after the kill, next to what the lease alone would have allowed."""
+        rows = {model.connection_id_of(i[model.PK]): i for i in connections}
+        for recovery in list(self.recoveries):
+            pending = [
+                stream
+                for stream in recovery.streams
+                if stream in rows
+                and rows[stream].get(model.DESIRED_STATE) == "STARTED"
+                and rows[stream].get(model.LEASE_OWNER) in (None, recovery.worker_id)
+            ]
+            if pending:
+                continue
+            started = [s for s in recovery.streams if s in rows and rows[s].get(model.LEASE_OWNER)]
+            seen = []
+            for stream in started:
+                taker, at = self._gained.get(stream, ("", 0.0))
+                if taker != recovery.worker_id and at >= recovery.killed_at:
+                    seen.append(at)
+            if len(seen) < len(started) and time.time() < recovery.killed_at + RECOVERY_LOG_WAIT:
+                continue  # owned by a peer whose log line is not read yet
+            self.recoveries.remove(recovery)
+            done_at = max(seen, default=time.time())
+            took = max(0.0, done_at - recovery.killed_at)
+            count = len(recovery.streams)
+            text = (
+                f"{recovery.worker_id}'s {count} stream{'' if count == 1 else 's'} owned by "
+                f"peers {took:.1f} s after the kill -9"
+            )
+            if recovery.lease_allows_at is not None:
+                lease = recovery.lease_allows_at - recovery.killed_at
+                text += f" (the lease alone: {max(0.0, lease):.1f} s)"
+            self.events.note(text, ts=done_at)
 
     def _tail(self, worker: WorkerProcess) -> None:
         offset = self._offsets.get(worker.log_path, 0)
@@ -205,7 +352,12 @@ class LocalMode:
         for line in complete.decode(errors="replace").splitlines():
             if line.startswith('{"ts"'):
                 with contextlib.suppress(ValueError):
-                    self.events.add(json.loads(line))
+                    record = json.loads(line)
+                    self.events.add(record)
+                    pk = str(record.get("pk") or "")
+                    if record.get("event") == "lease_gained" and pk:
+                        stream = model.connection_id_of(pk)
+                        self._gained[stream] = (worker.worker_id, float(record["ts"]))
 
     def _items(self) -> list[dict[str, Any]]:
         pages = self.fleet.dynamodb.get_paginator("scan").paginate(TableName=self.fleet.lease_table)
@@ -259,9 +411,11 @@ class LocalMode:
         logs (blocking: call it in a thread)."""
         for worker in list(self.fleet.workers.values()):
             self._tail(worker)
+        self._note_task_events()
         now_ms = time.time_ns() // 1_000_000
         items = self._items()
         connections = [i for i in items if i[model.PK].startswith(model.CONNECTION_PREFIX)]
+        self._note_recoveries(connections)
         sessions: dict[tuple[str, int], SessionView] = {}
         for item in items:
             if item[model.PK].startswith(model.SESSION_PREFIX):
@@ -271,8 +425,10 @@ class LocalMode:
                     state=str(item.get(model.SESSION_STATE, "")),
                     expires_at_ms=int(item.get(model.EXPIRES_AT_MS, 0)),
                     drain_requested=bool(item.get(model.DRAIN_REQUESTED)),
+                    ended_by=str(item.get(model.SESSION_ENDED_BY) or ""),
                 )
                 sessions[(session.owner, session.version)] = session
+        self._note_ended_sessions(sessions)
         newest: dict[str, SessionView] = {}
         for key in sorted(sessions):  # by owner, then version: the newest one wins
             newest[key[0]] = sessions[key]
@@ -366,8 +522,6 @@ class LocalMode:
             else:
                 state = "stopped" if returncode == 0 else f"exited {returncode}"
             note = moves_text(session, now_ms, SKEW_SECONDS, streams=holds) if holds else ""
-            if session is None or session.state != model.SessionState.LIVE.value:
-                lease = "ended" if session else "-"
             return WorkerView(worker.worker_id, worker.process.pid, state, None, lease, note)
         note = ""
         if worker.worker_id in self.paused:
@@ -383,6 +537,21 @@ class LocalMode:
 
 
 # --- Start-up, the banner, the loop -------------------------------------------------------------
+
+
+def live_settings(fleet: Fleet, stores: LocalStores) -> LiveSettings:
+    """Live delivery for the regions: the fleet's lease table, its messages table on moto and
+    the secondary's replica named after it (both routed to moto by the proxy), the streams on
+    moto, every development token in the readers' group."""
+    secondary = RegionsSettings().secondary
+    return LiveSettings(
+        lease_table=fleet.lease_table,
+        messages_tables=(fleet.messages_table, replica_name(fleet.messages_table, secondary)),
+        streams_endpoint=stores.streams_endpoint,
+        reader_claims=(READER_CLAIM,),
+        poll_interval=EVENT_SOURCE_POLL,
+        token_claims=((READER_CLAIM, (READER_GROUP,)),),
+    )
 
 
 def environment_lines(mode: LocalMode) -> dict[str, str]:
@@ -401,7 +570,9 @@ def environment_lines(mode: LocalMode) -> dict[str, str]:
     }
 
 
-def banner(mode: LocalMode, assembly_dir: Path, env_file: Path) -> str:
+def banner(
+    mode: LocalMode, assembly_dir: Path, env_file: Path, streams: tuple[str, ...] = ()
+) -> str:
     """Every URL a person needs, and the environment of a second terminal (plain text, one
     ``export`` per line, so it can be copied or sourced)."""
     upstream = f"ws://127.0.0.1:{mode.fleet.upstream.port}"
@@ -413,6 +584,14 @@ def banner(mode: LocalMode, assembly_dir: Path, env_file: Path) -> str:
         lines += [
             f"demo page:      {page}/?user=alice   and   {page}/?user=bob"
             + ("" if served else "   (not built: run make web)"),
+        ]
+        if streams:
+            choices = streams[0] if len(streams) == 1 else f"{streams[0]} to {streams[-1]}"
+            lines += [
+                f"watch a stream: {page}/?user=alice&stream={streams[0]}   (or pick one of "
+                f"{choices} in the page's stream panel: its messages arrive live, with their seqs)",
+            ]
+        lines += [
             f"WebSocket API:  {mode.regions.region_url(mode.regions.primary)} "
             f"({mode.regions.primary}, primary)",
             f"                {mode.regions.region_url(mode.regions.secondary)} "
@@ -426,6 +605,23 @@ def banner(mode: LocalMode, assembly_dir: Path, env_file: Path) -> str:
         f"fake upstream:  {upstream}/streams/<id>",
         f"workers:        {' '.join(container.argv())} in the image's code "
         "(the task definition's container)",
+    ]
+    if mode.fleet.ecs is not None:
+        lines.append(
+            "task events:    a worker's exit sends ECS's STOPPED event to the task-events handler "
+            "(from its asset): its session ends at once, peers claim its streams"
+        )
+    else:
+        lines.append(
+            "task events:    off (--no-task-events): a killed worker's streams wait for its lease"
+        )
+    if mode.stores is not None and mode.stores.dynalite is not None:
+        lines.append(
+            f"DynamoDB:       {mode.stores.dynamodb_endpoint} routes by table: leases on dynalite "
+            f"{mode.stores.dynalite.endpoint}, messages on moto {mode.stores.moto.endpoint} "
+            "(with its stream)"
+        )
+    lines += [
         "",
         f"In a second terminal (or: source {env_file}):",
     ]
@@ -476,18 +672,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
     logging.captureWarnings(True)
     os.environ.update(LOCAL_AWS_ENV)
     started_at = time.monotonic()
-    servers: list[LocalServer] = []
+    stores: LocalStores | None = None
     upstream: UpstreamProcess | None = None
     fleet: Fleet | None = None
     event_api: EventApi | None = None
     regions: RegionsProcess | None = None
     try:
-        say("starting moto (SQS) and dynalite (DynamoDB)")
-        servers.append(await asyncio.to_thread(moto_server(workdir / "moto.log").start))
-        if args.dynamodb == "dynalite":
-            servers.append(await asyncio.to_thread(dynalite_server(workdir / "dynalite.log").start))
-        os.environ["AWS_ENDPOINT_URL_SQS"] = servers[0].endpoint
-        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = servers[-1].endpoint
+        say(
+            "starting moto (SQS, the messages table and its stream) and dynalite (leases), "
+            "one DynamoDB endpoint over both"
+            if args.dynamodb == "dynalite"
+            else "starting moto (SQS and DynamoDB)"
+        )
+        stores = await asyncio.to_thread(start_stores, workdir, leases_on=args.dynamodb)
+        os.environ["AWS_ENDPOINT_URL_SQS"] = stores.sqs_endpoint
+        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = stores.dynamodb_endpoint
         say("reading the cloud assembly (cdk synth, about 15 s when an input changed)")
         assembly = await asyncio.to_thread(default_assembly)
         say("the worker image's interpreter (its requirements.txt, installed once)")
@@ -495,36 +694,49 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
         upstream = await asyncio.to_thread(
             UpstreamProcess(rate=args.rate, keepalive_seconds=1.0).start
         )
+        if not args.no_task_events:
+            say("ECS's task events: the task-events handler from its asset")
         fleet = await asyncio.to_thread(
             Fleet,
-            endpoint=servers[-1].endpoint,
+            endpoint=stores.dynamodb_endpoint,
             upstream=upstream,
             tmp=workdir,
             extra_env=DEMO_TIMING,
+            task_events=not args.no_task_events,
         )
+        stream_ids = tuple(f"s{n:02d}" for n in range(args.streams))
         say("the event router from its asset (and the Lambda runtime's boto3, once)")
         event_api = await asyncio.to_thread(
             start_event_api, fleet, f"ws://127.0.0.1:{upstream.port}", workdir / "router.log"
         )
         if not args.no_regions:
-            say("the WebSocket API in two local regions, canaries and failover resolver")
+            say(
+                "the WebSocket API in two local regions, canaries and failover resolver, "
+                "live delivery (each region's fan-out from its asset on its messages stream)"
+            )
             static_dir = args.static_dir if (args.static_dir / "index.html").is_file() else None
             regions = await asyncio.to_thread(
-                RegionsProcess(static_dir=static_dir, log_path=workdir / "regions.log").start
+                RegionsProcess(
+                    static_dir=static_dir,
+                    log_path=workdir / "regions.log",
+                    live=live_settings(fleet, stores),
+                    dynamodb_endpoint=stores.dynamodb_endpoint,
+                    streams=stream_ids,
+                ).start
             )
-        mode = LocalMode(fleet=fleet, api_url=event_api.url, regions=regions)
+        mode = LocalMode(fleet=fleet, api_url=event_api.url, regions=regions, stores=stores)
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, stopping.set)
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
         say(f"{args.workers} workers from the task definition, {args.streams} STARTs")
         for _ in range(args.workers):
-            await asyncio.to_thread(fleet.start_worker)
+            await asyncio.to_thread(start_worker, fleet)
         await _wait_for_api(event_api.url)
-        for n in range(args.streams):
-            outcome = await asyncio.to_thread(mode.start, f"s{n:02d}")
-            mode.events.note(f"START s{n:02d}: {outcome}", important=False)
-        mode.info = banner(mode, assembly.directory, args.env_file)
+        for stream_id in stream_ids:
+            outcome = await asyncio.to_thread(mode.start, stream_id)
+            mode.events.note(f"START {stream_id}: {outcome}", important=False)
+        mode.info = banner(mode, assembly.directory, args.env_file, stream_ids)
         args.env_file.write_text(
             "".join(f"export {k}={v}\n" for k, v in environment_lines(mode).items())
         )
@@ -553,8 +765,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             regions.stop()
         if upstream is not None:
             upstream.stop()
-        for server in servers:
-            server.stop()
+        if stores is not None:
+            stores.stop()
         with contextlib.suppress(OSError):
             if args.env_file.is_file():
                 args.env_file.unlink()
@@ -583,6 +795,8 @@ async def _live(
         if mode.regions is not None
         else f"event API {mode.api_url}/events · i: every URL"
     )
+    if mode.fleet.ecs is None:
+        header += " · task events off"
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
         with Live(console=console, screen=True, auto_refresh=False, transient=False) as live:
@@ -665,6 +879,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", action="store_true", help="print a JSON summary at the end")
     parser.add_argument(
         "--no-regions", action="store_true", help="without the WebSocket API's two regions"
+    )
+    parser.add_argument(
+        "--no-task-events",
+        action="store_true",
+        help="no ECS STOPPED events when a worker exits: a kill -9 recovers by the lease alone",
     )
     parser.add_argument(
         "--static-dir",

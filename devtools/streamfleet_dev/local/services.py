@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfleet_dev.assembly import default_assembly, local_environment, reference_of
+from streamfleet_dev.wsapi.regions import LiveSettings
 
 from . import http_adapter
 from .fleet import WORKER_STACK, Fleet
@@ -39,16 +40,38 @@ class RegionsProcess:
     (its canaries run every 0.5 s; the live view's loop and its logs stay apart), steered over
     its HTTP port as a browser test or ``curl`` would."""
 
-    def __init__(self, *, static_dir: Path | None, log_path: Path):
+    def __init__(
+        self,
+        *,
+        static_dir: Path | None,
+        log_path: Path,
+        live: LiveSettings | None = None,
+        dynamodb_endpoint: str | None = None,
+        streams: tuple[str, ...] = (),
+    ):
         self.static_dir = static_dir
         self.log_path = log_path
+        self.live = live
+        self.dynamodb_endpoint = dynamodb_endpoint
+        self.streams = streams
         self.process: subprocess.Popen[str] | None = None
         self.described: dict[str, Any] = {}
 
-    def start(self) -> RegionsProcess:
+    def command(self) -> list[str]:
+        """``regions --serve`` with this configuration's options."""
         command = [sys.executable, "-m", "streamfleet_dev.wsapi.regions", "--serve"]
         if self.static_dir is not None:
             command += ["--static-dir", str(self.static_dir)]
+        if self.dynamodb_endpoint is not None:
+            command += ["--dynamodb-endpoint", self.dynamodb_endpoint]
+        if self.live is not None:
+            command += live_arguments(self.live)
+        for stream in self.streams:
+            command += ["--stream", stream]
+        return command
+
+    def start(self) -> RegionsProcess:
+        command = self.command()
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command,
@@ -108,6 +131,29 @@ class RegionsProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def live_arguments(live: LiveSettings) -> list[str]:
+    """``regions --serve``'s options for ``live`` (its defaults are left out)."""
+    arguments = [
+        "--lease-table",
+        live.lease_table,
+        "--messages-tables",
+        ",".join(live.messages_tables),
+        "--streams-endpoint",
+        live.streams_endpoint,
+        "--event-source-poll",
+        repr(live.poll_interval),
+    ]
+    for claim in live.reader_claims:
+        arguments += ["--reader-claim", claim]
+    for claim, values in live.token_claims:
+        arguments += ["--token-claim", f"{claim}={','.join(values)}"]
+    if not live.fanout_from_assembly:
+        arguments.append("--in-process-fanout")
+    if not live.create_replica or live.replication_interval != LiveSettings.replication_interval:
+        raise ValueError("LiveSettings: create_replica, replication_interval: no option for them")
+    return arguments
 
 
 # --- The event router, from its synthesized asset -----------------------------------------------

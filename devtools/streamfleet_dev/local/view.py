@@ -60,6 +60,11 @@ class SessionView:
     state: str  # LIVE | ENDED
     expires_at_ms: int
     drain_requested: bool = False
+    ended_by: str = ""  # who ended it (model.SESSION_ENDED_BY): a peer's fence, ECS's event...
+
+    @property
+    def ended_by_task_event(self) -> bool:
+        return self.ended_by.startswith(model.ENDED_BY_TASK_STOPPED)
 
     def seconds_left(self, now_ms: int) -> float:
         return (self.expires_at_ms - now_ms) / 1000
@@ -135,7 +140,7 @@ def lease_text(session: SessionView | None, now_ms: int) -> str:
     if session is None:
         return "-"
     if session.state != model.SessionState.LIVE.value:
-        return "ended"
+        return "ended (STOPPED)" if session.ended_by_task_event else "ended"
     left = session.seconds_left(now_ms)
     if left >= 0:
         return f"{format_seconds(left)} left"
@@ -150,11 +155,46 @@ def moves_text(
     subject = "moves" if streams == 1 else f"{streams} streams move"
     if session is None:
         return f"{subject} at the next reconcile"
+    if session.state != model.SessionState.LIVE.value:
+        return f"{subject} now (its session ended)"  # fenced: takeable at once
     left = session.seconds_left(now_ms) + skew_seconds
     return f"{subject} in {format_seconds(left)}" if left > 0 else f"{subject} now"
 
 
 # --- Events -------------------------------------------------------------------------------------
+
+
+def task_event_text(
+    worker: str,
+    *,
+    matched: bool,
+    result: Mapping[str, Any] | None,
+    error: str | None,
+    exit_code: int | None,
+    ms: float,
+) -> tuple[str, bool]:
+    """The events-panel line for one ECS ``STOPPED`` event the local fleet delivered to the
+    task-events handler, once the handler answered (``ms`` after the exit), and whether it
+    matters: a session it ended is said as soon as it is seen, so that answer is routine."""
+    code = "" if exit_code is None else f"exit {exit_code}, "
+    if not matched:
+        return f"{worker}'s STOPPED event did not match the fleet's rule", True
+    if error:
+        return f"{worker}'s STOPPED event: the handler failed ({error[:80]})", True
+    result = result or {}
+    decision = result.get("decision")
+    if decision == "acted":
+        notified = int(result.get("notified") or 0)
+        text = f"{worker}'s STOPPED event handled: {notified} stream{'' if notified == 1 else 's'}"
+        after = result.get("notified_after_ms")
+        text += " announced to peers" + (f" {float(after):.0f} ms in" if after is not None else "")
+        again = int(result.get("notified_again") or 0)
+        return text + (f", {again} again later" if again else "") + f" ({ms / 1000:.1f} s)", False
+    if decision == "unchanged":
+        # A SIGTERM handoff that finished, or a lease that lapsed first: nothing left to end.
+        why = "its session was over" if result.get("sessions") else "it had no session"
+        return f"{worker}'s STOPPED event ({code}nothing to end: {why})", False
+    return f"{worker}'s STOPPED event ignored ({result.get('reason', decision)})", True
 
 
 @dataclass

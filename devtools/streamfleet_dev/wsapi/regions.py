@@ -925,15 +925,56 @@ async def _respond(
 # --- Command line -------------------------------------------------------------------------------
 
 
-async def serve(settings: RegionsSettings, static_dir: Path | None) -> None:
-    """Run until SIGINT/SIGTERM, after printing the ``listening`` line."""
+async def serve(
+    settings: RegionsSettings, static_dir: Path | None, streams: tuple[str, ...] = ()
+) -> None:
+    """Run until SIGINT/SIGTERM, after printing the ``listening`` line; ``streams``: what
+    ``GET /streams`` offers."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with LocalRegions(settings=settings, static_dir=static_dir) as regions:
+        regions.streams = list(streams)
         print(json.dumps(regions.describe()), flush=True)
         await stop.wait()
+
+
+LIVE_REQUIRED = ("lease_table", "messages_tables", "streams_endpoint")
+
+
+def _live_settings(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> LiveSettings | None:
+    """``LiveSettings`` from the live-delivery options, or None when none of them is given."""
+    given = [name for name in LIVE_REQUIRED if getattr(args, name)]
+    if not given:
+        if args.reader_claim or args.token_claim or args.stream:
+            parser.error("--reader-claim, --token-claim, --stream: need --lease-table too")
+        return None
+    missing = [f"--{name.replace('_', '-')}" for name in LIVE_REQUIRED if name not in given]
+    if missing:
+        parser.error(f"live delivery needs {', '.join(missing)} as well")
+    tables = tuple(args.messages_tables.split(","))
+    if len(tables) != 2 or not all(tables):
+        parser.error("--messages-tables: PRIMARY,SECONDARY (two table names)")
+    token_claims = []
+    for entry in args.token_claim:
+        claim, _, values = entry.partition("=")
+        if not claim or not values:
+            parser.error(f"--token-claim: {entry!r} is not CLAIM=VALUE[,VALUE...]")
+        token_claims.append((claim, tuple(v for v in values.split(",") if v)))
+    if args.event_source_poll <= 0:
+        parser.error("--event-source-poll: seconds above zero")
+    return LiveSettings(
+        lease_table=args.lease_table,
+        messages_tables=(tables[0], tables[1]),
+        streams_endpoint=args.streams_endpoint,
+        fanout_from_assembly=not args.in_process_fanout,
+        reader_claims=tuple(args.reader_claim),
+        poll_interval=args.event_source_poll,
+        token_claims=tuple(token_claims),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -953,7 +994,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verbose", action="store_true", help="log every decision of the Lambdas (INFO)"
     )
+    parser.add_argument(
+        "--dynamodb-endpoint",
+        default=None,
+        help="DynamoDB for every table (default: AWS_ENDPOINT_URL_DYNAMODB, else a server of "
+        "--backend); with live delivery it must reach the messages tables on moto",
+    )
+    live = parser.add_argument_group(
+        "live delivery (LiveSettings: --lease-table, --messages-tables and --streams-endpoint)"
+    )
+    live.add_argument("--lease-table", default=None, help="the fleet's lease table")
+    live.add_argument(
+        "--messages-tables",
+        default=None,
+        metavar="PRIMARY,SECONDARY",
+        help="the primary's messages table (the fleet's) and the secondary's replica",
+    )
+    live.add_argument(
+        "--streams-endpoint", default=None, help="the server with DynamoDB Streams (moto)"
+    )
+    live.add_argument(
+        "--reader-claim",
+        action="append",
+        default=[],
+        metavar="CLAIM",
+        help="a claim the authorizer passes on as reader tags (repeatable)",
+    )
+    live.add_argument(
+        "--token-claim",
+        action="append",
+        default=[],
+        metavar="CLAIM=VALUE[,VALUE]",
+        help="a claim every development token carries (repeatable)",
+    )
+    live.add_argument(
+        "--stream",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a stream GET /streams offers the demo page (repeatable)",
+    )
+    live.add_argument(
+        "--in-process-fanout",
+        action="store_true",
+        help="the fan-out in this process instead of from its synthesized asset",
+    )
+    live.add_argument(
+        "--event-source-poll",
+        type=float,
+        default=LiveSettings.poll_interval,
+        help="seconds between the event source's polls of an idle stream",
+    )
     args = parser.parse_args(argv)
+    live_settings = _live_settings(args, parser)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # A failover drill makes the canaries and the authorizer warn on every run: by default only
     # errors reach the terminal.
@@ -966,8 +1059,10 @@ def main(argv: list[str] | None = None) -> int:
             canary_period=args.canary_period,
             canary_timeout=args.canary_timeout,
             healthy_runs_to_recover=args.healthy_runs_to_recover,
+            dynamodb_endpoint=args.dynamodb_endpoint,
+            live=live_settings,
         )
-        asyncio.run(serve(settings, args.static_dir))
+        asyncio.run(serve(settings, args.static_dir, tuple(args.stream)))
     except RegionsError as exc:
         print(f"regions: {exc}", file=sys.stderr)
         return 2
