@@ -1,9 +1,12 @@
 """``make local`` as a person uses it, in a terminal of 80 x 24: the banner's URLs answer and
-build a working START, what is typed shows, ``k N`` kills the owner of a stream and the view
-shows it dead and when its streams move, the stream moves, ``f``/``r`` fail the primary region
-over and back, ``d N`` drains a worker, the hand-run worker command works against it, and
-Ctrl-C stops everything. Plus the view's pieces on their own (sizing, events) and the worker
-run from the virtualenv as the README says."""
+build a working START, a client subscribed through the regions (with a token from their
+``/token``) gets a stream's messages live, exactly from its subscribe point, across a
+takeover; what is typed shows, ``k N`` kills the owner of a stream, its STOPPED event ends its
+session and its streams are owned by peers well before its lease would have let them move
+(the view says so), ``f``/``r`` fail the primary region over and back, ``d N`` drains a
+worker, the hand-run worker command works against it, and Ctrl-C stops everything. With
+``--no-task-events`` the same kill waits for the lease. Plus the view's pieces on their own
+(sizing, events) and the worker run from the virtualenv as the README says."""
 
 from __future__ import annotations
 
@@ -30,14 +33,19 @@ import pytest
 from rich.console import Console
 
 from streamfleet import model
-from streamfleet.lease.dynamo import from_item
+from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet_dev.local.fleet import eventually
 from streamfleet_dev.local.view import (
     EventLog,
+    SessionView,
     Snapshot,
     StreamView,
     WorkerView,
+    lease_text,
+    moves_text,
     render,
+    task_event_text,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,6 +161,51 @@ def live_sessions(table: str) -> set[str]:
     }
 
 
+def newest_session(table: str, worker: str) -> dict | None:
+    """The worker's newest session item, read consistently."""
+    client = boto3.client("dynamodb")
+    pages = client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True)
+    sessions = [
+        from_item(raw)
+        for page in pages
+        for raw in page["Items"]
+        if raw[model.PK]["S"].startswith(f"{model.SESSION_PREFIX}{worker}#")
+    ]
+    return max(sessions, key=lambda item: int(item[model.SESSION_VERSION]), default=None)
+
+
+def newest_stored(messages_table: str, stream: str) -> int:
+    """The newest stored seq of a stream (through the banner's DynamoDB endpoint: the proxy
+    routes the messages table to moto)."""
+    page = boto3.client("dynamodb").query(
+        TableName=messages_table,
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": model.PK},
+        ExpressionAttributeValues={":pk": to_attr(model.connection_pk(stream))},
+        ScanIndexForward=False,
+        Limit=1,
+        ConsistentRead=True,
+    )
+    return int(page["Items"][0][model.SEQ]["N"]) if page["Items"] else 0
+
+
+def watcher(page: str, user: str, delivered: list[StreamMessage]) -> ReconnectingClient:
+    """A Python client of the regions as the demo page connects: the failover name's URL and
+    a development token from ``/token``."""
+
+    async def provider(attempt: int) -> Endpoint:
+        resolved = json.loads((await asyncio.to_thread(get, f"{page}/resolve"))[2])
+        token = json.loads((await asyncio.to_thread(get, f"{page}/token?user={user}"))[2])
+        return Endpoint(resolved["url"], token["token"])
+
+    return ReconnectingClient(
+        provider,
+        ClientConfig(backoff_base=0.1, backoff_cap=1.0, open_timeout=5.0, request_timeout=10.0),
+        on_stream_message=delivered.append,
+        name=user,
+    )
+
+
 def get(url: str) -> tuple[int, str, bytes]:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.status, response.headers.get("Content-Type", ""), response.read()
@@ -238,39 +291,95 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
             what="the four streams and the one STARTed by hand owned",
         )
 
-        # What a person types shows before Enter; k N kills the owner of s00.
+        # The demo page's stream panel offers the STARTed streams; a client subscribed through
+        # the regions with a token from /token (the STARTs name every local user's group as
+        # readers) gets s00 from its subscribe point on, live.
+        assert f"watch a stream: {page.group(1)}/?user=alice&stream=s00" in banner, banner
+        offered = json.loads(get(f"{page.group(1)}/streams")[2])["streams"]
+        assert offered == ["s00", "s01", "s02", "s03"]
+        messages = exports["MESSAGES_TABLE_NAME"]
+        await eventually(lambda: newest_stored(messages, "s00") >= 3, timeout=20, what="s00")
+        after = newest_stored(messages, "s00") - 2
+        delivered: list[StreamMessage] = []
+        client = await watcher(page.group(1), "carol", delivered).start()
+        await client.wait_ready(timeout=20)
+        reply = await client.subscribe("s00", after=after)
+        assert reply is not None and reply.get("type") == "subscribed", reply
+        await eventually(
+            lambda: any(m.source == "live" for m in delivered),
+            timeout=20,
+            what="s00's messages arriving live",
+        )
+
+        # What a person types shows before Enter; k N kills the owner of s00, right after a
+        # renewal (so that its lease has most of its 4 s left: the deadline the move beats).
         victim = live["s00"]
+        held = sorted(stream for stream, owner in live.items() if owner == victim)
         number = victim.removeprefix("w")
         terminal.type("k")
         terminal.type(f" {number}")
         await terminal.shows(rf"^> k {number}\b", timeout=10, what="the typed line")
+        session = await eventually(
+            lambda: (
+                (item := newest_session(table, victim))
+                and int(item[model.EXPIRES_AT_MS]) - time.time() * 1000 > 3000
+                and item
+            ),
+            timeout=10,
+            every=0.05,
+            what=f"{victim}'s session just renewed",
+        )
+        deadline_ms = int(session[model.EXPIRES_AT_MS])
+        killed_ms = time.time() * 1000
         terminal.type("\r")
-        dead = await terminal.shows(
-            rf"^s00 .*{victim} dead.*moves (in \d+\.\d s|now)",
-            timeout=15,
-            what=f"s00 marked: its owner {victim} is dead, and when it moves",
-        )
-        assert dead
-        await terminal.shows(
-            rf"^{victim}\s+\d+\s+dead \(kill -9\)\s+-\s",
-            timeout=5,
-            what="the worker dead, no conns",
-        )
         await eventually(
-            lambda: (o := owners(table)) and o["s00"] not in (None, victim),
+            lambda: all(owners(table)[s] not in (None, victim) for s in held),
             timeout=20,
-            what=f"s00 taken over from the killed {victim}",
+            every=0.05,
+            what=f"{held} owned by peers of the killed {victim}",
         )
+        moved_ms = time.time() * 1000
+        # The lease alone lets a peer take them at the deadline plus the skew allowance.
+        assert moved_ms < deadline_ms, (
+            f"moved {moved_ms - killed_ms:.0f} ms after the kill, the lease's deadline was "
+            f"{deadline_ms - killed_ms:.0f} ms after it: no sooner than the lease"
+        )
+        ended = newest_session(table, victim)
+        assert ended[model.SESSION_STATE] == model.SessionState.ENDED.value
+        assert ended[model.SESSION_ENDED_BY].startswith(model.ENDED_BY_TASK_STOPPED)
+        await terminal.shows(
+            rf"^{victim}\s+\d+\s+dead \(kill -9\)\s+-\s+ended \(STOPPED\)",
+            timeout=5,
+            what="the worker dead, no conns, its session ended by the STOPPED event",
+        )
+        await terminal.shows(
+            rf"^\d\d:\d\d:\d\d {victim}'s session ended by its STOPPED event \(exit 137\)",
+            timeout=10,
+            what="the STOPPED event in the events",
+        )
+        recovered = await terminal.shows(
+            rf"{victim}'s {len(held)} streams? moved (\d+\.\d) s after the kill "
+            r"\(lease alone: (\d+\.\d) s\)",
+            timeout=15,
+            what="how fast the streams moved, against the lease",
+        )
+        assert float(recovered.group(1)) < float(recovered.group(2)), recovered.group(0)
         heir = owners(table)["s00"]
         await terminal.shows(rf"^s00\s+STARTED\s+{heir}\s", timeout=10, what="s00's new owner")
         screen = await terminal.shows(
-            rf"^\d\d:\d\d:\d\d {heir} took over .*s00.* from {victim}",
+            # Through intake the orphan notification names no owner: "gained (intake)".
+            rf"^\d\d:\d\d:\d\d {heir} (took over \S.*s00.* from {victim}|gained .*s00.* \((intake|"
+            r"reconcile)\))",
             timeout=10,
             what="the takeover in the events",
         )
         events = screen.string.splitlines()
-        assert sum("took over" in line and "s00" in line for line in events) == 1, events
-        assert any(re.match(rf"\d\d:\d\d:\d\d > k {number}: kill -9 {victim}", e) for e in events)
+        killed = [i for i, e in enumerate(events) if re.match(rf"\d\d:\d\d:\d\d > k {number}: ", e)]
+        assert killed and f"kill -9 {victim}" in events[killed[0]], events
+        after_kill = events[killed[0] :]
+        ended = [i for i, e in enumerate(after_kill) if "session ended by its STOPPED" in e]
+        moves = [i for i, e in enumerate(after_kill) if "s00" in e and heir in e]
+        assert len(moves) == 1 and ended and ended[0] < moves[0], events  # said once, in order
         assert re.search(r"stream\s+state\s+owner\s+checkpoint\s+stored\s+lag\s", screen.string)
         numbers = await terminal.shows(
             rf"^s00\s+STARTED\s+{heir}\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)",
@@ -279,6 +388,19 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
         )
         checkpoint, stored, lag, _ = (int(v) for v in numbers.groups())
         assert lag == stored - checkpoint >= 0  # the CLI's lag: messages past the checkpoint
+
+        # Across the takeover the client got every seq after its subscribe point, in order,
+        # once each, and keeps getting the heir's.
+        target = newest_stored(messages, "s00") + 2
+        await eventually(
+            lambda: delivered and delivered[-1].seq >= target,
+            timeout=20,
+            what=f"s00 delivered up to {target} (from {heir})",
+        )
+        seqs = [m.seq for m in delivered]
+        assert seqs == list(range(after + 1, after + 1 + len(seqs))), seqs
+        assert {m.stream for m in delivered} == {"s00"}
+        await client.close()
 
         # i shows every URL and the CLI's environment in the view, i again the fleet.
         terminal.type("i\r")
@@ -345,7 +467,111 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
         terminal.close()
 
 
+async def test_without_task_events_a_kill_waits_for_the_lease(monkeypatch, tmp_path):
+    """``--no-task-events``: the lease-only path. The killed worker's stream is shown with when
+    it moves, and no peer owns it before its lease's deadline plus the skew allowance."""
+    terminal = Terminal(
+        "--no-regions",
+        "--no-task-events",
+        "--workers",
+        "2",
+        "--streams",
+        "2",
+        "--env-file",
+        str(tmp_path / "env"),
+    )
+    try:
+        await eventually(
+            lambda: ALT_SCREEN_ON in terminal.output or terminal.process.poll() is not None,
+            timeout=240,
+            what="the live view",
+        )
+        banner = terminal.banner()
+        assert terminal.process.poll() is None, banner
+        assert "task events:    off (--no-task-events)" in banner, banner
+        exports = dict(re.findall(r"^export (\w+)=(\S+)$", banner, re.MULTILINE))
+        for name, value in exports.items():
+            monkeypatch.setenv(name, value)
+        table = exports["TABLE_NAME"]
+        live = await eventually(
+            lambda: (o := owners(table)) and len(o) == 2 and all(o.values()) and o,
+            timeout=30,
+            what="both streams owned",
+        )
+        victim = live["s00"]
+        held = sorted(stream for stream, owner in live.items() if owner == victim)
+        session = await eventually(
+            lambda: (
+                (item := newest_session(table, victim))
+                and int(item[model.EXPIRES_AT_MS]) - time.time() * 1000 > 3000
+                and item
+            ),
+            timeout=10,
+            every=0.05,
+            what=f"{victim}'s session just renewed",
+        )
+        terminal.type(f"k {victim.removeprefix('w')}\r")
+        await terminal.shows(
+            rf"^s00 .*{victim} dead.*moves in \d+\.\d s",
+            timeout=10,
+            what=f"s00 marked: its owner {victim} is dead, and when it moves",
+        )
+        await eventually(
+            lambda: all(owners(table)[s] not in (None, victim) for s in held),
+            timeout=20,
+            every=0.05,
+            what=f"{held} owned by peers of the killed {victim}",
+        )
+        skew_ms = 250  # DEMO_TIMING's MAX_CLOCK_SKEW_SECONDS: the taker's allowance
+        assert time.time() * 1000 >= int(session[model.EXPIRES_AT_MS]) + skew_ms
+        # Ended, if at all, by a taker's fence after the lease: no STOPPED event ended it.
+        ended_by = str(newest_session(table, victim).get(model.SESSION_ENDED_BY) or "")
+        assert not ended_by.startswith(model.ENDED_BY_TASK_STOPPED), ended_by
+        recovered = await terminal.shows(
+            r"moved (\d+\.\d) s after the kill \(lease alone: (\d+\.\d) s\)",
+            timeout=15,
+            what="how long the streams took, against the lease",
+        )
+        assert float(recovered.group(1)) >= float(recovered.group(2)) - 0.1, recovered.group(0)
+        assert "STOPPED" not in terminal.screen()
+        terminal.process.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(terminal.process.wait, 90) == 0
+    finally:
+        terminal.close()
+
+
 # --- The view's pieces --------------------------------------------------------------------------
+
+
+def test_the_view_says_what_a_stopped_event_did():
+    now_ms = 1_000_000
+    ended = SessionView("w2", 7, "ENDED", now_ms + 3000, ended_by="ecs-task-stopped:abc")
+    assert lease_text(ended, now_ms) == "ended (STOPPED)"
+    assert moves_text(ended, now_ms, 0.25, streams=4) == "4 streams move now (its session ended)"
+    fenced = SessionView("w2", 7, "ENDED", now_ms + 3000)
+    assert lease_text(fenced, now_ms) == "ended"
+    live = SessionView("w2", 7, "LIVE", now_ms + 3000)
+    assert moves_text(live, now_ms, 0.25) == "moves in 3.2 s"
+    acted = {"decision": "acted", "notified": 4, "notified_after_ms": 351.2, "notified_again": 2}
+    text, important = task_event_text(
+        "w2", matched=True, result=acted, error=None, exit_code=137, ms=3900
+    )
+    assert text == (
+        "w2's STOPPED event handled: 4 streams announced to peers 351 ms in, 2 again later (3.9 s)"
+    )
+    assert not important  # the session's end is said as soon as it is seen
+    handoff = {"decision": "unchanged", "sessions": [{"outcome": "already_ended"}]}
+    text, important = task_event_text(
+        "w3", matched=True, result=handoff, error=None, exit_code=0, ms=20
+    )
+    assert text == "w3's STOPPED event (exit 0, nothing to end: its session was over)"
+    assert not important
+    text, important = task_event_text(
+        "w3", matched=True, result=None, error="LambdaError: boom", exit_code=137, ms=20
+    )
+    assert text == "w3's STOPPED event: the handler failed (LambdaError: boom)" and important
+    text, _ = task_event_text("w3", matched=False, result=None, error=None, exit_code=1, ms=1)
+    assert text == "w3's STOPPED event did not match the fleet's rule"
 
 
 def _snapshot(workers: int, streams: int) -> Snapshot:
@@ -463,5 +689,12 @@ def test_the_help_lists_every_command():
         text=True,
         check=True,
     )
-    for option in ("--workers", "--dynamodb", "--no-regions", "--static-dir", "--env-file"):
+    for option in (
+        "--workers",
+        "--dynamodb",
+        "--no-regions",
+        "--no-task-events",
+        "--static-dir",
+        "--env-file",
+    ):
         assert option in result.stdout

@@ -302,7 +302,23 @@ class LocalMode:
             worker = self.fleet.workers.get(session.owner)
             code = worker.process.returncode if worker is not None else None
             exit_text = "" if code is None else f" (exit {128 - code if code < 0 else code})"
-            self.events.note(f"{session.owner}'s session ended by its STOPPED event{exit_text}")
+            # Seen a moment late (snapshots are a second apart): placed before the first
+            # takeover of what it held, which it made possible.
+            ts = time.time()
+            for recovery in self.recoveries:
+                if recovery.worker_id == session.owner:
+                    gains = [self._gained.get(stream) for stream in recovery.streams]
+                    after = [
+                        gain[1] - 0.001
+                        for gain in gains
+                        if gain is not None
+                        and gain[0] != session.owner
+                        and gain[1] >= recovery.killed_at
+                    ]
+                    ts = min([ts, *after])
+            self.events.note(
+                f"{session.owner}'s session ended by its STOPPED event{exit_text}", ts=ts
+            )
 
     def _note_recoveries(self, connections: list[dict[str, Any]]) -> None:
         """Once every stream a killed worker held is owned by a peer (or stopped): how long
@@ -330,13 +346,14 @@ class LocalMode:
             done_at = max(seen, default=time.time())
             took = max(0.0, done_at - recovery.killed_at)
             count = len(recovery.streams)
+            # Short: it must fit 80 columns after its time.
             text = (
-                f"{recovery.worker_id}'s {count} stream{'' if count == 1 else 's'} owned by "
-                f"peers {took:.1f} s after the kill -9"
+                f"{recovery.worker_id}'s {count} stream{'' if count == 1 else 's'} moved "
+                f"{took:.1f} s after the kill"
             )
             if recovery.lease_allows_at is not None:
                 lease = recovery.lease_allows_at - recovery.killed_at
-                text += f" (the lease alone: {max(0.0, lease):.1f} s)"
+                text += f" (lease alone: {max(0.0, lease):.1f} s)"
             self.events.note(text, ts=done_at)
 
     def _tail(self, worker: WorkerProcess) -> None:
@@ -415,7 +432,6 @@ class LocalMode:
         now_ms = time.time_ns() // 1_000_000
         items = self._items()
         connections = [i for i in items if i[model.PK].startswith(model.CONNECTION_PREFIX)]
-        self._note_recoveries(connections)
         sessions: dict[tuple[str, int], SessionView] = {}
         for item in items:
             if item[model.PK].startswith(model.SESSION_PREFIX):
@@ -429,6 +445,7 @@ class LocalMode:
                 )
                 sessions[(session.owner, session.version)] = session
         self._note_ended_sessions(sessions)
+        self._note_recoveries(connections)
         newest: dict[str, SessionView] = {}
         for key in sorted(sessions):  # by owner, then version: the newest one wins
             newest[key[0]] = sessions[key]
@@ -606,6 +623,17 @@ def banner(
         f"workers:        {' '.join(container.argv())} in the image's code "
         "(the task definition's container)",
     ]
+    lines += [
+        "",
+        f"In a second terminal (or: source {env_file}):",
+    ]
+    lines += [f"export {name}={value}" for name, value in environment_lines(mode).items()]
+    lines += [
+        f'make cli ARGS="start my-1 {upstream}/streams/my-1"',
+        'make cli ARGS="connections"        # owner, checkpoint, lag in messages',
+        ".venv/bin/python -m streamfleet.worker   # one more worker, by hand (lease 20 s)",
+    ]
+    # After the exports: the info screen (i) at 24 rows still shows them.
     if mode.fleet.ecs is not None:
         lines.append(
             "task events:    a worker's exit sends ECS's STOPPED event to the task-events handler "
@@ -621,16 +649,6 @@ def banner(
             f"{mode.stores.dynalite.endpoint}, messages on moto {mode.stores.moto.endpoint} "
             "(with its stream)"
         )
-    lines += [
-        "",
-        f"In a second terminal (or: source {env_file}):",
-    ]
-    lines += [f"export {name}={value}" for name, value in environment_lines(mode).items()]
-    lines += [
-        f'make cli ARGS="start my-1 {upstream}/streams/my-1"',
-        'make cli ARGS="connections"        # owner, checkpoint, lag in messages',
-        ".venv/bin/python -m streamfleet.worker   # one more worker, by hand (lease 20 s)",
-    ]
     return "\n".join(lines)
 
 
