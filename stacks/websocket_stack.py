@@ -62,6 +62,7 @@ class WebSocketApiStack(RegionalStack):
         alarm_topic: the Region's alarm topic (declared by the fleet stack); every alarm of
             this stack notifies it.
         subscriptions_table: this Region's subscriptions table.
+        live: the tables live delivery reads and writes (:class:`LiveDeliveryTables`).
         messages_stream: this Region's stream of the fleet's messages table.
         fanout: this Region's :class:`StreamFanout`.
     """
@@ -92,7 +93,7 @@ class WebSocketApiStack(RegionalStack):
         messages_table = dynamodb.TableV2.from_table_name(
             self, "MessagesTable", config.messages_table_name
         )
-        live = LiveDeliveryTables(
+        self.live = live = LiveDeliveryTables(
             streams_table=dynamodb.TableV2.from_table_name(
                 self, "StreamsTable", config.lease_table_name
             ),

@@ -30,7 +30,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
-from streamfleet import event_router, validation
+from streamfleet import event_router, model, validation
 from streamfleet_cdk.functions import (
     DEFAULT_LOG_LEVEL,
     check_log_level,
@@ -478,8 +478,16 @@ class EventIngestion(Construct):
                     event_router.WS_URL: apigateway.JsonSchema(
                         type=string, min_length=1, max_length=validation.MAX_URL_BYTES
                     ),
+                    # Each entry's syntax is the router's to check (and name in its 400).
+                    event_router.READERS: apigateway.JsonSchema(
+                        type=apigateway.JsonSchemaType.ARRAY,
+                        max_items=model.MAX_READERS,
+                        items=apigateway.JsonSchema(
+                            type=string, min_length=1, max_length=model.MAX_READER_CHARS
+                        ),
+                    ),
                 },
-                # START needs ws_url; STOP must not carry one.
+                # START needs ws_url; STOP carries neither ws_url nor readers.
                 one_of=[
                     apigateway.JsonSchema(
                         properties={
@@ -493,7 +501,12 @@ class EventIngestion(Construct):
                         properties={
                             event_router.EVENT_TYPE: apigateway.JsonSchema(enum=[event_router.STOP])
                         },
-                        not_=apigateway.JsonSchema(required=[event_router.WS_URL]),
+                        not_=apigateway.JsonSchema(
+                            any_of=[
+                                apigateway.JsonSchema(required=[event_router.WS_URL]),
+                                apigateway.JsonSchema(required=[event_router.READERS]),
+                            ]
+                        ),
                     ),
                 ],
             ),

@@ -361,10 +361,23 @@ def test_api_paths_are_the_routers(built):
 
 def test_lambda_may_be_invoked_only_by_the_deployed_stage_methods(built):
     for stack, template in stacks_of(built):
-        permissions = template.find_resources("AWS::Lambda::Permission")
-        assert len(permissions) == 2  # no test-invoke permissions
+        permissions = [
+            p["Properties"] for p in template.find_resources("AWS::Lambda::Permission").values()
+        ]
+        by_rule = [p for p in permissions if p["Principal"] == "events.amazonaws.com"]
+        # The task-events function, by its own rule only (no other function may be invoked
+        # by EventBridge).
+        assert [flatten(p["SourceArn"]) for p in by_rule] == [
+            f"<{logical_id(stack, stack.task_stopped.rule)}.Arn>"
+        ]
+        assert [p["FunctionName"] for p in by_rule] == [
+            {"Fn::GetAtt": [logical_id(stack, stack.task_stopped.function), "Arn"]}
+        ]
+        by_api = [p for p in permissions if p not in by_rule]
+        assert len(by_api) == 2  # no test-invoke permissions
+        assert {p["Principal"] for p in by_api} == {"apigateway.amazonaws.com"}
         stage_id = logical_id(stack, stack.ingestion.api.deployment_stage)
-        arns = sorted(flatten(p["Properties"]["SourceArn"]) for p in permissions.values())
+        arns = sorted(flatten(p["SourceArn"]) for p in by_api)
         assert [arn.rsplit(f"<{stage_id}>", 1)[-1] for arn in arns] == [
             "/GET/connections/*",
             "/POST/events",
@@ -545,6 +558,14 @@ def _bodies() -> list[dict[str, Any]]:
         {"connection_id": "meeting-1"},
         {"event_type": stop, "connection_id": 7},
         {"event_type": start, "connection_id": "m", "ws_url": 5},
+        # A START may name its readers (the router checks each entry's syntax).
+        {"event_type": start, "connection_id": "m", "ws_url": url, "readers": ["user:alice"]},
+        {"event_type": start, "connection_id": "m", "ws_url": url, "readers": []},
+        {"event_type": start, "connection_id": "m", "ws_url": url, "readers": "user:alice"},
+        {"event_type": start, "connection_id": "m", "ws_url": url, "readers": [7]},
+        {"event_type": start, "connection_id": "m", "ws_url": url, "readers": ["x" * 301]},
+        {"event_type": start, "connection_id": "m", "ws_url": url, "readers": ["u"] * 101},
+        {"event_type": stop, "connection_id": "m", "readers": ["user:alice"]},
     ]
 
 

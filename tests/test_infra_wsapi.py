@@ -40,7 +40,7 @@ from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import canary as canary_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
-from streamfleet_cdk import assets, websocket_api
+from streamfleet_cdk import assets, live_delivery, websocket_api
 from streamfleet_cdk import canary as canary_construct
 from streamfleet_cdk.canary import (
     ALARM_DATAPOINTS,
@@ -64,6 +64,7 @@ from streamfleet_cdk.websocket_api import (
     WebSocketTables,
     WebSocketTablesProps,
 )
+from streamfleet_cdk.live_delivery import HANDLER_LIVE_ACTIONS
 from tests.test_infra_app import TEST_ACCOUNT, cdk_json_context
 from tests.test_infra_fleet import arn_text, as_list, deployed, flatten, logical_id, role_grants
 from tests.test_infra_snapshot import mask_asset_hashes
@@ -107,6 +108,8 @@ EXPECTED_ACKNOWLEDGMENTS = {
     # The handler's execute-api:ManageConnections on POST @connections/* (one stage's);
     # the full finding id names the API, see test_every_acknowledgment_is_specific.
     f"{AWS_SOLUTIONS}-IAM5[Resource::arn:aws:execute-api:...]",
+    # The fan-out's queue of given-up batches is itself a dead-letter destination.
+    f"{AWS_SOLUTIONS}-SQS3",
 }
 
 
@@ -480,7 +483,19 @@ def test_handler_role_has_exactly_its_table_and_reply_grants(built):
             ),
             connections_arn: {"execute-api:ManageConnections"},
             arn_text(stack, websocket.handler_log_group.log_group_arn): LOG_ACTIONS,
+            # Live delivery: a stream's readers (lease table), replays (messages table), the
+            # connection's subscriptions; both fleet tables by name, this Region's replica.
+            **{
+                arn_text(stack, table.table_arn): set(HANDLER_LIVE_ACTIONS[name])
+                for name, table in (
+                    ("streams_table", stack.live.streams_table),
+                    ("messages_table", stack.live.messages_table),
+                    ("subscriptions_table", stack.subscriptions_table),
+                )
+            },
         }
+    assert set(HANDLER_LIVE_ACTIONS["streams_table"]) == {"dynamodb:GetItem"}
+    assert set(HANDLER_LIVE_ACTIONS["messages_table"]) == {"dynamodb:Query"}
     assert set(HANDLER_ACTIONS["state_table"]) == {
         "dynamodb:GetItem",
         "dynamodb:PutItem",
@@ -608,8 +623,16 @@ def test_each_region_has_its_own_connections_table_with_the_model_ttl(built):
             "AttributeName": model.WSAPI_CONNECTIONS_TABLE.ttl_attribute,
             "Enabled": True,
         }
-    secondary = built.template(built.secondary)
-    secondary.resource_count_is("AWS::DynamoDB::GlobalTable", 1)  # the state table is a replica
+    # The secondary declares only its own Region's tables: the state table is a replica.
+    assert declared_table_names(built.template(built.secondary)) == {
+        model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME,
+        model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME,
+    }
+
+
+def declared_table_names(template: Template) -> set[str]:
+    tables = template.find_resources("AWS::DynamoDB::GlobalTable")
+    return {table["Properties"]["TableName"] for table in tables.values()}
 
 
 def test_secondary_stack_deploys_after_the_primary(built):
@@ -1018,7 +1041,10 @@ def test_tables_reference_the_state_replica_by_name():
     stack = construct_stack()
     tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps(declare_state_table=False))
     assert stack.resolve(tables.state_table.table_name) == model.DEFAULT_WSAPI_STATE_TABLE_NAME
-    Template.from_stack(stack).resource_count_is("AWS::DynamoDB::GlobalTable", 1)
+    assert declared_table_names(Template.from_stack(stack)) == {
+        model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME,
+        model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME,
+    }
 
 
 # --- The app ---
@@ -1094,7 +1120,7 @@ def test_every_acknowledgment_is_specific(built):
 
 def test_every_acknowledgment_is_still_needed(monkeypatch):
     """Without the acknowledgments, exactly the acknowledged rules are reported."""
-    for module in (websocket_api, canary_construct):
+    for module in (websocket_api, canary_construct, live_delivery):
         monkeypatch.setattr(module, "acknowledge", lambda *args, **kwargs: None)
     report = AwsSolutionsChecks().validate_scope(build_websocket_app(DOMAIN_CONTEXT).app)
     reported = {generalized(violation.rule_name) for violation in report.violations}
