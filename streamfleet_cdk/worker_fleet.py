@@ -328,7 +328,7 @@ class WorkerFleet(Construct):
     # --- Task ---
 
     def _build_task_role(self) -> iam.Role:
-        """Exactly :data:`TASK_ACTIONS`; the lease table's indexes are named one by one."""
+        """Exactly :data:`TASK_ACTIONS`; the indexes the workers query are named one by one."""
         props = self._props
         role = iam.Role(
             self,
@@ -340,7 +340,7 @@ class WorkerFleet(Construct):
         resources = {
             "lease_table": [
                 lease_arn,
-                *(f"{lease_arn}/index/{index.name}" for index in model.LEASE_TABLE.indexes),
+                *(f"{lease_arn}/index/{index.name}" for index in model.WORKER_INDEXES),
             ],
             "messages_table": [props.messages_table.table_arn],
             "queue": [props.queue.queue_arn],

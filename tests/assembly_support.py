@@ -377,7 +377,8 @@ def build_world(servers: Mapping[str, Any], tmp: Path) -> Iterator[World]:
                 proxy.route_table(created.name, dynalite)
                 shared_fleet[created.definition.table_name or created.name] = created.name
             ws_dynamodb = client("dynamodb", moto, region)
-            shared_ws = {}
+            # The fleet's tables, which live delivery reads by name (streams and messages).
+            shared_ws = dict(shared_fleet)
             for template_name, (definition, name) in state_replicas.items():
                 create_table(ws_dynamodb, definition, name)  # the replica in this Region
                 shared_ws[template_name] = name

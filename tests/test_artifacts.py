@@ -197,14 +197,15 @@ EXPECTED_REPLY = {
     "r-heartbeat": model.WS_REPLY_PONG,
     "r-state": model.WS_REPLY_STATE,
     "r-bid": model.WS_REPLY_BID,
-    "r-subscribe": model.WS_REPLY_ERROR,
+    "r-subscribe": f"{model.WS_REPLY_ERROR}:forbidden",  # default deny, not an internal error
     "r-unsubscribe": model.WS_REPLY_UNSUBSCRIBED,
-    "r-default": model.WS_REPLY_ERROR,
+    "r-default": f"{model.WS_REPLY_ERROR}:bad_request",
 }
 
 
 async def _replies(socket, expected: set[str]) -> dict[str, str]:
-    """Reply type by requestId (a bare ``pong`` text frame answers the heartbeat)."""
+    """Reply type by requestId, ``error:<code>`` for errors (a bare ``pong`` text frame answers
+    the heartbeat)."""
     found: dict[str, str] = {}
     while set(found) < expected:
         message = await asyncio.wait_for(socket.recv(), 10)
@@ -216,7 +217,8 @@ async def _replies(socket, expected: set[str]) -> dict[str, str]:
             "r-heartbeat" if payload.get("type") == model.WS_REPLY_PONG else None
         )
         if request_id:
-            found[request_id] = payload.get("type")
+            kind = payload.get("type")
+            found[request_id] = f"{kind}:{payload.get('error')}" if "error" in payload else kind
     return found
 
 

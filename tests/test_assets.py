@@ -50,6 +50,9 @@ DECLARED = {
     "streamfleet.wsapi.handlers.handler": (),
     "streamfleet.wsapi.authorizer.handler": AUTHORIZER_DISTRIBUTIONS,
     "streamfleet.wsapi.canary.handler": CANARY_DISTRIBUTIONS,
+    "streamfleet.task_events.handler": (),
+    "streamfleet.wsapi.fanout.handler": (),
+    "streamfleet.wsapi.stream_lookup.handler": (),
 }
 # Modules each handler must import from its own asset (the canary dials with websockets).
 IMPORTED_FROM_ASSET = {

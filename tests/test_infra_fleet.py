@@ -776,8 +776,11 @@ def test_task_role_has_exactly_the_workers_grants(built):
         lease_arn = arn_text(stack, stack.lease_table.table_arn)
         lease_actions = set(TASK_ACTIONS["lease_table"])
         expected = {lease_arn: lease_actions}
-        for index in model.LEASE_TABLE.indexes:
+        for index in model.WORKER_INDEXES:
             expected[f"{lease_arn}/index/{index.name}"] = lease_actions
+        # The by-task index is the task-events handler's; no worker queries it.
+        assert model.TASK_INDEX in model.LEASE_TABLE.indexes
+        assert model.TASK_INDEX not in model.WORKER_INDEXES
         expected[arn_text(stack, stack.messages_table.table_arn)] = set(
             TASK_ACTIONS["messages_table"]
         )

@@ -54,6 +54,7 @@ from streamfleet_cdk.failover_dns import (
     FailoverTarget,
     RecordKind,
 )
+from streamfleet_cdk.live_delivery import HANDLER_LIVE_ACTIONS
 from streamfleet_cdk.nag import AWS_SOLUTIONS, MIN_REASON_CHARS
 from streamfleet_cdk.websocket_api import (
     AUTHORIZER_ACTIONS,
@@ -64,7 +65,6 @@ from streamfleet_cdk.websocket_api import (
     WebSocketTables,
     WebSocketTablesProps,
 )
-from streamfleet_cdk.live_delivery import HANDLER_LIVE_ACTIONS
 from tests.test_infra_app import TEST_ACCOUNT, cdk_json_context
 from tests.test_infra_fleet import arn_text, as_list, deployed, flatten, logical_id, role_grants
 from tests.test_infra_snapshot import mask_asset_hashes

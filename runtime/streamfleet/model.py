@@ -204,6 +204,8 @@ LEASE_TABLE = TableSpec(
     indexes=(AWAITING_OWNER_INDEX, OWNER_INDEX, STOP_REQUESTED_INDEX, SESSION_INDEX, TASK_INDEX),
     ttl_attribute=DELETE_AFTER,
 )
+# The lease table's indexes the workers query (by-task is the task-events handler's alone).
+WORKER_INDEXES = (AWAITING_OWNER_INDEX, OWNER_INDEX, STOP_REQUESTED_INDEX, SESSION_INDEX)
 
 MESSAGES_TABLE = TableSpec(
     default_name=DEFAULT_MESSAGES_TABLE_NAME,
