@@ -11,6 +11,7 @@ worker, the hand-run worker command works against it, and Ctrl-C stops everythin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import io
 import json
@@ -534,10 +535,39 @@ async def test_without_task_events_a_kill_waits_for_the_lease(monkeypatch, tmp_p
         )
         assert float(recovered.group(1)) >= float(recovered.group(2)) - 0.1, recovered.group(0)
         assert "STOPPED" not in terminal.screen()
-        terminal.process.send_signal(signal.SIGINT)
+        # A closed terminal or tmux window (SIGHUP) stops everything local mode started, its
+        # servers included (they run in sessions of their own, so nothing else would).
+        started = children_of(terminal.process.pid)
+        assert len(started) >= 5, started  # moto, dynalite, the upstream, the router, workers
+        terminal.process.send_signal(signal.SIGHUP)
         assert await asyncio.to_thread(terminal.process.wait, 90) == 0
+        await eventually(
+            lambda: not [pid for pid in started if alive(pid)],
+            timeout=20,
+            what=f"every process local mode started gone: {[p for p in started if alive(p)]}",
+        )
     finally:
         terminal.close()
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 # --- The view's pieces --------------------------------------------------------------------------

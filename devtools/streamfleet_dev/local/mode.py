@@ -695,6 +695,22 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
     fleet: Fleet | None = None
     event_api: EventApi | None = None
     regions: RegionsProcess | None = None
+    # Ctrl-C, SIGTERM and a closed terminal or tmux window (SIGHUP) all stop everything this
+    # started: its servers run in sessions of their own (so a Ctrl-C reaches only this
+    # process) and would outlive it otherwise. Before the live view a signal cancels the
+    # start-up; during it, it ends the view.
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    starting = asyncio.current_task()
+
+    def on_signal() -> None:
+        stopping.set()
+        if starting is not None and not viewing:
+            starting.cancel()
+
+    viewing = False
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(number, on_signal)
     try:
         say(
             "starting moto (SQS, the messages table and its stream) and dynalite (leases), "
@@ -743,10 +759,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 ).start
             )
         mode = LocalMode(fleet=fleet, api_url=event_api.url, regions=regions, stores=stores)
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, stopping.set)
-        loop.add_signal_handler(signal.SIGTERM, stopping.set)
         say(f"{args.workers} workers from the task definition, {args.streams} STARTs")
         for _ in range(args.workers):
             await asyncio.to_thread(start_worker, fleet)
@@ -763,6 +775,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
         say(f"up in {time.monotonic() - started_at:.1f} s; the live view follows")
         if args.banner_pause:
             await asyncio.sleep(args.banner_pause)
+        viewing = True
         await _live(mode, console, stopping, args)
         if args.summary:
             _print_summary(mode)
@@ -925,7 +938,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or args.streams < 0 or args.rate <= 0:
         parser.error("--workers must be ≥ 1, --streams ≥ 0, --rate > 0")
     with tempfile.TemporaryDirectory(prefix="streamfleet-local-") as tmp:
-        asyncio.run(run(args, Path(tmp)))
+        try:
+            asyncio.run(run(args, Path(tmp)))
+        except asyncio.CancelledError:
+            return 130  # stopped by a signal while starting; everything started was stopped
     return 0
 
 
