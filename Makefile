@@ -105,9 +105,11 @@ synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no 
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
 
-bench: setup ## Benchmarks on local servers (~25 min): bench/results.md, bench/lease_results.md, PNG plots
+bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~60 min): bench/*_results.md, results.md, PNG plots
 	$(PYTHON) -m bench.fleet_bench
 	$(PYTHON) -m bench.lease_bench
+	$(PYTHON) -m bench.task_events_bench
+	$(PYTHON) -m bench.fanout_bench
 
 sim: setup ## Fault simulation: 2,000 seeded schedules (~55 min); SIM_SEED=<n> replays one
 	$(PYTHON) -m streamfleet_dev.sim --schedules $${SIM_SCHEDULES:-2000}
@@ -115,7 +117,7 @@ sim: setup ## Fault simulation: 2,000 seeded schedules (~55 min); SIM_SEED=<n> r
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60
 
-drill: setup ## Regional failover drill of the WebSocket API, locally (two regions, canary, DNS stand-in)
+drill: setup $(WEB)/dist/.built $(CHROMIUM) ## Failover drill of the WebSocket API, then the end-to-end live-delivery drill (fleet, fan-out, Python clients and browser pages)
 	$(PYTHON) -m streamfleet_dev.wsapi.drill --markdown
 
 worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
