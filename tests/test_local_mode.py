@@ -131,9 +131,15 @@ class Terminal:
         )
 
     def close(self) -> None:
+        # As a closed terminal would: SIGHUP, so local mode stops what it started (a failed
+        # test must not leave its servers running); kill -9 only if it does not exit.
         if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+            self.process.send_signal(signal.SIGHUP)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         os.close(self.master)
 
 
