@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import signal
@@ -37,6 +38,7 @@ from streamfleet_dev.sim.world import World
 from streamfleet_dev.upstream.process import UpstreamProcess
 
 RESULTS = Path(__file__).with_name("lease_results.md")
+FIGURES = Path(__file__).with_name("lease_figures.json")  # every figure of the last run
 PRODUCTION_WAIT = {"SQS_WAIT_SECONDS": "10", "RECONCILE_EVERY": "30"}
 
 
@@ -246,7 +248,14 @@ async def upkeep(tmp: Path, dynalite: str, sqs: str, window: float) -> dict[str,
     return results
 
 
-async def run(trials: int, window: float, schedules: int) -> str:
+GROUPS = ("crash", "handoff", "fair_share", "slow", "lost_answers", "upkeep", "sim")
+
+
+async def run(
+    trials: int, window: float, schedules: int, only: set[str], figures: dict[str, object]
+) -> dict[str, object]:
+    """Measure the ``only`` groups of figures into ``figures`` (the others are kept as given:
+    a partial re-run replaces just what it measures)."""
     os.environ.update(LOCAL_AWS_ENV)
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
@@ -255,53 +264,62 @@ async def run(trials: int, window: float, schedules: int) -> str:
         os.environ["AWS_ENDPOINT_URL_SQS"] = sqs.endpoint
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamo.endpoint
         try:
-            figures: dict[str, object] = {}
             with UpstreamProcess(rate=20) as upstream:
-                fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
-                try:
-                    for _ in range(3):
-                        fleet.start_worker()
-                    streams = [f"c{n:02d}" for n in range(30)]
-                    await fleet.start_streams(*streams)
-                    await streams_live(fleet, streams, 60)
-                    figures["crash"] = await crash_trials(fleet, streams, trials)
-                    print("crash", figures["crash"], flush=True)
-                finally:
-                    fleet.close()
-                figures["crash_at_start"] = await crash_right_after_start(tmp, upstream, trials)
-                print("crash at start", figures["crash_at_start"], flush=True)
-                fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
-                try:
-                    for n in range(3):
-                        fleet.start_worker(f"h{n}", **PRODUCTION_WAIT)
-                    streams = [f"h{n:02d}" for n in range(30)]
-                    await fleet.start_streams(*streams)
-                    await streams_live(fleet, streams, 60)
-                    figures["handoff"] = await handoff_trials(fleet, streams, trials)
-                    figures["rolling"] = await rolling_restart(fleet, streams)
-                    print("handoff", figures["handoff"], figures["rolling"], flush=True)
-                finally:
-                    fleet.close()
-                figures["fair_share"] = await fair_share_trials(tmp, upstream, max(3, trials // 2))
-                print("fair share", figures["fair_share"], flush=True)
-                figures["slow"] = await slow_dynamodb(tmp, upstream, dynamo.endpoint, 20.0)
-                print("slow", figures["slow"], flush=True)
-                figures["lost_answers"] = await lost_takeover_answers(
-                    tmp, upstream, dynamo.endpoint, trials
-                )
-                print("lost answers", figures["lost_answers"], flush=True)
-            figures["upkeep"] = await upkeep(tmp, dynamo.endpoint, sqs.endpoint, window)
-            print("upkeep", figures["upkeep"], flush=True)
+                await _fleet_figures(tmp, upstream, dynamo.endpoint, trials, only, figures)
+            if "upkeep" in only:
+                figures["upkeep"] = await upkeep(tmp, dynamo.endpoint, sqs.endpoint, window)
+                print("upkeep", figures["upkeep"], flush=True)
         finally:
             dynamo.stop()
             sqs.stop()
             for name in ("AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_DYNAMODB"):
                 os.environ.pop(name, None)  # the simulation starts servers of its own
-    began = time.monotonic()
-    with local_servers():
-        outcomes = await run_many(list(range(900_000, 900_000 + schedules)), parallel=4)
-    figures["sim"] = summary(outcomes, time.monotonic() - began)
-    return report(figures, trials, window)
+    if "sim" in only:
+        began = time.monotonic()
+        with local_servers():
+            outcomes = await run_many(list(range(900_000, 900_000 + schedules)), parallel=4)
+        figures["sim"] = summary(outcomes, time.monotonic() - began)
+    return figures
+
+
+async def _fleet_figures(tmp, upstream, dynamodb, trials, only, figures) -> None:
+    """The figures measured on worker processes with one shared upstream."""
+    if "crash" in only:
+        fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
+        try:
+            for _ in range(3):
+                fleet.start_worker()
+            streams = [f"c{n:02d}" for n in range(30)]
+            await fleet.start_streams(*streams)
+            await streams_live(fleet, streams, 60)
+            figures["crash"] = await crash_trials(fleet, streams, trials)
+            print("crash", figures["crash"], flush=True)
+        finally:
+            fleet.close()
+        figures["crash_at_start"] = await crash_right_after_start(tmp, upstream, trials)
+        print("crash at start", figures["crash_at_start"], flush=True)
+    if "handoff" in only:
+        fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)
+        try:
+            for n in range(3):
+                fleet.start_worker(f"h{n}", **PRODUCTION_WAIT)
+            streams = [f"h{n:02d}" for n in range(30)]
+            await fleet.start_streams(*streams)
+            await streams_live(fleet, streams, 60)
+            figures["handoff"] = await handoff_trials(fleet, streams, trials)
+            figures["rolling"] = await rolling_restart(fleet, streams)
+            print("handoff", figures["handoff"], figures["rolling"], flush=True)
+        finally:
+            fleet.close()
+    if "fair_share" in only:
+        figures["fair_share"] = await fair_share_trials(tmp, upstream, max(3, trials // 2))
+        print("fair share", figures["fair_share"], flush=True)
+    if "slow" in only:
+        figures["slow"] = await slow_dynamodb(tmp, upstream, dynamodb, 20.0)
+        print("slow", figures["slow"], flush=True)
+    if "lost_answers" in only:
+        figures["lost_answers"] = await lost_takeover_answers(tmp, upstream, dynamodb, trials)
+        print("lost answers", figures["lost_answers"], flush=True)
 
 
 def report(figures: dict, trials: int, window: float) -> str:
@@ -393,8 +411,20 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--window", type=float, default=300.0, help="upkeep window (s)")
     parser.add_argument("--schedules", type=int, default=60, help="simulated schedules")
+    parser.add_argument(
+        "--only",
+        default=",".join(GROUPS),
+        help=f"comma-separated groups to measure ({', '.join(GROUPS)}); the others are read "
+        f"from {FIGURES.name}",
+    )
     args = parser.parse_args()
-    table = asyncio.run(run(args.trials, args.window, args.schedules))
+    only = set(args.only.split(","))
+    if only - set(GROUPS):
+        parser.error(f"--only: unknown groups {sorted(only - set(GROUPS))}")
+    figures = json.loads(FIGURES.read_text()) if only != set(GROUPS) else {}
+    figures = asyncio.run(run(args.trials, args.window, args.schedules, only, figures))
+    FIGURES.write_text(json.dumps(figures, indent=1) + "\n")
+    table = report(figures, args.trials, args.window)
     RESULTS.write_text(table)
     print(table)
 

@@ -46,6 +46,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -780,27 +781,36 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
         if args.summary:
             _print_summary(mode)
     finally:
-        console.print("shutting down: workers hand over, then everything stops")
+        # Each step on its own: after a SIGHUP the terminal is gone (writing to it fails) and
+        # one failed stop must not leave the servers after it running.
+        with contextlib.suppress(OSError):
+            console.print("shutting down: workers hand over, then everything stops")
         if fleet is not None:
-            for worker in fleet.workers.values():
-                if worker.alive():
-                    worker.signal(signal.SIGCONT)
-                    worker.signal(signal.SIGTERM)
-            for worker in fleet.workers.values():
-                with contextlib.suppress(Exception):
-                    worker.process.wait(15)
-            fleet.close()
-        if event_api is not None:
-            event_api.stop()
-        if regions is not None:
-            regions.stop()
-        if upstream is not None:
-            upstream.stop()
-        if stores is not None:
-            stores.stop()
+            _quietly(lambda: _hand_over(fleet))
+        for part in (event_api, regions, upstream, stores):
+            if part is not None:
+                _quietly(part.stop)
         with contextlib.suppress(OSError):
             if args.env_file.is_file():
                 args.env_file.unlink()
+
+
+def _hand_over(fleet: Fleet) -> None:
+    for worker in fleet.workers.values():
+        if worker.alive():
+            worker.signal(signal.SIGCONT)
+            worker.signal(signal.SIGTERM)
+    for worker in fleet.workers.values():
+        with contextlib.suppress(Exception):
+            worker.process.wait(15)
+    fleet.close()
+
+
+def _quietly(step: Callable[[], object]) -> None:
+    try:
+        step()
+    except Exception:
+        logging.getLogger(__name__).exception("local mode: a stop step failed")
 
 
 async def _live(
