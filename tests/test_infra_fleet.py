@@ -582,6 +582,24 @@ def test_request_schema_agrees_with_the_router(primary, body):
     assert schema_accepts == router_accepts
 
 
+def test_the_largest_start_the_model_admits_fits_the_routers_body_bound(primary):
+    """The request model admits it, so the router must too: every reader at its longest, each
+    character one JSON escapes as a surrogate pair (the router's bound is in bytes)."""
+    reader = "user:" + "\U0001f600" * (model.MAX_READER_CHARS - len("user:"))
+    body = {
+        "event_type": event_router.START,
+        "connection_id": "x" * 512,
+        "ws_url": "wss://feed.example.com/" + "p" * 1800,
+        "readers": [reader[:-1] + chr(0x1F600 + n) for n in range(model.MAX_READERS)],
+    }
+    assert jsonschema.Draft4Validator(event_schema(primary)).is_valid(body)
+    text = json.dumps(body)  # ASCII-escaped: the longest spelling of these characters
+    assert len(text.encode()) > 300_000
+    decoded = event_router.decode_body(text, False, event_router.DEFAULT_MAX_BODY_BYTES)
+    parsed = event_router.parse_event(decoded, UpstreamPolicy.parse("x", ",".join(ALLOWED)))
+    assert len(parsed.readers) == model.MAX_READERS
+
+
 # --- Worker fleet: task ---
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from streamfleet_dev.upstream.fake import message_data
 from streamfleet_dev.wsapi.browser import missing_prerequisites
 from streamfleet_dev.wsapi.live_drill import (
     FAULTS,
@@ -21,12 +22,23 @@ from streamfleet_dev.wsapi.live_drill import (
 )
 
 
-def _checked(seqs: list[int], *, first_after: int | None, last: int) -> list[str]:
+def _checked(
+    seqs: list[int],
+    *,
+    first_after: int | None,
+    last: int,
+    origin: int | None = None,
+    data: dict[int, str] | None = None,
+) -> list[str]:
     drill = LiveDrill(LiveDrillConfig())
     watcher = Watcher("c", "python", "s", "failover name", first_after=first_after)
-    watcher.deliveries = [Delivery(seq, float(n), None, "live") for n, seq in enumerate(seqs)]
+    watcher.deliveries = [
+        Delivery(seq, float(n), None, "live", (data or {}).get(seq, message_data("s", seq)))
+        for n, seq in enumerate(seqs)
+    ]
     drill.clients = [(watcher, None)]  # type: ignore[list-item]
     drill.report.last_seqs = {"s": last}
+    drill.report.origins = {"s": origin}
     drill._check()
     return drill.report.problems
 
@@ -46,6 +58,16 @@ def _checked(seqs: list[int], *, first_after: int | None, last: int) -> list[str
 )
 def test_the_drills_check_sees_every_kind_of_wrong_log(seqs, first_after, last, bad) -> None:
     assert bool(_checked(seqs, first_after=first_after, last=last)) is bad
+
+
+def test_without_a_subscribe_point_the_log_is_checked_from_the_streams_origin() -> None:
+    assert not _checked([1, 2, 3], first_after=None, last=3, origin=0)
+    assert _checked([3, 4], first_after=None, last=4, origin=0)  # 1 and 2 never came
+    assert _checked([3, 4], first_after=None, last=4, origin=None)  # nothing to check from
+
+
+def test_the_drills_check_sees_content_the_upstream_never_sent() -> None:
+    assert _checked([1, 2, 3], first_after=0, last=3, data={2: "s:2 (rewritten)"})
 
 
 def test_a_pause_belongs_to_the_fault_window_it_ends_in() -> None:

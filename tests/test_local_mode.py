@@ -375,8 +375,8 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
         await terminal.shows(rf"^s00\s+STARTED\s+{heir}\s", timeout=10, what="s00's new owner")
         screen = await terminal.shows(
             # Through intake the orphan notification names no owner: "gained (intake)".
-            rf"^\d\d:\d\d:\d\d {heir} (took over (.* )?s00 .*from {victim}|gained .*s00.* \((intake|"
-            r"reconcile)\))",
+            rf"^\d\d:\d\d:\d\d {heir} (took over (.* )?s00 .*from {victim}|"
+            r"gained .*s00.* \((intake|reconcile)\))",
             timeout=10,
             what="the takeover in the events",
         )

@@ -43,7 +43,10 @@ from .validation import check_id, check_ws_url
 from .warm import WarmContainer
 from .worker.upstream_policy import UpstreamPolicy
 
-DEFAULT_MAX_BODY_BYTES = 4096
+# Room for the largest START the request model admits: its fixed fields, and every reader
+# entry at its longest with each character JSON-escaped as a surrogate pair (12 bytes). A
+# smaller bound would refuse, after API Gateway accepted it, a START that is valid.
+DEFAULT_MAX_BODY_BYTES = 4096 + model.MAX_READERS * (12 * model.MAX_READER_CHARS + 4)
 
 START = "START"
 STOP = "STOP"

@@ -698,20 +698,18 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
     regions: RegionsProcess | None = None
     # Ctrl-C, SIGTERM and a closed terminal or tmux window (SIGHUP) all stop everything this
     # started: its servers run in sessions of their own (so a Ctrl-C reaches only this
-    # process) and would outlive it otherwise. Before the live view a signal cancels the
-    # start-up; during it, it ends the view.
+    # process) and would outlive it otherwise. During start-up a signal stops it between two
+    # steps (a step runs in a thread, which cancelling could not stop: what it started would
+    # be lost to the clean-up); during the live view it ends the view.
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
-    starting = asyncio.current_task()
-
-    def on_signal() -> None:
-        stopping.set()
-        if starting is not None and not viewing:
-            starting.cancel()
-
-    viewing = False
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(number, on_signal)
+        loop.add_signal_handler(number, stopping.set)
+
+    def go_on() -> None:
+        if stopping.is_set():
+            raise StartupStopped
+
     try:
         say(
             "starting moto (SQS, the messages table and its stream) and dynalite (leases), "
@@ -720,15 +718,18 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             else "starting moto (SQS and DynamoDB)"
         )
         stores = await asyncio.to_thread(start_stores, workdir, leases_on=args.dynamodb)
+        go_on()
         os.environ["AWS_ENDPOINT_URL_SQS"] = stores.sqs_endpoint
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = stores.dynamodb_endpoint
         say("reading the cloud assembly (cdk synth, about 15 s when an input changed)")
         assembly = await asyncio.to_thread(default_assembly)
+        go_on()
         say("the worker image's interpreter (its requirements.txt, installed once)")
         await asyncio.to_thread(worker_container)
-        upstream = await asyncio.to_thread(
-            UpstreamProcess(rate=args.rate, keepalive_seconds=1.0).start
-        )
+        go_on()
+        upstream = UpstreamProcess(rate=args.rate, keepalive_seconds=1.0)
+        await asyncio.to_thread(upstream.start)
+        go_on()
         if not args.no_task_events:
             say("ECS's task events: the task-events handler from its asset")
         fleet = await asyncio.to_thread(
@@ -739,32 +740,36 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             extra_env=DEMO_TIMING,
             task_events=not args.no_task_events,
         )
+        go_on()
         stream_ids = tuple(f"s{n:02d}" for n in range(args.streams))
         say("the event router from its asset (and the Lambda runtime's boto3, once)")
         event_api = await asyncio.to_thread(
             start_event_api, fleet, f"ws://127.0.0.1:{upstream.port}", workdir / "router.log"
         )
+        go_on()
         if not args.no_regions:
             say(
                 "the WebSocket API in two local regions, canaries and failover resolver, "
                 "live delivery (each region's fan-out from its asset on its messages stream)"
             )
             static_dir = args.static_dir if (args.static_dir / "index.html").is_file() else None
-            regions = await asyncio.to_thread(
-                RegionsProcess(
-                    static_dir=static_dir,
-                    log_path=workdir / "regions.log",
-                    live=live_settings(fleet, stores),
-                    dynamodb_endpoint=stores.dynamodb_endpoint,
-                    streams=stream_ids,
-                ).start
+            regions = RegionsProcess(
+                static_dir=static_dir,
+                log_path=workdir / "regions.log",
+                live=live_settings(fleet, stores),
+                dynamodb_endpoint=stores.dynamodb_endpoint,
+                streams=stream_ids,
             )
+            await asyncio.to_thread(regions.start)
+            go_on()
         mode = LocalMode(fleet=fleet, api_url=event_api.url, regions=regions, stores=stores)
         say(f"{args.workers} workers from the task definition, {args.streams} STARTs")
         for _ in range(args.workers):
             await asyncio.to_thread(start_worker, fleet)
+            go_on()
         await _wait_for_api(event_api.url)
         for stream_id in stream_ids:
+            go_on()
             outcome = await asyncio.to_thread(mode.start, stream_id)
             mode.events.note(f"START {stream_id}: {outcome}", important=False)
         mode.info = banner(mode, assembly.directory, args.env_file, stream_ids)
@@ -776,7 +781,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
         say(f"up in {time.monotonic() - started_at:.1f} s; the live view follows")
         if args.banner_pause:
             await asyncio.sleep(args.banner_pause)
-        viewing = True
         await _live(mode, console, stopping, args)
         if args.summary:
             _print_summary(mode)
@@ -796,14 +800,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
 
 
 def _hand_over(fleet: Fleet) -> None:
-    for worker in fleet.workers.values():
-        if worker.alive():
-            worker.signal(signal.SIGCONT)
-            worker.signal(signal.SIGTERM)
-    for worker in fleet.workers.values():
-        with contextlib.suppress(Exception):
-            worker.process.wait(15)
-    fleet.close()
+    workers = list(fleet.workers.values())
+    try:
+        for worker in workers:
+            if worker.alive():
+                worker.signal(signal.SIGCONT)
+                worker.signal(signal.SIGTERM)
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                worker.process.wait(15)
+    finally:
+        fleet.close()
+
+
+class StartupStopped(Exception):
+    """A signal arrived while local mode was starting; what had started was stopped."""
 
 
 def _quietly(step: Callable[[], object]) -> None:
@@ -950,8 +961,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="streamfleet-local-") as tmp:
         try:
             asyncio.run(run(args, Path(tmp)))
-        except asyncio.CancelledError:
-            return 130  # stopped by a signal while starting; everything started was stopped
+        except StartupStopped:
+            return 130
     return 0
 
 

@@ -16,6 +16,7 @@ tables are routed by name pattern (:data:`MESSAGES_TABLES`), not by a list known
 
 from __future__ import annotations
 
+import contextlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -74,10 +75,14 @@ class LocalStores:
         return "dynalite" if self.dynalite is not None else "moto"
 
     def stop(self) -> None:
-        self.proxy.stop()
-        for server in (self.dynalite, self.moto):
-            if server is not None:
-                server.stop()
+        try:
+            self.proxy.stop()
+        finally:
+            try:
+                if self.dynalite is not None:
+                    self.dynalite.stop()
+            finally:
+                self.moto.stop()
 
 
 def start_stores(workdir: Path, *, leases_on: str = "dynalite") -> LocalStores:
@@ -92,7 +97,13 @@ def start_stores(workdir: Path, *, leases_on: str = "dynalite") -> LocalStores:
             if leases_on == "dynalite"
             else None
         )
-        moto = moto_started.result()
+        try:
+            moto = moto_started.result()
+        except BaseException:
+            if dynalite_started is not None:  # started alongside: not to be left running
+                with contextlib.suppress(Exception):
+                    dynalite_started.result().stop()
+            raise
         try:
             dynalite = dynalite_started.result() if dynalite_started is not None else None
         except BaseException:

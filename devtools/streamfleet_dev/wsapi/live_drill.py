@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamfleet import model
 from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet_dev.upstream.fake import message_data
 from streamfleet_dev.wsapi.browser import BrowserPages, PageSpec, missing_prerequisites
 from streamfleet_dev.wsapi.e2e import LiveWorld, WorldSettings, owner_of_most
 
@@ -70,6 +72,7 @@ class Delivery:
     at: float  # epoch seconds
     region: str | None
     source: str
+    data: str | None = None  # what the application got (browser pages record seqs only)
 
 
 @dataclass
@@ -119,6 +122,9 @@ class LiveDrillReport:
     faults: list[FaultRecord] = field(default_factory=list)
     watchers: list[Watcher] = field(default_factory=list)
     last_seqs: dict[str, int] = field(default_factory=dict)
+    # Each stream's origin (its first owner's starting point): the subscribe point of a client
+    # whose subscribe reply named none.
+    origins: dict[str, int | None] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     browser: str = ""
     duration_seconds: float = 0.0
@@ -242,7 +248,7 @@ class LiveDrill:
 
         def delivered(message: StreamMessage) -> None:
             watcher.deliveries.append(
-                Delivery(message.seq, time.time(), message.region, message.source)
+                Delivery(message.seq, time.time(), message.region, message.source, message.data)
             )
 
         def replied(message: dict[str, Any]) -> None:
@@ -406,6 +412,10 @@ class LiveDrill:
         assert world is not None
         await world.stop_streams(world.stream_ids)
         self.report.last_seqs = await world.wait_sealed(self.config.final_timeout)
+        for stream in world.stream_ids:
+            row = await asyncio.to_thread(world.row, stream)
+            origin = row.get(model.ORIGIN_SEQ)
+            self.report.origins[stream] = int(origin) if origin is not None else None
 
         async def caught_up() -> bool:
             await self._read_pages()
@@ -427,7 +437,25 @@ class LiveDrill:
             if not seqs:
                 self.report.problems.append(f"{watcher.name}: nothing delivered")
                 continue
-            start = watcher.first_after + 1 if isinstance(watcher.first_after, int) else seqs[0]
+            # Where its log must start: after its subscribe point, or after the stream's
+            # origin when the reply named none; never its own first delivery (blind to a gap
+            # at the start).
+            after = watcher.first_after
+            if not isinstance(after, int):
+                after = self.report.origins.get(watcher.stream)
+            if not isinstance(after, int):
+                self.report.problems.append(f"{watcher.name}: no subscribe point to check from")
+                continue
+            start = after + 1
+            wrong = [
+                d.seq
+                for d in watcher.deliveries
+                if d.data is not None and d.data != message_data(watcher.stream, d.seq)
+            ]
+            if wrong:
+                self.report.problems.append(
+                    f"{watcher.name} ({watcher.stream}): not what the upstream sent at {wrong[:10]}"
+                )
             expected = list(range(start, (last or seqs[-1]) + 1))
             if seqs != expected:
                 duplicates = len(seqs) - len(set(seqs))

@@ -83,7 +83,9 @@ export function mountStreamPanel(client: StreamFleetClient, params: URLSearchPar
     history.replaceState(null, '', url.toString());
     record.startedAfter[stream] = client.position(stream);
     try {
-      await client.subscribe(stream);
+      const reply = await client.subscribe(stream);
+      // A page with no saved position starts where the server's reply says (the newest few).
+      if (record.startedAfter[stream] === null && reply !== null) record.startedAfter[stream] = reply.after;
     } catch (error) {
       view.error.textContent =
         error instanceof SubscriptionRefusedError ? (error.reply.message ?? error.error) : String(error);
