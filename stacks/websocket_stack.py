@@ -15,7 +15,7 @@ records share one name in one hosted zone, so neither stack needs a value from t
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, App, CfnOutput, Stack
+from aws_cdk import Annotations, App, CfnOutput, Duration, Stack
 from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_route53 as route53
@@ -139,6 +139,7 @@ class WebSocketApiStack(RegionalStack):
                 api=self.websocket.api,
                 stage=self.websocket.stage,
                 reserved_concurrency=config.fanout_reserved_concurrency,
+                max_batching_window=Duration.seconds(config.fanout_batching_window_seconds),
                 log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
             ),

@@ -193,6 +193,9 @@ class AppConfig:
         jwt_reader_claims: token claims the authorizer passes on as reader tags
             (``<claim>:<value>``), which a START's ``readers`` may name besides ``user:<sub>``.
         fanout_reserved_concurrency: reserved concurrency of each Region's stream fan-out.
+        fanout_batching_window_seconds: how long the fan-out's event source may wait to fill
+            a batch (0 to 300; Lambda takes whole seconds): fewer posts per delivered message
+            on slow streams, each message later by up to that long. 0: every poll.
         api_gateway_cloudwatch_role: create each Region's API Gateway CloudWatch role (the
             account setting every stage's logs go through) in that Region's fleet stack. Turn
             off where the account baseline sets it.
@@ -262,6 +265,7 @@ class AppConfig:
     ws_subscriptions_table_name: str = model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME
     jwt_reader_claims: tuple[str, ...] = ()
     fanout_reserved_concurrency: int | None = 10
+    fanout_batching_window_seconds: int = 0
     api_gateway_cloudwatch_role: bool = True
     invoke_principals: tuple[str, ...] = ()
     router_reserved_concurrency: int | None = 100
@@ -526,6 +530,14 @@ class AppConfig:
                 f"got {self.nat_gateways}"
             )
         _check_number("message_retention_days", self.message_retention_days, whole=True, minimum=1)
+        _check_number(
+            "fanout_batching_window_seconds", self.fanout_batching_window_seconds, whole=True
+        )
+        if self.fanout_batching_window_seconds > 300:
+            raise ValueError(
+                f"{context_key('fanout_batching_window_seconds')}: at most 300 (Lambda's "
+                f"limit), got {self.fanout_batching_window_seconds}"
+            )
 
     @property
     def ws_custom_domain(self) -> bool:

@@ -242,10 +242,13 @@ def test_reader_claims_reach_the_authorizer_and_settings_are_validated():
         {
             context_key("jwt_reader_claims"): "groups,cognito:groups",
             context_key("fanout_reserved_concurrency"): "none",
+            context_key("fanout_batching_window_seconds"): "1",
         }
     )
     stack = built.primary
     template = built.template(stack)
+    (mapping,) = template.find_resources("AWS::Lambda::EventSourceMapping").values()
+    assert mapping["Properties"]["MaximumBatchingWindowInSeconds"] == 1
     authorizer = variables_of(function_of(template, stack, stack.websocket.authorizer_function))
     config = authorizer_runtime.AuthorizerConfig.from_env(authorizer)
     assert config.reader_claims == ("groups", "cognito:groups")
@@ -256,6 +259,8 @@ def test_reader_claims_reach_the_authorizer_and_settings_are_validated():
         ("jwt_reader_claims", ["a b"], "claim name"),
         ("ws_subscriptions_table_name", model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME, "differ"),
         ("fanout_reserved_concurrency", 0, "at least 1"),
+        ("fanout_batching_window_seconds", -1, "at least 0"),
+        ("fanout_batching_window_seconds", 301, "at most 300"),
     ):
         with pytest.raises(ValueError, match=f"{context_key(key)}.*{message}"):
             AppConfig(
