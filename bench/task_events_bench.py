@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamfleet import task_events
 from streamfleet_dev.local.fleet import FAST_ENV, Fleet, WorkerProcess, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream
@@ -325,7 +326,8 @@ def report(figures: Figures, trials: int, lease_trials: int) -> str:
         "",
         "With the event, from the handler's start until SQS accepted the first notifications "
         f"(median, default timing): {_median_notified_ms(figures, 'event, lease 20 s')}; "
-        "rows still held 0.5 s later were announced again in "
+        f"rows still held {task_events.FOLLOW_UP_DELAYS_SECONDS[0]:g} s later were announced "
+        "again in "
         f"{_renotified(figures, 'event, lease 20 s')} of the crashes (a notification swallowed "
         "by the dead worker's pending long poll, or a claim still in flight).",
         "",

@@ -149,7 +149,6 @@ class LocalMode:
     _offsets: dict[Path, int] = field(default_factory=dict)
     _health: dict[str, Any] = field(default_factory=dict)
     _deliveries_seen: int = 0
-    _background: set[asyncio.Task[None]] = field(default_factory=set)
     _ended_seen: set[tuple[str, int]] = field(default_factory=set)
     # stream -> (worker, epoch seconds) of its last lease_gained in the workers' logs
     _gained: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -232,27 +231,26 @@ class LocalMode:
             if verb == "d":
                 return await self.drain(worker.worker_id)
             signum = signals.get(verb, signal.SIGCONT)
+            # What a worker to be killed holds, read before the kill (one scan, a few ms):
+            # after it, its STOPPED event may already have ended its session and moved them.
+            before = await asyncio.to_thread(self._items) if verb == "k" else None
             if verb != "p":
                 worker.signal(signal.SIGCONT)  # a paused worker cannot act on SIGTERM
             worker.signal(signum)
             (self.paused.add if verb == "p" else self.paused.discard)(worker.worker_id)
             if verb == "t":
                 self.terminated.add(worker.worker_id)
-            if verb == "k":  # what it held, read in the background: the kill is not delayed
-                read = asyncio.create_task(
-                    asyncio.to_thread(self._watch_recovery, worker.worker_id, time.time())
-                )
-                self._background.add(read)
-                read.add_done_callback(self._background.discard)
+            if before is not None:
+                self._watch_recovery(worker.worker_id, time.time(), before)
             names = {"k": "kill -9", "t": "SIGTERM", "p": "SIGSTOP", "c": "SIGCONT"}
             return f"{names[verb]} {worker.worker_id}"
         return f"unknown command {line.strip()!r}: see the help line"
 
     # -- reading the system -------------------------------------------------------------------
 
-    def _watch_recovery(self, worker_id: str, killed_at: float) -> None:
-        """Remember what a killed worker held and when its lease alone would let it move."""
-        items = self._items()
+    def _watch_recovery(self, worker_id: str, killed_at: float, items: list[dict]) -> None:
+        """Remember what a killed worker held (``items``: the table just before the kill) and
+        when its lease alone would let its streams move."""
         held = frozenset(
             model.connection_id_of(item[model.PK])
             for item in items
