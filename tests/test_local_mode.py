@@ -326,16 +326,7 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
         terminal.type("k")
         terminal.type(f" {number}")
         await terminal.shows(rf"^> k {number}\b", timeout=10, what="the typed line")
-        session = await eventually(
-            lambda: (
-                (item := newest_session(table, victim))
-                and int(item[model.EXPIRES_AT_MS]) - time.time() * 1000 > 3000
-                and item
-            ),
-            timeout=10,
-            every=0.05,
-            what=f"{victim}'s session just renewed",
-        )
+        session = await just_renewed(table, victim)
         deadline_ms = int(session[model.EXPIRES_AT_MS])
         killed_ms = time.time() * 1000
         terminal.type("\r")
@@ -507,16 +498,7 @@ async def test_without_task_events_a_kill_waits_for_the_lease(monkeypatch, tmp_p
         )
         victim = live["s00"]
         held = sorted(stream for stream, owner in live.items() if owner == victim)
-        session = await eventually(
-            lambda: (
-                (item := newest_session(table, victim))
-                and int(item[model.EXPIRES_AT_MS]) - time.time() * 1000 > 3000
-                and item
-            ),
-            timeout=10,
-            every=0.05,
-            what=f"{victim}'s session just renewed",
-        )
+        session = await just_renewed(table, victim)
         terminal.type(f"k {victim.removeprefix('w')}\r")
         await terminal.shows(
             rf"^s00 .*{victim} dead.*moves in \d+\.\d s",
@@ -554,6 +536,21 @@ async def test_without_task_events_a_kill_waits_for_the_lease(monkeypatch, tmp_p
         )
     finally:
         terminal.close()
+
+
+async def just_renewed(table: str, worker_id: str) -> dict:
+    """``worker_id``'s newest session, once it has at least 3 s of its lease left (a kill then
+    lands well before its lease would let its streams move)."""
+    return await eventually(
+        lambda: (
+            (item := newest_session(table, worker_id))
+            and int(item[model.EXPIRES_AT_MS]) - time.time() * 1000 > 3000
+            and item
+        ),
+        timeout=10,
+        every=0.05,
+        what=f"{worker_id}'s session just renewed",
+    )
 
 
 def children_of(pid: int) -> list[int]:

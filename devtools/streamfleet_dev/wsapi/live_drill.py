@@ -35,6 +35,7 @@ from typing import Any
 
 from streamfleet import model
 from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet_dev.local.fleet import eventually
 from streamfleet_dev.upstream.fake import message_data
 from streamfleet_dev.wsapi.browser import BrowserPages, PageSpec, missing_prerequisites
 from streamfleet_dev.wsapi.e2e import LiveWorld, WorldSettings, owner_of_most
@@ -209,16 +210,12 @@ def markdown(report: LiveDrillReport) -> str:
 async def _until(
     predicate: Callable[[], Awaitable[bool] | bool], timeout: float, what: str
 ) -> float:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return time.time()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"live drill: {what} did not happen within {timeout:g} s")
-        await asyncio.sleep(0.1)
+    """When ``predicate`` first held (epoch seconds); ``TimeoutError`` naming ``what``."""
+    try:
+        await eventually(predicate, timeout=timeout, what=what)
+    except AssertionError:
+        raise TimeoutError(f"live drill: {what} did not happen within {timeout:g} s") from None
+    return time.time()
 
 
 class LiveDrill:
