@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
+from streamfleet_dev.sim.checker import LATE_FACTOR
 from streamfleet_dev.sim.schedule import Outcome, Schedule, run_schedule
 from streamfleet_dev.upstream.process import UpstreamProcess
 
@@ -86,6 +87,11 @@ def summary(outcomes: list[Outcome], seconds: float) -> dict:
         "operations_total": sum(ops.values()),
         "faults_injected": dict(sorted(faults.items())),
         "faults_total": sum(faults.values()),
+        "late": [
+            {"seed": o.schedule.seed, "detail": o.verdict.facts["late"]}
+            for o in outcomes
+            if "late" in o.verdict.facts
+        ],
         "failures": [
             {
                 "seed": o.schedule.seed,
@@ -176,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             "every stream back after the last fault, seconds: "
             f"{result['recovered_after_last_fault_seconds']}"
         )
+        print(f"late (past the liveness bound, within {LATE_FACTOR} x): {len(result['late'])}")
+        for late in result["late"]:
+            print(f"  SIM_SEED={late['seed']} {late['detail']}")
     return 1 if result["failed"] else 0
 
 
