@@ -233,7 +233,9 @@ async def test_a_slow_but_working_dynamodb_keeps_every_stream_up(make_world):
     """Defect 12: with one heartbeat of added latency on every request the renewals' read
     timeout (min(3 s, heartbeat)) gave up and the fleet dropped everything, although the
     holder's window would have absorbed it."""
-    world = make_world()
+    # No rebalancing: a handoff between the two workers during the slow window is a moment
+    # down that latency did not cause (it failed this test once in a clean CI run).
+    world = make_world(rebalance_every=3600)
 
     class Latency:
         slow = False
