@@ -37,6 +37,7 @@ from . import model, readers, strict_json
 from .aws import AsyncClient, ClientSettings
 from .control import ControlPlane
 from .desired_state import Outcome
+from .env import ConfigError, required
 from .lease.dynamo import error_code
 from .lease.errors import StoreUnavailable
 from .validation import check_id, check_ws_url
@@ -253,21 +254,6 @@ def parse_event(body_text: str, policy: UpstreamPolicy) -> StartEvent | StopEven
 # --- Configuration --------------------------------------------------------------------------
 
 
-class ConfigError(ValueError):
-    """A missing or invalid environment variable: every request fails with a 500 naming it."""
-
-    def __init__(self, variable: str, message: str):
-        super().__init__(f"{variable}: {message}")
-        self.variable = variable
-
-
-def _required(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise ConfigError(name, "required but not set")
-    return value
-
-
 @dataclass(frozen=True)
 class RouterConfig:
     """The router's settings, immutable once read."""
@@ -281,16 +267,16 @@ class RouterConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> RouterConfig:
         """Read and validate the environment; :class:`ConfigError` names the first bad one."""
         env = os.environ if env is None else env
-        table_name = _required(env, "TABLE_NAME")
+        table_name = required(env, "TABLE_NAME")
         if not TABLE_NAME_PATTERN.fullmatch(table_name):
             raise ConfigError("TABLE_NAME", "not a DynamoDB table name or table ARN")
-        queue_url = _required(env, "QUEUE_URL")
+        queue_url = required(env, "QUEUE_URL")
         parts = urlsplit(queue_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError("QUEUE_URL", "not an http(s) SQS queue URL")
         try:
             upstreams = UpstreamPolicy.parse(
-                "ALLOWED_UPSTREAMS", _required(env, "ALLOWED_UPSTREAMS")
+                "ALLOWED_UPSTREAMS", required(env, "ALLOWED_UPSTREAMS")
             )
         except ConfigError:
             raise

@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 from . import model
 from .aws import AsyncClient, ClientSettings
 from .clock import SYSTEM_CLOCK, Clock
+from .env import ConfigError, required
 from .lease.dynamo import (
     error_code,
     from_item,
@@ -107,21 +108,6 @@ LOGGED_FIELD_CHARS = 256
 CLIENT_SETTINGS = ClientSettings(threads=2)
 
 
-class ConfigError(ValueError):
-    """A missing or invalid environment variable: every invocation fails, naming it."""
-
-    def __init__(self, variable: str, message: str):
-        super().__init__(f"{variable}: {message}")
-        self.variable = variable
-
-
-def _required(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise ConfigError(name, "required but not set")
-    return value
-
-
 @dataclass(frozen=True)
 class TaskEventsConfig:
     """What the handler acts on: its table and queue, and whose tasks (cluster, service, Region).
@@ -149,17 +135,17 @@ class TaskEventsConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> TaskEventsConfig:
         """Read and validate the environment; :class:`ConfigError` names the first bad one."""
         env = os.environ if env is None else env
-        table_name = _required(env, ENV_TABLE_NAME)
+        table_name = required(env, ENV_TABLE_NAME)
         if not TABLE_NAME_PATTERN.fullmatch(table_name):
             raise ConfigError(ENV_TABLE_NAME, "not a DynamoDB table name or table ARN")
-        queue_url = _required(env, ENV_QUEUE_URL)
+        queue_url = required(env, ENV_QUEUE_URL)
         parts = urlsplit(queue_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(ENV_QUEUE_URL, "not an http(s) SQS queue URL")
-        region = _required(env, ENV_REGION)
+        region = required(env, ENV_REGION)
         if not REGION_PATTERN.fullmatch(region):
             raise ConfigError(ENV_REGION, f"{region[:64]!r} is not a Region")
-        cluster_arn = _required(env, model.ENV_ECS_CLUSTER_ARN)
+        cluster_arn = required(env, model.ENV_ECS_CLUSTER_ARN)
         match = CLUSTER_ARN_PATTERN.fullmatch(cluster_arn)
         if match is None:
             raise ConfigError(model.ENV_ECS_CLUSTER_ARN, "not an ECS cluster ARN")
@@ -169,7 +155,7 @@ class TaskEventsConfig:
                 f"the cluster is in {match['region']}, this function in {region}: ECS events "
                 "reach only their own Region",
             )
-        service_name = _required(env, model.ENV_ECS_SERVICE_NAME)
+        service_name = required(env, model.ENV_ECS_SERVICE_NAME)
         if not SERVICE_NAME_PATTERN.fullmatch(service_name):
             raise ConfigError(
                 model.ENV_ECS_SERVICE_NAME, "not an ECS service name (letters, digits, - and _)"
