@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -36,7 +37,8 @@ from rich.console import Console
 from streamfleet import model
 from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet.lease.dynamo import from_item, to_attr
-from streamfleet_dev.local.fleet import eventually
+from streamfleet_dev.local.fleet import WorkerProcess, eventually
+from streamfleet_dev.local.mode import LocalMode, Recovery
 from streamfleet_dev.local.view import (
     EventLog,
     SessionView,
@@ -683,6 +685,45 @@ def test_events_keep_what_matters_and_say_each_takeover_once():
     assert len(lost) == 1 and "after its deadline passed" in lost[0] and "s11" in lost[0]
     assert not any("gained s3" in line for line in everything)
     assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in everything)
+
+
+def test_a_session_ended_by_its_stopped_event_is_said_before_the_takeover_it_allowed(tmp_path):
+    """The table shows the end a moment after it happened and the heir's log shows its gain a
+    moment after that, in either order: the end is still said first (CI once read the heir's
+    gain in the snapshot after the end, and said them the other way round)."""
+    killed_at = time.time() - 2
+    heir_log = tmp_path / "w2.log"
+    heir_log.write_text("")
+    workers = {
+        "w1": SimpleNamespace(worker_id="w1", process=SimpleNamespace(returncode=-9)),
+        "w2": WorkerProcess("w2", None, heir_log),  # type: ignore[arg-type]
+    }
+    mode = LocalMode(fleet=SimpleNamespace(workers=workers), api_url="")  # type: ignore[arg-type]
+    mode.recoveries.append(Recovery("w1", killed_at, frozenset({"s00", "s01"}), killed_at + 4))
+    ended = SessionView(
+        "w1", 3, model.SessionState.ENDED.value, 0, ended_by=f"{model.ENDED_BY_TASK_STOPPED}:token"
+    )
+    gained_at = time.time() - 1  # before the end is seen: the heir's log is read later
+    mode._tail(workers["w2"])
+    mode._note_ended_sessions({("w1", 3): ended})  # seen ended; no gain logged yet
+    with heir_log.open("a") as log:
+        for ts, event, pk in (
+            (gained_at, "lease_taken_over", "s00"),
+            (gained_at + 0.05, "lease_gained", "s00"),
+            (gained_at + 0.1, "lease_gained", "s01"),
+        ):
+            record = {"ts": ts, "event": event, "worker": "w2", "pk": f"CONN#{pk}"}
+            log.write(json.dumps({**record, "previous_owner": "w1"}) + "\n")
+    mode._tail(workers["w2"])
+    mode._note_ended_sessions({("w1", 3): ended})
+    lines = mode.events.lines(10)
+    said = [
+        i
+        for i, line in enumerate(lines)
+        if "w1's session ended by its STOPPED event (exit 137)" in line
+    ]
+    moves = [i for i, line in enumerate(lines) if "w2" in line and "s00" in line]
+    assert len(said) == 1 and len(moves) == 1 and said[0] < moves[0], lines
 
 
 # --- The worker from the virtualenv, as the README runs it ----------------------------------------

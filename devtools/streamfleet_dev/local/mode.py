@@ -69,6 +69,7 @@ from .services import EventApi, RegionsProcess, start_event_api
 from .stores import LocalStores, replica_name, start_stores
 from .terminal import Keyboard, LineEditor
 from .view import (
+    Entry,
     EventLog,
     RegionsView,
     SessionView,
@@ -149,9 +150,13 @@ class LocalMode:
     _offsets: dict[Path, int] = field(default_factory=dict)
     _health: dict[str, Any] = field(default_factory=dict)
     _deliveries_seen: int = 0
-    _ended_seen: set[tuple[str, int]] = field(default_factory=set)
-    # stream -> (worker, epoch seconds) of its last lease_gained in the workers' logs
+    # (owner, version) of each session seen ended by a STOPPED event -> its events-panel line,
+    # and what its worker held when it was killed from the view (None: it was not)
+    _ended: dict[tuple[str, int], tuple[Entry, Recovery | None]] = field(default_factory=dict)
+    # stream -> (worker, epoch seconds) of its last lease_gained (or the lease_taken_over before
+    # it) in the workers' logs
     _gained: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _taking: dict[tuple[str, str], float] = field(default_factory=dict)  # takeovers not yet gained
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -293,30 +298,37 @@ class LocalMode:
 
     def _note_ended_sessions(self, sessions: dict[tuple[str, int], SessionView]) -> None:
         """A line as soon as a session is seen ended by ECS's STOPPED event (the handler's own
-        answer comes seconds later: it announces the streams again after 1.5 s)."""
+        answer comes seconds later: it announces the streams again after 1.5 s).
+
+        The table is read a moment after the end, and a taker's log a moment after its gain,
+        so the line is kept just before the first takeover of what the worker held (which the
+        end made possible), however late that takeover is read."""
         for key, session in sessions.items():
-            if not session.ended_by_task_event or key in self._ended_seen:
+            if not session.ended_by_task_event or key in self._ended:
                 continue
-            self._ended_seen.add(key)
             worker = self.fleet.workers.get(session.owner)
             code = worker.process.returncode if worker is not None else None
             exit_text = "" if code is None else f" (exit {128 - code if code < 0 else code})"
-            # Seen a moment late (snapshots are a second apart): placed before the first
-            # takeover of what it held, which it made possible.
-            ts = time.time()
-            for recovery in self.recoveries:
-                if recovery.worker_id == session.owner:
-                    gains = [self._gained.get(stream) for stream in recovery.streams]
-                    after = [
+            recovery = next((r for r in self.recoveries if r.worker_id == session.owner), None)
+            entry = self.events.note(
+                f"{session.owner}'s session ended by its STOPPED event{exit_text}"
+            )
+            self._ended[key] = (entry, recovery)
+        for entry, recovery in self._ended.values():
+            if recovery is None:
+                continue
+            gains = (self._gained.get(stream) for stream in recovery.streams)
+            entry.ts = min(
+                [
+                    entry.ts,
+                    *(
                         gain[1] - 0.001
                         for gain in gains
                         if gain is not None
-                        and gain[0] != session.owner
+                        and gain[0] != recovery.worker_id
                         and gain[1] >= recovery.killed_at
-                    ]
-                    ts = min([ts, *after])
-            self.events.note(
-                f"{session.owner}'s session ended by its STOPPED event{exit_text}", ts=ts
+                    ),
+                ]
             )
 
     def _note_recoveries(self, connections: list[dict[str, Any]]) -> None:
@@ -371,9 +383,14 @@ class LocalMode:
                     record = json.loads(line)
                     self.events.add(record)
                     pk = str(record.get("pk") or "")
-                    if record.get("event") == "lease_gained" and pk:
-                        stream = model.connection_id_of(pk)
-                        self._gained[stream] = (worker.worker_id, float(record["ts"]))
+                    if not pk.startswith(model.CONNECTION_PREFIX):
+                        continue
+                    key = (worker.worker_id, model.connection_id_of(pk))
+                    if record.get("event") == "lease_taken_over":
+                        self._taking[key] = float(record["ts"])
+                    if record.get("event") == "lease_gained":
+                        at = self._taking.pop(key, float(record["ts"]))
+                        self._gained[key[1]] = (worker.worker_id, at)
 
     def _items(self) -> list[dict[str, Any]]:
         pages = self.fleet.dynamodb.get_paginator("scan").paginate(TableName=self.fleet.lease_table)
