@@ -94,17 +94,32 @@ def python_function(
 
 
 def function_alarms(
-    scope: Construct, function: lambda_.Function, *, what: str
+    scope: Construct,
+    function: lambda_.Function,
+    *,
+    what: str,
+    expected_errors: cloudwatch.IMetric | None = None,
 ) -> tuple[cloudwatch.Alarm, cloudwatch.Alarm]:
     """``(errors, throttles)``: in ALARM after one unhandled error, or one throttled invocation,
     in five minutes. A throttle means the function's reserved concurrency was exhausted (for
     the authorizer: a connection flood is being refused, as designed, but someone should know).
+
+    ``expected_errors`` counts invocations that raise by design (the authorizer's 401, which
+    only an exception can answer): the errors alarm counts ``Errors`` minus those.
     """
+    errors_metric: cloudwatch.IMetric = function.metric_errors(period=ALARM_PERIOD, statistic="Sum")
+    if expected_errors is not None:
+        errors_metric = cloudwatch.MathExpression(
+            expression="errors - FILL(expected, 0)",
+            using_metrics={"errors": errors_metric, "expected": expected_errors},
+            label=f"{what}: errors not raised by design",
+            period=ALARM_PERIOD,
+        )
     errors = cloudwatch.Alarm(
         scope,
         f"{function.node.id}ErrorsAlarm",
         alarm_description=f"StreamFleet: {what} failed (unhandled errors); see its logs",
-        metric=function.metric_errors(period=ALARM_PERIOD, statistic="Sum"),
+        metric=errors_metric,
         threshold=1,
         evaluation_periods=1,
         comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

@@ -33,6 +33,7 @@ from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_apigatewayv2_authorizers as authorizers
 from aws_cdk import aws_apigatewayv2_integrations as integrations
 from aws_cdk import aws_certificatemanager as acm
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -44,6 +45,7 @@ from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
 from streamfleet.wsapi import jwt as jwt_runtime
 from streamfleet_cdk.functions import (
+    ALARM_PERIOD,
     DEFAULT_LOG_LEVEL,
     check_log_level,
     check_reserved_concurrency,
@@ -454,7 +456,8 @@ class WebSocketApi(Construct):
         authorizer_function: the authorizer Lambda.
         authorizer_role: its execution role.
         authorizer_log_group: its log group.
-        alarms: the functions' errors and throttles alarms.
+        alarms: the functions' errors and throttles alarms (the authorizer's errors alarm does
+            not count a connect without a token: see :meth:`metric_missing_token`).
         access_log_group: the stage's access logs.
         domain_name: the custom domain (``None`` without one).
         api_mapping: the custom domain's mapping to the stage (``None`` without one).
@@ -487,9 +490,27 @@ class WebSocketApi(Construct):
         self.domain_name, self.api_mapping = self._build_custom_domain()
         self.alarms = (
             *function_alarms(self, self.handler, what="the WebSocket handler"),
-            *function_alarms(self, self.authorizer_function, what="the WebSocket authorizer"),
+            *function_alarms(
+                self,
+                self.authorizer_function,
+                what="the WebSocket authorizer",
+                expected_errors=self.metric_missing_token(),
+            ),
         )
         self._acknowledge_findings()
+
+    def metric_missing_token(self, *, period: Duration = ALARM_PERIOD) -> cloudwatch.Metric:
+        """Connects refused with 401 because they carried no token (the authorizer's own EMF
+        count; Lambda counts each one as an error of the authorizer, too)."""
+        return cloudwatch.Metric(
+            namespace=model.METRIC_NAMESPACE,
+            metric_name=model.METRIC_AUTHORIZER_MISSING_TOKEN,
+            dimensions_map={
+                model.METRIC_DIMENSION_FUNCTION: self.authorizer_function.function_name
+            },
+            statistic="Sum",
+            period=period,
+        )
 
     @property
     def management_connections_arn(self) -> str:

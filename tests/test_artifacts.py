@@ -239,6 +239,13 @@ async def test_websocket_routes_and_authorizer_from_their_assets(world, role):
             ):
                 pass
         assert denied.value.response.status_code == 403
+        # Lambda counts the 401 (raised) as an error of the authorizer: its own count of
+        # connects without a token, as the template's errors alarm reads it, leaves exactly
+        # that one out (not the 403, which is an answer).
+        expected = _expected_errors_metric(
+            api.region.websocket.stack, api.authorizer_function, api.authorizer.spec.function_name
+        )
+        assert _emf_counts(api.authorizer.log_text(), expected) == 1
         token = user_token(world.idp_key, issuer=issuer, audience=audience)
         async with connect(
             api.url, subprotocols=[*offered, f"bearer.{token}"], open_timeout=10
@@ -278,6 +285,47 @@ async def test_websocket_routes_and_authorizer_from_their_assets(world, role):
         ):
             findings += environment_findings(function, process) + origin_findings(function, process)
         assert not findings, findings
+
+
+def _expected_errors_metric(stack, function, function_name: str) -> dict:
+    """The metric the function's errors alarm subtracts from Lambda's ``Errors``, with its
+    ``Ref`` dimension resolved to ``function_name`` (the name the local runner gives it)."""
+    for alarm in stack.of_type("AWS::CloudWatch::Alarm").values():
+        queries = {q["Id"]: q for q in alarm["Properties"].get("Metrics", [])}
+        stats = {i: q["MetricStat"]["Metric"] for i, q in queries.items() if "MetricStat" in q}
+        errors = stats.get("errors", {})
+        if errors.get("MetricName") != "Errors" or errors.get("Dimensions") != [
+            {"Name": "FunctionName", "Value": {"Ref": function.logical_id}}
+        ]:
+            continue
+        (formula,) = [q["Expression"] for q in queries.values() if "Expression" in q]
+        assert formula == "errors - FILL(expected, 0)", formula
+        metric = stats["expected"]
+        dimensions = {d["Name"]: d["Value"] for d in metric["Dimensions"]}
+        assert dimensions == {model.METRIC_DIMENSION_FUNCTION: {"Ref": function.logical_id}}
+        return {
+            "namespace": metric["Namespace"],
+            "name": metric["MetricName"],
+            "dimensions": {model.METRIC_DIMENSION_FUNCTION: function_name},
+        }
+    raise AssertionError(f"{function.label}: no errors alarm subtracts anything from Errors")
+
+
+def _emf_counts(log: str, metric: dict) -> float:
+    """The sum of ``metric`` over the EMF documents of ``log``, as CloudWatch would extract it."""
+    total = 0.0
+    for line in log.splitlines():
+        if not line.startswith("{") or '"_aws"' not in line:
+            continue
+        document = json.loads(line)
+        for directive in document["_aws"]["CloudWatchMetrics"]:
+            names = [m["Name"] for m in directive["Metrics"]]
+            if directive["Namespace"] != metric["namespace"] or metric["name"] not in names:
+                continue
+            for dimension_set in directive["Dimensions"]:
+                if {d: document.get(d) for d in dimension_set} == metric["dimensions"]:
+                    total += document[metric["name"]]
+    return total
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -348,6 +348,46 @@ def test_reserved_concurrency_and_log_level_follow_the_configuration():
         assert properties["LoggingConfig"]["ApplicationLogLevel"] == "WARN"
 
 
+def _watched_metric(alarm: dict) -> dict:
+    """The alarm's own metric, or the ``errors`` metric of an errors-minus-expected formula."""
+    if "MetricName" in alarm:
+        return alarm
+    queries = {query["Id"]: query for query in alarm["Metrics"]}
+    return queries["errors"]["MetricStat"]["Metric"]
+
+
+def test_the_authorizers_errors_alarm_leaves_out_connects_without_a_token(built):
+    """A 401 is raised (Lambda counts it in ``Errors``): the alarm subtracts the authorizer's
+    own count of them, for the same function, and only for the authorizer."""
+    for stack, template in stacks_of(built):
+        resources = template.to_json()["Resources"]
+        authorizer = logical_id(stack, stack.websocket.authorizer_function)
+        formulas = 0
+        for alarm in (*stack.websocket.alarms, *stack.canary.function_alarms):
+            properties = resources[logical_id(stack, alarm)]["Properties"]
+            if "Metrics" not in properties:
+                assert properties["Dimensions"][0]["Value"]["Ref"] != authorizer or (
+                    properties["MetricName"] == "Throttles"
+                )
+                continue
+            queries = {query["Id"]: query for query in properties["Metrics"]}
+            expected = queries["expected"]["MetricStat"]["Metric"]
+            (formula,) = [q for q in queries.values() if "Expression" in q]
+            assert formula["Expression"] == "errors - FILL(expected, 0)"
+            assert formula.get("ReturnData", True) is True
+            assert expected == {
+                "Namespace": model.METRIC_NAMESPACE,
+                "MetricName": model.METRIC_AUTHORIZER_MISSING_TOKEN,
+                "Dimensions": [
+                    {"Name": model.METRIC_DIMENSION_FUNCTION, "Value": {"Ref": authorizer}}
+                ],
+            }
+            assert _watched_metric(properties)["Dimensions"][0]["Value"] == {"Ref": authorizer}
+            assert properties["Threshold"] == 1
+            formulas += 1
+        assert formulas == 1
+
+
 def test_every_function_has_an_errors_and_a_throttles_alarm(built):
     for stack, template in stacks_of(built):
         alarms = [
@@ -355,7 +395,8 @@ def test_every_function_has_an_errors_and_a_throttles_alarm(built):
             for alarm in (*stack.websocket.alarms, *stack.canary.function_alarms)
         ]
         watched = sorted(
-            (alarm["Dimensions"][0]["Value"]["Ref"], alarm["MetricName"]) for alarm in alarms
+            (metric["Dimensions"][0]["Value"]["Ref"], metric["MetricName"])
+            for metric in map(_watched_metric, alarms)
         )
         functions = (stack.websocket.handler, stack.websocket.authorizer_function)
         expected = [

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from websockets.asyncio.client import connect
@@ -396,6 +397,30 @@ def test_a_missing_token_raises_unauthorized() -> None:
         authorizer()(connect_event())
     with pytest.raises(Unauthorized):
         authorizer()(connect_event(protocols=model.WS_APP_SUBPROTOCOL))
+
+
+def test_only_a_connect_without_a_token_is_counted_for_the_errors_alarm() -> None:
+    """The 401 is raised, so Lambda counts it as an error: the authorizer counts it too, under
+    its function's name, and nothing else (a deny or an allow is an answer, not an error)."""
+    lines: list[str] = []
+    config = authorizer().config
+    counted = Authorizer(config, clock=lambda: NOW, metrics_out=lines.append)
+    context = SimpleNamespace(function_name="ws-authorizer")
+    with pytest.raises(Unauthorized):
+        counted(connect_event(), context)
+    counted(connect_event(query=MATRIX["expired"]), context)
+    counted(connect_event(query=GOOD), context)
+    (line,) = lines
+    document = json.loads(line)
+    (directive,) = document["_aws"]["CloudWatchMetrics"]
+    assert directive == {
+        "Namespace": model.METRIC_NAMESPACE,
+        "Dimensions": [[model.METRIC_DIMENSION_FUNCTION]],
+        "Metrics": [{"Name": model.METRIC_AUTHORIZER_MISSING_TOKEN, "Unit": "Count"}],
+    }
+    assert document[model.METRIC_DIMENSION_FUNCTION] == "ws-authorizer"
+    assert document[model.METRIC_AUTHORIZER_MISSING_TOKEN] == 1
+    assert document["_aws"]["Timestamp"] == int(NOW * 1000)
 
 
 @pytest.mark.parametrize("case", list(MATRIX))

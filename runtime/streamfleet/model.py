@@ -458,6 +458,12 @@ ENV_JWT_AUTHORIZED_PARTIES = "JWT_AUTHORIZED_PARTIES"
 ENV_JWT_CANARY_KEYS = "JWT_CANARY_KEYS"  # the canary's public key(s); unset: no canary identity
 # Claims whose values become reader tags ("<claim>:<value>") a START's readers may name.
 ENV_JWT_READER_CLAIMS = "JWT_READER_CLAIMS"
+# A REQUEST authorizer can refuse a connection with HTTP 401 only by raising, which Lambda counts
+# as an error: every connect without a token (a scanner, a canary without its key) would trip
+# the authorizer's errors alarm. The authorizer counts those connects in an EMF metric of its
+# own, and the alarm subtracts the count.
+METRIC_AUTHORIZER_MISSING_TOKEN = "AuthorizerMissingToken"  # namespace METRIC_NAMESPACE
+METRIC_DIMENSION_FUNCTION = "FunctionName"  # Lambda's own dimension name for its metrics
 AUTHORIZER_ENV = (
     ENV_JWT_ISSUER,
     ENV_JWT_AUDIENCE,

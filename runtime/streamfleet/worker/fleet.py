@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import random
 import signal
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 
 import boto3
 
-from .. import model
+from .. import emf, model
 from ..aws import AsyncClient, ClientSettings
 from ..clock import SYSTEM_CLOCK, Clock
 from ..desired_state import DesiredStateWriter
@@ -748,7 +747,7 @@ class Worker:
 
     def emit_metrics(self) -> None:
         document = emf_document(self.config.service_name, len(self.connections), self.counters)
-        print(json.dumps(document, separators=(",", ":")), flush=True)
+        emf.write(emf.line(document))
         self.counters.leases_lost = self.counters.handoffs = 0
         self.log(
             "worker_stats",

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .. import model
+from .. import emf, model
 
 
 @dataclass
@@ -39,23 +39,12 @@ class Counters:
 
 def emf_document(service_name: str, active: int, counters: Counters) -> dict[str, Any]:
     """An EMF document with ActiveConnections, LeasesLost and Handoffs for one service."""
-    return {
-        "_aws": {
-            "Timestamp": time.time_ns() // 1_000_000,
-            "CloudWatchMetrics": [
-                {
-                    "Namespace": model.METRIC_NAMESPACE,
-                    "Dimensions": [[model.METRIC_DIMENSION_SERVICE]],
-                    "Metrics": [
-                        {"Name": model.METRIC_ACTIVE_CONNECTIONS, "Unit": "Count"},
-                        {"Name": model.METRIC_LEASES_LOST, "Unit": "Count"},
-                        {"Name": model.METRIC_HANDOFFS, "Unit": "Count"},
-                    ],
-                }
-            ],
+    return emf.document(
+        model.METRIC_NAMESPACE,
+        {model.METRIC_DIMENSION_SERVICE: service_name},
+        {
+            model.METRIC_ACTIVE_CONNECTIONS: (active, emf.COUNT),
+            model.METRIC_LEASES_LOST: (counters.leases_lost, emf.COUNT),
+            model.METRIC_HANDOFFS: (counters.handoffs, emf.COUNT),
         },
-        model.METRIC_DIMENSION_SERVICE: service_name,
-        model.METRIC_ACTIVE_CONNECTIONS: active,
-        model.METRIC_LEASES_LOST: counters.leases_lost,
-        model.METRIC_HANDOFFS: counters.handoffs,
-    }
+    )

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .. import model, readers
+from .. import emf, model, readers
 from . import jwt
 from .logs import log_event
 
@@ -481,8 +481,10 @@ class Authorizer:
         *,
         canary_keys: KeySource | None = None,
         clock: Callable[[], float] = time.time,
+        metrics_out: Callable[[str], None] = emf.write,
     ):
         self.config = config
+        self._metrics_out = metrics_out
         if canary_keys is None and config.canary_keys is not None:
             canary_keys = StaticKeys.parse(config.canary_keys, model.ENV_JWT_CANARY_KEYS)
         self.canary_keys = canary_keys
@@ -514,6 +516,13 @@ class Authorizer:
         self._canary_policy = config.canary_policy()
         self._clock = clock
 
+    def _count_missing_token(self, context: Any) -> None:
+        # Raising is the only way to answer 401, and Lambda counts it as an error: the errors
+        # alarm subtracts this count, so a connect without a token never pages anyone.
+        name = getattr(context, "function_name", "")  # Lambda's context always has it
+        if name:
+            self._metrics_out(missing_token_metric(name, timestamp_ms=int(self._clock() * 1000)))
+
     def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
         """The Lambda entry point's logic: a policy, or :class:`Unauthorized` raised."""
         resource = str(event.get("methodArn") or "*")
@@ -532,6 +541,7 @@ class Authorizer:
             return policy("anonymous", "Deny", resource)
         except Unauthorized:
             _log_decision(logging.WARNING, "unauthorized", event, secrets, reason="missing_token")
+            self._count_missing_token(context)
             raise
         except Exception as exc:  # keys unavailable, broken configuration: HTTP 500, retry
             _log_decision(
@@ -609,6 +619,19 @@ def _token_fragments(event: Mapping[str, Any]) -> list[str]:
     prefix = model.WS_BEARER_SUBPROTOCOL_PREFIX
     values += [e[len(prefix) :] for e in offered_subprotocols(event) if e.startswith(prefix)]
     return [*values, *(part for value in values for part in value.split("."))]
+
+
+def missing_token_metric(function_name: str, *, timestamp_ms: int | None = None) -> str:
+    """The EMF line counting one connect without a token, under the function's own
+    ``FunctionName`` dimension (where Lambda's ``Errors`` metric counts it too)."""
+    return emf.line(
+        emf.document(
+            model.METRIC_NAMESPACE,
+            {model.METRIC_DIMENSION_FUNCTION: function_name},
+            {model.METRIC_AUTHORIZER_MISSING_TOKEN: (1, emf.COUNT)},
+            timestamp_ms=timestamp_ms,
+        )
+    )
 
 
 def _log_decision(

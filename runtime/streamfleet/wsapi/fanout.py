@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -55,7 +54,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import model
+from .. import emf, model
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, to_attr
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
@@ -185,7 +184,7 @@ class Fanout:
         )
         self.clock = clock
         self._pool = ThreadPoolExecutor(config.post_threads, thread_name_prefix="fanout-post")
-        self._metrics_out = metrics_out or _stdout_line
+        self._metrics_out = metrics_out or emf.write
 
     def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
         """Deliver one batch of stream records; raises (the batch is retried) only when the
@@ -307,36 +306,26 @@ class Fanout:
         return 1
 
     def _emit(self, stats: FanoutStats) -> None:
-        values = {
-            model.METRIC_FANOUT_DELIVERED: stats.delivered,
-            model.METRIC_FANOUT_POSTS: stats.posts,
-            model.METRIC_FANOUT_GONE: stats.gone,
-            model.METRIC_FANOUT_FAILED_POSTS: stats.failed_posts,
-            model.METRIC_FANOUT_DISCONNECTED: stats.disconnected,
+        values: dict[str, tuple[float, str]] = {
+            model.METRIC_FANOUT_DELIVERED: (stats.delivered, emf.COUNT),
+            model.METRIC_FANOUT_POSTS: (stats.posts, emf.COUNT),
+            model.METRIC_FANOUT_GONE: (stats.gone, emf.COUNT),
+            model.METRIC_FANOUT_FAILED_POSTS: (stats.failed_posts, emf.COUNT),
+            model.METRIC_FANOUT_DISCONNECTED: (stats.disconnected, emf.COUNT),
         }
-        metrics = [{"Name": name, "Unit": "Count"} for name in values]
         if stats.lag_ms is not None:
-            values[model.METRIC_FANOUT_LAG_MS] = stats.lag_ms
-            metrics.append({"Name": model.METRIC_FANOUT_LAG_MS, "Unit": "Milliseconds"})
-        document = {
-            "_aws": {
-                "Timestamp": self.clock.wall_ms(),
-                "CloudWatchMetrics": [
-                    {
-                        "Namespace": model.METRIC_NAMESPACE,
-                        "Dimensions": [[model.METRIC_DIMENSION_SERVICE]],
-                        "Metrics": metrics,
-                    }
-                ],
-            },
-            model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME,
-            **values,
-            "records": stats.records,
-            "streams": stats.streams,
-            "messages": stats.messages,
-            "subscribers": stats.subscribers,
-        }
-        self._metrics_out(json.dumps(document, separators=(",", ":")))
+            values[model.METRIC_FANOUT_LAG_MS] = (stats.lag_ms, emf.MILLISECONDS)
+        document = emf.document(
+            model.METRIC_NAMESPACE,
+            {model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME},
+            values,
+            timestamp_ms=self.clock.wall_ms(),
+            records=stats.records,
+            streams=stats.streams,
+            messages=stats.messages,
+            subscribers=stats.subscribers,
+        )
+        self._metrics_out(emf.line(document))
 
 
 @dataclass
@@ -355,12 +344,6 @@ def _count_messages(frames: list[bytes]) -> int:
         for entry in json.loads(frame)["messages"]:
             count += 1 if entry.get("part", 0) == 0 else 0
     return count
-
-
-def _stdout_line(line: str) -> None:
-    # stdout, not logging: CloudWatch Logs reads an EMF document only as a line of its own.
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 # --- Lambda entry point -------------------------------------------------------------------------
