@@ -188,7 +188,8 @@ async def test_a_dead_workers_streams_are_shared_out_not_taken_by_one_survivor(m
 async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world):
     """Defect 10: the stopping worker's SQS long poll (in flight, production wait) received some
     of its own handoff notifications and dropped them: those streams waited for a reconcile.
-    With reconcile 30 s away, only the notifications can bring them back in time."""
+    It also dropped those whose connection was still ending when the poll returned (found by
+    the handoff bench's 1.3 s outliers): a stopping worker deletes no notification."""
     world = make_world(sqs_wait_seconds=10, reconcile_every=30.0)
     for n in range(3):
         world.start_worker(f"w{n}")
@@ -196,14 +197,24 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
     streams = [world.stream(n) for n in range(30)]
     await asyncio.gather(*(world.start_stream(s) for s in streams))
     await all_live(world, streams, timeout=20)
-    worker = max(world.live_workers(), key=lambda w: len(w.worker.connections))
-    held = [model.connection_id_of(pk) for pk in worker.worker.connections]
-    assert held
-
-    worker.sigterm()
-    seconds = await all_live(world, held, timeout=10)
-    assert all(world.rows()[s][model.LEASE_OWNER] != worker.worker_id for s in held)
-    assert seconds < 1.5, seconds
+    # The second race is narrow (one in three handoffs here): three in a row.
+    for round_ in range(3):
+        worker = max(world.live_workers(), key=lambda w: len(w.worker.connections))
+        held = [model.connection_id_of(pk) for pk in worker.worker.connections]
+        assert held
+        # What it deletes from the queue from now on is a notification no peer will see.
+        deleted = worker.worker.sqs.requests["delete_message_batch"]
+        worker.sigterm()
+        seconds = await all_live(world, held, timeout=10)
+        assert all(world.rows()[s][model.LEASE_OWNER] != worker.worker_id for s in held)
+        assert seconds < 1.5, seconds
+        assert await eventually(worker.finished.is_set, timeout=15)
+        # Its last long poll may bring back its own handoff notifications while those
+        # connections are still ending: each must go back to the queue, not be deleted, or that
+        # stream waits for a peer's reconcile (a lease later: the bench's 1.3 s handoffs).
+        assert worker.worker.sqs.requests["delete_message_batch"] == deleted, round_
+        world.start_worker(f"r{round_}")
+        await serving(world, 3)
 
 
 async def test_after_an_outage_longer_than_the_window_streams_return_without_waiting_for_reconcile(

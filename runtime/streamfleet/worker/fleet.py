@@ -482,9 +482,13 @@ class Worker:
         wanted = [pk for pk in by_pk if pk not in over]
         outcomes = await asyncio.gather(*(self._claim(Claimable(pk), "intake") for pk in wanted))
         returned: list[dict] = []
+        stopping = self._stopping.is_set()
         for pk, outcome in zip(wanted, outcomes, strict=True):
-            if outcome is None and pk not in self.connections:
-                returned.extend(by_pk[pk])  # not attempted: stopping, full or busy here
+            # Not attempted (stopping, full or busy here): back to the queue. A stopping worker's
+            # last long poll may bring its own handoff notifications while those connections
+            # are still ending (still in self.connections): they are a peer's to claim.
+            if outcome is None and (stopping or pk not in self.connections):
+                returned.extend(by_pk[pk])
             else:
                 handled.extend(by_pk[pk])
         await self._sqs_batch("delete_message_batch", handled)
