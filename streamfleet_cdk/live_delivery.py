@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import jsii
 from aws_cdk import CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -56,13 +56,17 @@ LOOKUP_ENTRY = f"{lookup_runtime.handler.__module__}.{lookup_runtime.handler.__n
 LOOKUP_RESOURCE_TYPE = "Custom::StreamFleetTableStream"
 
 # Exactly the calls each function makes, and what Lambda's event source mapping needs to read
-# the stream on the fan-out's behalf (ListStreams has no resource-level permission).
+# the stream on the fan-out's behalf (ListStreams has no resource-level permission) and to
+# record a batch it gives up on (sqs:SendMessage only: AWS's documented permission for an SQS
+# on-failure destination; CDK's SqsDlq would add GetQueueAttributes and GetQueueUrl, which
+# nothing calls).
 FANOUT_ACTIONS = {
     "stream": ("dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"),
     "list_streams": ("dynamodb:ListStreams",),
     "subscriptions_table": ("dynamodb:Query", "dynamodb:DeleteItem"),
     "connections": ("execute-api:ManageConnections",),
     "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
+    "failed_records": ("sqs:SendMessage",),
 }
 LOOKUP_ACTIONS = {
     "table": ("dynamodb:DescribeTable",),
@@ -194,6 +198,20 @@ class MessagesStream(Construct):
         self.stream_arn: str = self.resource.get_att_string(lookup_runtime.ATTRIBUTE)
 
 
+@jsii.implements(lambda_.IEventSourceDlq)
+class _QueueDestination:
+    """An SQS queue as an event source mapping's on-failure destination, granting nothing:
+    :class:`StreamFanout` grants the one action Lambda needs (``sqs:SendMessage``)."""
+
+    def __init__(self, queue: sqs.IQueue) -> None:
+        self._queue = queue
+
+    def bind(
+        self, target: lambda_.IEventSourceMapping, target_handler: lambda_.IFunction
+    ) -> lambda_.DlqDestinationConfig:
+        return lambda_.DlqDestinationConfig(destination=self._queue.queue_arn)
+
+
 @dataclass(frozen=True, kw_only=True)
 class StreamFanoutProps:
     """How :class:`StreamFanout` is built.
@@ -280,6 +298,13 @@ class StreamFanout(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description="StreamFleet: posts stored messages to this Region's subscribers",
         )
+        self.failed_records = sqs.Queue(
+            self,
+            "FailedRecords",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
         self._grant()
         self.function = python_function(
             self,
@@ -298,13 +323,6 @@ class StreamFanout(Construct):
                 model.ENV_FANOUT_POST_THREADS: str(props.post_threads),
             },
         )
-        self.failed_records = sqs.Queue(
-            self,
-            "FailedRecords",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=Duration.days(14),
-        )
         self.event_source = lambda_.EventSourceMapping(
             self,
             "EventSource",
@@ -317,7 +335,7 @@ class StreamFanout(Construct):
             retry_attempts=props.retry_attempts,
             max_record_age=props.max_record_age,
             report_batch_item_failures=True,
-            on_failure=sources.SqsDlq(self.failed_records),  # grants the role SendMessage
+            on_failure=_QueueDestination(self.failed_records),  # SendMessage: see _grant
         )
         # The mapping reads the stream with the function's role, which must exist first.
         self.event_source.node.add_dependency(self.role)
@@ -358,6 +376,7 @@ class StreamFanout(Construct):
             "subscriptions_table": [props.subscriptions_table.table_arn],
             "connections": [self.management_arn(m) for m in FANOUT_MANAGEMENT_METHODS],
             "log_group": [self.log_group.log_group_arn],
+            "failed_records": [self.failed_records.queue_arn],
         }
         for name, actions in FANOUT_ACTIONS.items():
             self.role.add_to_policy(
