@@ -6,7 +6,7 @@ answers a post with 200 or 410 only, so this HTTP hop between the recording prox
 gateway's Management API answers ``POST /<stage>/@connections/<id>`` for the ids in
 ``refused`` as API Gateway answers a post it will not deliver (413
 ``PayloadTooLargeException``: an error the SDK does not retry, so the test waits for no
-back-off; a throttled post, 429, takes the same path after up to four attempts), and forwards
+back-off; a throttled post, 429, takes the same path after two attempts), and forwards
 every other request to the gateway unchanged.
 """
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import boto3
@@ -176,6 +178,49 @@ def moto_tables(moto) -> Any:
     )
     for name in (tables.leases, tables.messages):
         dynamodb.delete_table(TableName=name)
+
+
+def test_a_throttled_subscriber_is_tried_twice_then_closed(monkeypatch) -> None:
+    """Through the real SDK client: one retry, then DeleteConnection. More attempts would hold
+    the shard's next batch for their backoff, for every stream of the shard."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
+        monkeypatch.setenv(name, value)
+    seen: list[tuple[str, str]] = []
+
+    class Throttling(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path))
+            status, body = (204, b"") if self.command == "DELETE" else (429, b'{"message":"x"}')
+            self.send_response(status)
+            self.send_header("x-amzn-ErrorType", "LimitExceededException")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_DELETE = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        fanout = Fanout(
+            FanoutConfig("subs", endpoint, REGION),
+            dynamodb=FakeDynamo({"a": ["slow"]}),
+            metrics_out=lambda line: None,
+        )
+        fanout({"Records": [record("INSERT", "a", 1)]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [
+        ("POST", "/v1/@connections/slow"),
+        ("POST", "/v1/@connections/slow"),
+        ("DELETE", "/v1/@connections/slow"),
+    ]
 
 
 async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_tables) -> None:

@@ -65,10 +65,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_POST_THREADS = 16
 MAX_POST_THREADS = 64
 # A post that cannot be made in this time is worth less than the client's resume from the log.
+# One retry, then the subscriber is closed to resume from the log: the shard's next batch waits
+# for this one's slowest post ("max_attempts" would count retries, not attempts: 3 was 4 tries
+# and, with the backoff, several seconds of a throttled subscriber holding everyone up).
 _MANAGEMENT_CONFIG = Config(
     connect_timeout=1.0,
     read_timeout=3.0,
-    retries={"max_attempts": 3, "mode": "standard"},
+    retries={"total_max_attempts": 2, "mode": "standard"},
     max_pool_connections=MAX_POST_THREADS,
 )
 _DYNAMODB_CONFIG = Config(
