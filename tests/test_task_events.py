@@ -495,8 +495,12 @@ async def test_its_role_allows_exactly_what_it_calls(world):
     names = NameMap(tables=region.fleet.names.tables, queues=region.fleet.names.queues)
     stack = region.fleet.stack
     calls = calls_of(records, stack.account, names)
-    findings = check(calls, statements_of(stack, function.role))
-    assert not findings, "\n".join(map(str, findings))
+    findings = check(
+        calls, statements_of(stack, function.role), describe=lambda s: f"{function.role} {s.source}"
+    )
+    assert not findings, f"{function.label} (role {function.role}):\n" + "\n".join(
+        map(str, findings)
+    )
     store.session._dynamodb.close()
 
 
