@@ -13,13 +13,14 @@ import asyncio
 import os
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.__main__ import run_many, summary
-
-pytestmark = pytest.mark.slow
+from streamfleet_dev.sim.checker import one_owner_problems
+from streamfleet_dev.sim.world import History, Window
 
 SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "48"))
 
@@ -33,6 +34,39 @@ def sim_env(servers, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", servers["moto"].endpoint)
 
 
+def _world(first: Window, second: Window, *, killed_at: float | None) -> SimpleNamespace:
+    """Two holders of one stream in a row; the first one's deadline is at 3.0."""
+    history = History(windows=[first, second])
+    history.deadlines[(first.worker, first.session_version)] = [(0.0, 3.0)]
+    history.deadlines[(second.worker, second.session_version)] = [(0.0, 9.0)]
+    workers = {
+        first.worker: SimpleNamespace(worker_id=first.worker, killed_at=killed_at),
+        second.worker: SimpleNamespace(worker_id=second.worker, killed_at=None),
+    }
+    upstream = SimpleNamespace(stats=lambda: {"overlaps": {}})
+    return SimpleNamespace(name="t", history=history, workers=workers, upstream=upstream)
+
+
+@pytest.mark.parametrize(
+    ("stopped", "killed_at", "overlap"),
+    [
+        # Killed after it had stopped receiving and released, before it recorded the release: it
+        # acted until it stopped, not until its deadline (a successor may claim the released row).
+        (1.0, 1.2, False),
+        # Killed while still receiving, after the successor began: both acted at once.
+        (None, 2.0, True),
+        # Not killed and not finished: it may still act until its deadline.
+        (1.0, None, True),
+    ],
+)
+def test_the_one_owner_check_ends_a_killed_holder_at_its_kill(stopped, killed_at, overlap):
+    first = Window("w0-1", "CONN#s", 1, 1, began=0.5, stopped=stopped)
+    second = Window("w1-1", "CONN#s", 2, 2, began=1.5, stopped=None, finished=2.5)
+    problems = one_owner_problems(_world(first, second, killed_at=killed_at))
+    assert bool(problems) is overlap, problems
+
+
+@pytest.mark.slow
 def test_every_schedule_keeps_one_owner_liveness_and_exactly_once(sim_env, capsys):
     if os.environ.get("SIM_SEED"):
         seeds = [int(os.environ["SIM_SEED"])]

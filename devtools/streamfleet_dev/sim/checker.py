@@ -4,7 +4,9 @@
   window runs from the moment a worker holds the lease (the claim answered) to the moment it
   stops acting on it: it stops receiving from the upstream and sends its last message write,
   or earlier, the moment its own holder's deadline passed (a frozen or cut-off worker has
-  promised to stop by then). Its fenced writes to the lease table may come later (a release);
+  promised to stop by then). A killed worker acts until its kill took effect at the latest (a
+  window it never got to close otherwise looks open until the deadline, although the release
+  it sent had been applied). Its fenced writes to the lease table may come later (a release);
   they change nothing once someone else holds the lease, so they do not count. No message write
   is sent after the deadline or after the release. The upstream never has two clients dialled
   with the current epoch of a stream.
@@ -114,6 +116,7 @@ def one_owner_problems(world: World) -> list[str]:
     for window in history.windows:
         by_pk[window.pk].append(window)
     spans: dict[int, tuple[float, float]] = {}
+    killed = {w.worker_id: w.killed_at for w in world.workers.values() if w.killed_at is not None}
     for pk, windows in by_pk.items():
         windows.sort(key=lambda w: w.began)
         for n, window in enumerate(windows):
@@ -126,8 +129,13 @@ def one_owner_problems(world: World) -> list[str]:
                 default=window.began,
             )
             acting = max(last_write, window.stopped or window.began)
-            if window.finished is None:  # killed or still running: until now or the deadline
-                acting = max(acting, min(now, horizon))
+            if window.finished is None:
+                # Killed: until the kill took effect (nothing it sends leaves after it, and its
+                # sockets are reset), even when the kill came after a release it never got to
+                # record. Still running: until now. Either way no later than the deadline.
+                killed_at = killed.get(window.worker)
+                if killed_at is None or window.stopped is None:
+                    acting = max(acting, min(now if killed_at is None else killed_at, horizon))
             end = min(acting, _deadline_end(world, window))
             spans[id(window)] = (window.began, end)
         previous: Window | None = None

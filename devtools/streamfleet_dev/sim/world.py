@@ -256,6 +256,9 @@ class SimWorker:
         self.worker: Worker | None = None
         self.clients: list[FaultyClient] = []
         self.killed = False
+        # When the kill had taken effect (monotonic): its loop frozen for good, its clients dead,
+        # its upstream sockets reset. From then on it can neither send nor receive.
+        self.killed_at: float | None = None
         self.stopping = False  # SIGTERM received: it hands over and exits
         self.started = threading.Event()
         self.finished = threading.Event()
@@ -382,6 +385,7 @@ class SimWorker:
             sock = key.fileobj
             if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
                 _reset(sock)
+        self.killed_at = time.monotonic()
 
     def dispose(self, timeout: float = 15.0) -> None:
         """End the thread. The world is over: its clean-up runs against dead clients and changes
