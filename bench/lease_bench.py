@@ -196,7 +196,8 @@ async def lost_takeover_answers(
     times = []
     timing = timing or {}
     heartbeat = float(timing.get("HEARTBEAT_EVERY", HEARTBEAT_SECONDS))
-    # Streams and workers of their own: the previous run's rows are still in the table.
+    # Streams and workers of their own: the shared upstream remembers each stream's highest
+    # epoch, and refuses a later run's lower ones for a while.
     run = f"q{'l' if lose else 'b'}{'p' if timing else ''}"
     with ProxyProcess(default_backend=dynalite) as proxy:
         fleet = Fleet(endpoint="", upstream=upstream, tmp=tmp)

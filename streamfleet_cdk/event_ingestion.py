@@ -106,6 +106,10 @@ class EventIngestionProps:
         queue_retention: how long an unclaimed notification stays in the queue. Notifications
             only shorten the wait (workers also scan for orphans), so a short retention is safe.
         max_receive_count: receives before a notification moves to the dead-letter queue.
+            A worker that cannot take a notification (full, or stopping) hands it back,
+            and that is a receive too: keep it above the number of workers that may stop
+            at once (a deployment's batch) plus one, or a notification can reach the DLQ
+            (its alarm fires, and the stream waits for a reconcile).
     """
 
     lease_table: dynamodb.ITableV2

@@ -204,6 +204,12 @@ class _QueueDestination:
     :class:`StreamFanout` grants the one action Lambda needs (``sqs:SendMessage``)."""
 
     def __init__(self, queue: sqs.IQueue) -> None:
+        # A KMS-encrypted queue would also need kms:GenerateDataKey and kms:Decrypt for Lambda;
+        # the queue StreamFanout builds uses SSE-SQS, which needs no KMS permission.
+        if queue.encryption_master_key is not None:
+            raise ValueError(
+                "failed_records: a KMS-encrypted queue needs KMS grants this does not make"
+            )
         self._queue = queue
 
     def bind(

@@ -12,6 +12,7 @@ template sets. A failure names the function by its construct path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import re
@@ -23,7 +24,9 @@ from websockets.exceptions import InvalidStatus
 
 from streamfleet import model
 from streamfleet_dev.local.lambda_runner import (
+    LambdaFunctionError,
     LambdaSpec,
+    kept_by_log_filter,
     rest_proxy_event,
     scheduled_event,
     wrong_target,
@@ -245,7 +248,7 @@ async def test_websocket_routes_and_authorizer_from_their_assets(world, role):
         expected = _expected_errors_metric(
             api.region.websocket.stack, api.authorizer_function, api.authorizer.spec.function_name
         )
-        assert _emf_counts(api.authorizer.log_text(), expected) == 1
+        assert _emf_counts(api.authorizer.cloudwatch_text(), expected) == 1
         token = user_token(world.idp_key, issuer=issuer, audience=audience)
         async with connect(
             api.url, subprotocols=[*offered, f"bearer.{token}"], open_timeout=10
@@ -326,6 +329,30 @@ def _emf_counts(log: str, metric: dict) -> float:
                 if {d: document.get(d) for d in dimension_set} == metric["dimensions"]:
                     total += document[metric["name"]]
     return total
+
+
+def test_the_missing_token_count_reaches_cloudwatch_at_a_warn_log_level(world):
+    """``lambda_log_level`` WARN (documented): Lambda then drops stdout JSON lines below WARN, and
+    one without a ``level`` counts as INFO. The count must still get through, or every connect
+    without a token trips the authorizer's errors alarm again."""
+    region = world.regions["primary"]
+    function = dataclasses.replace(
+        function_with_handler(region.websocket.stack, AUTHORIZER_ENTRY), log_level="WARN"
+    )
+    process = world.start_function(region.websocket, function, access_key="authorizer-warn")
+    event = {
+        "type": "REQUEST",
+        "methodArn": f"arn:aws:execute-api:{region.name}:123456789012:a/v1/$connect",
+        "headers": {},
+        "requestContext": {"connectionId": "c1", "apiId": "a", "routeKey": "$connect"},
+    }
+    with pytest.raises(LambdaFunctionError, match=r"^Unauthorized$"):
+        process.invoke(event)
+    expected = _expected_errors_metric(region.websocket.stack, function, process.spec.function_name)
+    assert _emf_counts(process.cloudwatch_text(), expected) == 1
+    # ...while a JSON line without its level would not have (what the filter does).
+    assert not kept_by_log_filter('{"_aws": {}, "n": 1}', "WARN")
+    assert kept_by_log_filter('{"_aws": {}, "n": 1, "level": "WARN"}', "WARN")
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -328,6 +328,8 @@ class FunctionSpec:
         asset_dir: the asset directory its code comes from (``None``: inline or external code).
         timeout_seconds: ``Timeout`` (Lambda's default 3 s when absent).
         memory_mb: ``MemorySize`` (default 128).
+        log_format: ``LoggingConfig.LogFormat`` (``Text`` when absent).
+        log_level: ``LoggingConfig.ApplicationLogLevel`` (``None``: no filter).
     """
 
     stack: str
@@ -341,6 +343,8 @@ class FunctionSpec:
     asset_dir: Path | None
     timeout_seconds: int
     memory_mb: int
+    log_format: str = "Text"
+    log_level: str | None = None
 
     @property
     def label(self) -> str:
@@ -581,6 +585,8 @@ class Stack:
                     asset_dir=(self.directory / asset) if asset else None,
                     timeout_seconds=int(props.get("Timeout", 3)),
                     memory_mb=int(props.get("MemorySize", 128)),
+                    log_format=str((props.get("LoggingConfig") or {}).get("LogFormat", "Text")),
+                    log_level=(props.get("LoggingConfig") or {}).get("ApplicationLogLevel"),
                 )
             )
         return found

@@ -463,7 +463,9 @@ ENV_JWT_READER_CLAIMS = "JWT_READER_CLAIMS"
 # the authorizer's errors alarm. The authorizer counts those connects in an EMF metric of its
 # own, and the alarm subtracts the count.
 METRIC_AUTHORIZER_MISSING_TOKEN = "AuthorizerMissingToken"  # namespace METRIC_NAMESPACE
-METRIC_DIMENSION_FUNCTION = "FunctionName"  # Lambda's own dimension name for its metrics
+# The dimension of that count: the authorizer's function name, under the name Lambda gives the
+# same dimension of its own metrics (only the EMF line and the alarm have to agree on it).
+METRIC_DIMENSION_FUNCTION = "FunctionName"
 AUTHORIZER_ENV = (
     ENV_JWT_ISSUER,
     ENV_JWT_AUDIENCE,

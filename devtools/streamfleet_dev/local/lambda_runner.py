@@ -139,6 +139,8 @@ class LambdaSpec:
         region: the Region the function runs in.
         credentials: ``(access key id, secret key)`` the role's session would give it; the
             access key id is how a recording proxy tells components apart.
+        log_format: ``JSON`` or ``Text``, as its ``LoggingConfig`` says.
+        log_level: its application log level (``None``: no filter).
     """
 
     name: str
@@ -151,6 +153,8 @@ class LambdaSpec:
     memory_mb: int = 128
     region: str = "us-east-1"
     credentials: tuple[str, str] = ("local", "local")
+    log_format: str = "Text"
+    log_level: str | None = None
 
     @property
     def function_name(self) -> str:
@@ -180,6 +184,8 @@ class LambdaSpec:
             memory_mb=function.memory_mb,
             region=region,
             credentials=credentials,
+            log_format=function.log_format,
+            log_level=function.log_level,
         )
 
 
@@ -218,7 +224,30 @@ def runtime_environment(spec: LambdaSpec, sdk_dir: Path | None) -> dict[str, str
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         # Not Lambda's: how long the bootstrap's context counts down from.
         "AWS_LAMBDA_FUNCTION_TIMEOUT": f"{spec.timeout_seconds:g}",
+        # Lambda's own, when the function logs JSON at an application log level.
+        **({"AWS_LAMBDA_LOG_FORMAT": "JSON"} if spec.log_format == "JSON" else {}),
+        **({"AWS_LAMBDA_LOG_LEVEL": spec.log_level} if spec.log_level else {}),
     }
+
+
+# Lambda's application log levels, least severe first.
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL")
+
+
+def kept_by_log_filter(line: str, log_level: str | None) -> bool:
+    """Whether Lambda's log-level filter sends ``line`` of stdout to CloudWatch Logs: a JSON
+    object is kept when its ``level`` is at least ``log_level``, and counts as INFO without a
+    valid one. Other lines are kept: here they come from the bootstrap, which does not stand in
+    for the runtime's own logging handler (that one filters by itself)."""
+    if log_level is None or not line.startswith("{"):
+        return True
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return True
+    level = str(record.get("level", "")).upper() if isinstance(record, dict) else ""
+    rank = LOG_LEVELS.index(level) if level in LOG_LEVELS else LOG_LEVELS.index("INFO")
+    return rank >= LOG_LEVELS.index(log_level.upper())
 
 
 # --- The runtime's SDK --------------------------------------------------------------------------
@@ -546,11 +575,20 @@ class LambdaProcess:
         return dict(answer.get("modules") or [])
 
     def log_text(self) -> str:
-        """What the function printed (its CloudWatch Logs)."""
+        """What the function printed."""
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def cloudwatch_text(self) -> str:
+        """What of it would reach CloudWatch Logs, after Lambda's log-level filter."""
+        level = self.spec.log_level if self.spec.log_format == "JSON" else None
+        return "".join(
+            line
+            for line in self.log_text().splitlines(keepends=True)
+            if kept_by_log_filter(line.rstrip("\n"), level)
+        )
 
     # Plumbing --------------------------------------------------------------------------------
 

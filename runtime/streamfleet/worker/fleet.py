@@ -489,7 +489,7 @@ class Worker:
             # are still ending (still in self.connections): they are a peer's to claim.
             if outcome is None and (stopping or pk not in self.connections):
                 returned.extend(by_pk[pk])
-            else:
+            else:  # claimed, not claimable, or a duplicate of what this running worker holds
                 handled.extend(by_pk[pk])
         await self._sqs_batch("delete_message_batch", handled)
         await self._sqs_batch("change_message_visibility_batch", returned, VisibilityTimeout=0)

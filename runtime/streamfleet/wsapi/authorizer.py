@@ -472,7 +472,11 @@ class Principal:
 
 
 class Authorizer:
-    """Verifies the token of a ``$connect`` request and answers with an IAM policy."""
+    """Verifies the token of a ``$connect`` request and answers with an IAM policy.
+
+    ``clock`` is the wall clock (epoch seconds); ``metrics_out`` receives each EMF line (one per
+    connect without a token, see :func:`missing_token_metric`).
+    """
 
     def __init__(
         self,
@@ -516,15 +520,17 @@ class Authorizer:
         self._canary_policy = config.canary_policy()
         self._clock = clock
 
-    def _count_missing_token(self, context: Any) -> None:
+    def _count_missing_token(self, context: Any, received_at: float) -> None:
         # Raising is the only way to answer 401, and Lambda counts it as an error: the errors
-        # alarm subtracts this count, so a connect without a token never pages anyone.
+        # alarm subtracts this count, so connects without a token do not hold it in ALARM.
+        # Stamped with the invocation's start, as Lambda's own Errors point is.
         name = getattr(context, "function_name", "")  # Lambda's context always has it
         if name:
-            self._metrics_out(missing_token_metric(name, timestamp_ms=int(self._clock() * 1000)))
+            self._metrics_out(missing_token_metric(name, timestamp_ms=int(received_at * 1000)))
 
     def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
         """The Lambda entry point's logic: a policy, or :class:`Unauthorized` raised."""
+        received_at = self._clock()
         resource = str(event.get("methodArn") or "*")
         secrets = _token_fragments(event)
         try:
@@ -541,7 +547,7 @@ class Authorizer:
             return policy("anonymous", "Deny", resource)
         except Unauthorized:
             _log_decision(logging.WARNING, "unauthorized", event, secrets, reason="missing_token")
-            self._count_missing_token(context)
+            self._count_missing_token(context, received_at)
             raise
         except Exception as exc:  # keys unavailable, broken configuration: HTTP 500, retry
             _log_decision(
