@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import time
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ import pytest
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.__main__ import run_many, summary
 from streamfleet_dev.sim.checker import one_owner_problems
-from streamfleet_dev.sim.world import History, Window
+from streamfleet_dev.sim.world import History, Window, _reset
 
 SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "48"))
 
@@ -64,6 +65,26 @@ def test_the_one_owner_check_ends_a_killed_holder_at_its_kill(stopped, killed_at
     second = Window("w1-1", "CONN#s", 2, 2, began=1.5, stopped=None, finished=2.5)
     problems = one_owner_problems(_world(first, second, killed_at=killed_at))
     assert bool(problems) is overlap, problems
+
+
+def test_a_kill_resets_tcp_sockets_known_only_by_their_descriptor():
+    """A dial caught mid-handshake by a kill is in the loop's selector as a bare descriptor: the
+    kill must still reset it (the peer sees the connection end), and leave the loop's own
+    self-pipe, an AF_UNIX socket, alone."""
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    pipe_a, pipe_b = socket.socketpair()
+    try:
+        _reset(client.fileno(), tcp_only=True)
+        _reset(pipe_a.fileno(), tcp_only=True)
+        accepted.settimeout(5)
+        assert accepted.recv(1) == b""  # the peer sees the end of the connection
+        pipe_a.sendall(b"x")
+        assert pipe_b.recv(1) == b"x"  # the self-pipe still works
+    finally:
+        for sock in (server, client, accepted, pipe_a, pipe_b):
+            sock.close()
 
 
 @pytest.mark.slow

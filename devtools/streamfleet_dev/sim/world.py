@@ -234,12 +234,17 @@ class _RecordingConnect:
 connection_module.connect = _RecordingConnect  # type: ignore[assignment]
 
 
-def _reset(sock: Any) -> None:
-    """Shut a socket down from outside its event loop, without closing the descriptor."""
+def _reset(sock: Any, *, tcp_only: bool = False) -> None:
+    """Shut a socket (an object with ``fileno()``, or a descriptor) down from outside its event
+    loop, without closing the descriptor. ``tcp_only``: leave anything but a TCP socket alone
+    (the loop's own self-pipe is a socket too)."""
     with contextlib.suppress(OSError, ValueError):
-        raw = socket.socket(fileno=sock.fileno())
+        raw = socket.socket(fileno=sock if isinstance(sock, int) else sock.fileno())
         try:
-            raw.shutdown(socket.SHUT_RDWR)
+            if not tcp_only or (
+                raw.family in (socket.AF_INET, socket.AF_INET6) and raw.type == socket.SOCK_STREAM
+            ):
+                raw.shutdown(socket.SHUT_RDWR)
         finally:
             raw.detach()
 
@@ -380,11 +385,11 @@ class SimWorker:
             if sock is not None:
                 _reset(sock)
         # ...and one still in its handshake: the loop is blocked in a callback now, so its
-        # registry of sockets holds still.
+        # registry of sockets holds still. Its transports register bare descriptors, not socket
+        # objects: a dial caught between its TCP connect and the end of its WebSocket handshake
+        # would otherwise stay open at the upstream, connected, for as long as the world lasts.
         for key in list(self.loop._selector.get_map().values()):  # type: ignore[attr-defined]
-            sock = key.fileobj
-            if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-                _reset(sock)
+            _reset(key.fd, tcp_only=True)
         self.killed_at = time.monotonic()
 
     def dispose(self, timeout: float = 15.0) -> None:
