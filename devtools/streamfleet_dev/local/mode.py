@@ -128,6 +128,8 @@ class Recovery:
     lease_allows_at: float | None  # epoch seconds: its session's expiry plus the skew allowance
 
 
+GAINS_KEPT = 8  # gains remembered per stream: enough for a takeover and the moves after it
+
 # --- The running system -------------------------------------------------------------------------
 
 
@@ -157,6 +159,8 @@ class LocalMode:
     # it) in the workers' logs
     _gained: dict[str, tuple[str, float]] = field(default_factory=dict)
     _taking: dict[tuple[str, str], float] = field(default_factory=dict)  # takeovers not yet gained
+    # stream -> every (worker, epoch seconds) gain read so far, oldest first (the last few)
+    _gains: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -317,16 +321,16 @@ class LocalMode:
         for entry, recovery in self._ended.values():
             if recovery is None:
                 continue
-            gains = (self._gained.get(stream) for stream in recovery.streams)
+            # Every gain, not the last one: a later move (a rebalance) may be read in the same
+            # snapshot as the takeover it followed.
+            gains = (gain for stream in recovery.streams for gain in self._gains.get(stream, ()))
             entry.ts = min(
                 [
                     entry.ts,
                     *(
-                        gain[1] - 0.001
-                        for gain in gains
-                        if gain is not None
-                        and gain[0] != recovery.worker_id
-                        and gain[1] >= recovery.killed_at
+                        at - 0.001
+                        for worker, at in gains
+                        if worker != recovery.worker_id and at >= recovery.killed_at
                     ),
                 ]
             )
@@ -391,6 +395,9 @@ class LocalMode:
                     if record.get("event") == "lease_gained":
                         at = self._taking.pop(key, float(record["ts"]))
                         self._gained[key[1]] = (worker.worker_id, at)
+                        gains = self._gains.setdefault(key[1], [])
+                        gains.append((worker.worker_id, at))
+                        del gains[:-GAINS_KEPT]
 
     def _items(self) -> list[dict[str, Any]]:
         pages = self.fleet.dynamodb.get_paginator("scan").paginate(TableName=self.fleet.lease_table)
