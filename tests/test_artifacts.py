@@ -248,7 +248,7 @@ async def test_websocket_routes_and_authorizer_from_their_assets(world, role):
         expected = _expected_errors_metric(
             api.region.websocket.stack, api.authorizer_function, api.authorizer.spec.function_name
         )
-        assert _emf_counts(api.authorizer.cloudwatch_text(), expected) == 1
+        assert _emf_counts(api.authorizer.emf_documents(), expected) == 1
         token = user_token(world.idp_key, issuer=issuer, audience=audience)
         async with connect(
             api.url, subprotocols=[*offered, f"bearer.{token}"], open_timeout=10
@@ -314,13 +314,10 @@ def _expected_errors_metric(stack, function, function_name: str) -> dict:
     raise AssertionError(f"{function.label}: no errors alarm subtracts anything from Errors")
 
 
-def _emf_counts(log: str, metric: dict) -> float:
-    """The sum of ``metric`` over the EMF documents of ``log``, as CloudWatch would extract it."""
+def _emf_counts(documents: list[dict], metric: dict) -> float:
+    """The sum of ``metric`` over EMF ``documents``, as CloudWatch would extract it."""
     total = 0.0
-    for line in log.splitlines():
-        if not line.startswith("{") or '"_aws"' not in line:
-            continue
-        document = json.loads(line)
+    for document in documents:
         for directive in document["_aws"]["CloudWatchMetrics"]:
             names = [m["Name"] for m in directive["Metrics"]]
             if directive["Namespace"] != metric["namespace"] or metric["name"] not in names:
@@ -349,7 +346,7 @@ def test_the_missing_token_count_reaches_cloudwatch_at_a_warn_log_level(world):
     with pytest.raises(LambdaFunctionError, match=r"^Unauthorized$"):
         process.invoke(event)
     expected = _expected_errors_metric(region.websocket.stack, function, process.spec.function_name)
-    assert _emf_counts(process.cloudwatch_text(), expected) == 1
+    assert _emf_counts(process.emf_documents(), expected) == 1
     # ...while a JSON line without its level would not have (what the filter does).
     assert not kept_by_log_filter('{"_aws": {}, "n": 1}', "WARN")
     assert kept_by_log_filter('{"_aws": {}, "n": 1, "level": "WARN"}', "WARN")

@@ -91,7 +91,7 @@ async def test_the_fanout_from_its_asset_delivers_the_stream_live(moto_tables, t
     assert [m.seq for m in received] == list(range(1, 201))
     assert {m.source for m in received} == {"live"}
     # Its metrics, as CloudWatch would read them from the function's stdout.
-    documents = [json.loads(line) for line in process.log_text().splitlines() if '"_aws"' in line]
+    documents = process.emf_documents()
     assert sum(d["FanoutDelivered"] for d in documents) == 200
     assert 0 < sum(d["FanoutPosts"] for d in documents) < 200 / 10
     # It read only variables its template sets.

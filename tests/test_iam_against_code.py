@@ -430,9 +430,7 @@ async def _drive_fanout(world, api, token: str) -> None:
         )["Items"]
         remaining = {item[model.SUB_CONNECTION]["S"] for item in left}
         assert not remaining & {gone, refused_gone}, remaining  # forgotten
-        (metrics,) = [
-            json.loads(line) for line in fanout.log_text().splitlines() if '"_aws"' in line
-        ]
+        (metrics,) = fanout.emf_documents()
         assert (
             metrics[model.METRIC_FANOUT_POSTS],
             metrics[model.METRIC_FANOUT_GONE],

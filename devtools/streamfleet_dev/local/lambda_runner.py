@@ -590,6 +590,14 @@ class LambdaProcess:
             if kept_by_log_filter(line.rstrip("\n"), level)
         )
 
+    def emf_documents(self) -> list[dict[str, Any]]:
+        """Its metric documents (EMF lines) that would reach CloudWatch."""
+        return [
+            json.loads(line)
+            for line in self.cloudwatch_text().splitlines()
+            if line.startswith("{") and '"_aws"' in line
+        ]
+
     # Plumbing --------------------------------------------------------------------------------
 
     def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:

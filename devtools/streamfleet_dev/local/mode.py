@@ -155,12 +155,10 @@ class LocalMode:
     # (owner, version) of each session seen ended by a STOPPED event -> its events-panel line,
     # and what its worker held when it was killed from the view (None: it was not)
     _ended: dict[tuple[str, int], tuple[Entry, Recovery | None]] = field(default_factory=dict)
-    # stream -> (worker, epoch seconds) of its last lease_gained (or the lease_taken_over before
-    # it) in the workers' logs
-    _gained: dict[str, tuple[str, float]] = field(default_factory=dict)
-    _taking: dict[tuple[str, str], float] = field(default_factory=dict)  # takeovers not yet gained
-    # stream -> every (worker, epoch seconds) gain read so far, oldest first (the last few)
+    # stream -> its last few gains read from the workers' logs, oldest first: (worker, epoch
+    # seconds of the lease_gained, or of the lease_taken_over before it)
     _gains: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    _taking: dict[tuple[str, str], float] = field(default_factory=dict)  # takeovers not yet gained
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -352,7 +350,7 @@ class LocalMode:
             started = [s for s in recovery.streams if s in rows and rows[s].get(model.LEASE_OWNER)]
             seen = []
             for stream in started:
-                taker, at = self._gained.get(stream, ("", 0.0))
+                taker, at = self._gains.get(stream, [("", 0.0)])[-1]
                 if taker != recovery.worker_id and at >= recovery.killed_at:
                     seen.append(at)
             if len(seen) < len(started) and time.time() < recovery.killed_at + RECOVERY_LOG_WAIT:
@@ -394,7 +392,6 @@ class LocalMode:
                         self._taking[key] = float(record["ts"])
                     if record.get("event") == "lease_gained":
                         at = self._taking.pop(key, float(record["ts"]))
-                        self._gained[key[1]] = (worker.worker_id, at)
                         gains = self._gains.setdefault(key[1], [])
                         gains.append((worker.worker_id, at))
                         del gains[:-GAINS_KEPT]

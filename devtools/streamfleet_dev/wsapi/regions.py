@@ -623,11 +623,7 @@ class LocalRegions:
             return []
         if isinstance(target.fanout, Fanout):
             return list(target.fanout_metrics)
-        return [
-            json.loads(line)
-            for line in target.fanout.log_text().splitlines()
-            if line.startswith("{") and '"_aws"' in line
-        ]
+        return target.fanout.emf_documents()
 
     def _feed(self, region: Region) -> ChangeFeed:
         if region.stream_arn is None:  # no Streams on this backend (dynalite)
