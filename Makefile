@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 .PHONY: help setup test lint format pytest local cli synth worker upstream bench sim chaos drill clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # The virtualenv holds one of four fully pinned sets (requirements/*.txt) or all of them
 # (requirements.txt, their union): runtime (the deployed code and the CLI), cdk (the CDK app),
@@ -80,10 +80,26 @@ format: setup ## ruff: fix what can be fixed and reformat
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-pytest: setup web
-	$(PYTHON) -m pytest
+# The tiers (tests/<tier>, a marker each). The gate holds what asserts outcomes only, whatever the
+# machine's speed; what depends on real time (fleets of real workers, the fault harness, drills,
+# local mode, the browser, chaos, the seeded lease simulation) is the e2e tier, held to the same
+# standard of assertions but run by make test-e2e.
+GATE_TIERS := tests/unit tests/infra tests/artifact tests/integration
+E2E_TIERS := tests/e2e tests/sim
 
-test: lint pytest ## Everything CI runs: lint, then the whole test suite against local servers
+pytest: setup $(WEB)/dist/.built
+	$(PYTHON) -m pytest $(GATE_TIERS)
+
+test: lint pytest ## The gate, what CI runs: lint, then the unit, infra, artifact and integration tiers
+
+.PHONY: test-unit test-e2e test-all
+test-unit: setup ## The unit tier alone (under a minute): the inner loop
+	$(PYTHON) -m pytest tests/unit -q
+
+test-e2e: setup web ## The real-time tier: worker fleets, fault harness, drills, local mode, browser, chaos, simulation (fresh seeds)
+	$(PYTHON) -m pytest $(E2E_TIERS)
+
+test-all: test test-e2e ## Both: the gate, then the real-time tier
 
 # Local mode synthesizes the app (it runs what the assembly says), so it needs the CDK set too.
 local: $(LOCAL_ENV) $(WEB)/dist/.built ## The whole system on this machine, live: the fleet, both WebSocket regions, the demo page

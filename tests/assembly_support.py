@@ -587,3 +587,33 @@ async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRe
             route_keys=api.route_keys,
             management_url=management_url,
         )
+
+
+class CloudFormationResponses:
+    """The pre-signed ResponseURL: records each PUT a custom resource makes."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                outer.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/response?signature=x"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,5 +1,12 @@
 """Fixtures: real DynamoDB-compatible servers on loopback, started by the tests themselves.
 
+Every test lives in a tier folder and carries that tier's marker (``-m integration``): ``unit``
+(no server, no process), ``infra`` (synth, snapshots, cdk-nag, template assertions), ``artifact``
+(the synthesized assets and assembly run as deployed), ``integration`` (local servers over
+loopback, outcome assertions only), ``e2e`` (real worker fleets, the fault harness, drills, local
+mode, Chromium, chaos) and ``sim`` (seeded simulations). The session fails if a process the suite
+started is still running at its end.
+
 The lease conformance suite runs against every backend in ``BACKENDS``: moto's server mode and
 dynalite always; real DynamoDB too when ``STREAMFLEET_TEST_AWS=1`` (using the ambient AWS
 credentials and region). Code under test reaches a backend only through
@@ -8,37 +15,109 @@ credentials and region). Code under test reaches a backend only through
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
 
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
+from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer
+from tests.router_support import router  # noqa: F401 - the event router on moto
+from tests.support import BACKENDS, servers_on_demand
+from tests.wsapi_live_support import moto_tables  # noqa: F401 - every live-delivery table on moto
 from tests.wsapi_support import gateway, tables  # noqa: F401 - fixtures of the WebSocket API tests
 
-USE_AWS = os.environ.get("STREAMFLEET_TEST_AWS") == "1"
-BACKENDS = ["moto", "dynalite", *(["aws"] if USE_AWS else [])]
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "infra", "artifact", "integration", "e2e", "sim")
+# Inherited by every process the suite starts (unless started with an environment of its own):
+# what is left at the end carries it.
+RUN_TOKEN_VARIABLE = "STREAMFLEET_TEST_RUN"
+LEFTOVER_GRACE_SECONDS = 10.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in a tier folder: {TIERS}")
+        item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault(RUN_TOKEN_VARIABLE, uuid.uuid4().hex)
+
+
+def _stat(pid: int | str) -> tuple[int, int]:
+    """A process's parent and when it started, in clock ticks since boot (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[19])
+
+
+# The CDK's jsii kernel: a Node process the interpreter itself owns and ends at its exit.
+INTERPRETER_OWNED = ("jsii-runtime",)
+
+
+def _leftovers(token: str, since: int, checkout: str) -> dict[int, str]:
+    """Processes started since ``since`` that this run started: they carry its token, or run
+    from this checkout (a process given an environment of its own loses the token)."""
+    commands: dict[int, str] = {}
+    parents: dict[int, int] = {}
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            parent, started = _stat(entry.name)
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environment = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or a zombie's
+            continue
+        pid = int(entry.name)
+        commands[pid], parents[pid] = command.strip(), parent
+        ours = f"{RUN_TOKEN_VARIABLE}={token}".encode() in environment or checkout in command
+        if command and ours and started >= since:
+            found.append(pid)
+
+    def owned_by_the_interpreter(pid: int) -> bool:
+        while pid in commands:
+            if any(name in commands[pid] for name in INTERPRETER_OWNED):
+                return True
+            pid = parents[pid]
+        return False
+
+    return {pid: commands[pid] for pid in found if not owned_by_the_interpreter(pid)}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not hasattr(session.config, "workerinput") and os.name == "posix" and Path("/proc").is_dir():
+        token, since = os.environ[RUN_TOKEN_VARIABLE], _stat(os.getpid())[1]
+        deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS  # a process may still be exiting
+        while (left := _leftovers(token, since, str(TESTS.parent))) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if left:
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            lines = "\n".join(f"  pid {pid}: {command[:200]}" for pid, command in left.items())
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            message = f"processes the test run started are still running (now killed):\n{lines}"
+            if reporter is not None:
+                reporter.write_sep("=", "leftover processes", red=True)
+                reporter.write_line(message)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LocalServer]]:
-    """Started on first use, stopped at the end of the run."""
-    logs = tmp_path_factory.mktemp("server-logs")
-    started: dict[str, LocalServer] = {}
-
-    class Lazy(dict):
-        def __missing__(self, kind: str) -> LocalServer:
-            factory = {"moto": moto_server, "dynalite": dynalite_server}[kind]
-            server = factory(log_path=logs / f"{kind}.log").start()
-            started[kind] = server
-            self[kind] = server
-            return server
-
-    yield Lazy()
-    for server in started.values():
-        server.stop()
+    """Started on first use, stopped at the end of the run. A test that freezes, kills or
+    restarts a server uses servers of its own (:func:`tests.support.servers_on_demand`)."""
+    with servers_on_demand(tmp_path_factory.mktemp("server-logs")) as started:
+        yield started
 
 
 @pytest.fixture(params=BACKENDS)

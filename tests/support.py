@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from streamfleet.aws import AsyncClient
+from streamfleet_dev.local.servers import LocalServer, dynalite_server, moto_server
+
+# The lease conformance suite runs against each: moto's server and dynalite always, real DynamoDB
+# too with STREAMFLEET_TEST_AWS=1 (the ambient AWS credentials and region).
+USE_AWS = os.environ.get("STREAMFLEET_TEST_AWS") == "1"
+BACKENDS = ["moto", "dynalite", *(["aws"] if USE_AWS else [])]
 
 
 @dataclass
@@ -40,3 +50,24 @@ class CountingClient(AsyncClient):
 
     def reset(self) -> None:
         self.requests.clear()
+
+
+@contextlib.contextmanager
+def servers_on_demand(logs: Path) -> Iterator[dict[str, LocalServer]]:
+    """``servers["moto"]`` or ``servers["dynalite"]`` started on first use; all stopped at the
+    end, whatever a test did to them."""
+    started: dict[str, LocalServer] = {}
+
+    class Lazy(dict):
+        def __missing__(self, kind: str) -> LocalServer:
+            factory = {"moto": moto_server, "dynalite": dynalite_server}[kind]
+            server = factory(log_path=logs / f"{kind}.log").start()
+            started[kind] = server
+            self[kind] = server
+            return server
+
+    try:
+        yield Lazy()
+    finally:
+        for server in started.values():
+            server.stop()

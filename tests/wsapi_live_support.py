@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import boto3
 import pytest
@@ -125,3 +126,34 @@ def live_gateway(
 async def running(gateway: LocalGateway) -> AsyncIterator[LocalGateway]:
     async with gateway as started:
         yield started
+
+
+@pytest.fixture
+def moto_tables(moto) -> Any:
+    suffix = uuid.uuid4().hex[:10]
+    dynamodb = boto3.client("dynamodb", region_name=REGION)
+    tables = LiveTablesSet(
+        dynamodb,
+        f"fo-wsstate-{suffix}",
+        f"fo-wsconn-{suffix}",
+        f"fo-wssubs-{suffix}",
+        f"fo-leases-{suffix}",
+        f"fo-messages-{suffix}",
+    )
+    create_wsapi_tables(
+        dynamodb,
+        state_table=tables.state,
+        connections_table=tables.connections,
+        subscriptions_table=tables.subscriptions,
+    )
+    created = create_tables(dynamodb, lease_table=tables.leases, messages_table=tables.messages)
+    assert all(not c.not_applied or "TTL" in c.not_applied[0] for c in created)  # stream on
+    yield tables, moto.endpoint
+    delete_wsapi_tables(
+        dynamodb,
+        state_table=tables.state,
+        connections_table=tables.connections,
+        subscriptions_table=tables.subscriptions,
+    )
+    for name in (tables.leases, tables.messages):
+        dynamodb.delete_table(TableName=name)

@@ -1,0 +1,218 @@
+"""The two-region failover drill, end to end, plus the replicator it relies on.
+
+The drill's DynamoDB is dynalite (it applies the writes of one item one at a time, as DynamoDB
+does; moto's threaded server does not, see test_wsapi_handlers.atomic_tables) and its
+CloudWatch is moto. The replicator's stream path is tested on moto, which has Streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.lease.dynamo import from_item, to_item
+from streamfleet.wsapi.handlers import make_dynamodb_client
+from streamfleet_dev.local.servers import LOCAL_AWS_ENV
+from streamfleet_dev.wsapi.drill import (
+    DrillConfig,
+    FailoverResolver,
+    HealthAlarm,
+    Replicator,
+    ScanFeed,
+    StreamFeed,
+    markdown,
+    run_drill,
+)
+from streamfleet_dev.wsapi.local_gateway import FailureMode
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+
+
+@pytest.fixture
+def drill_env(servers, monkeypatch: pytest.MonkeyPatch) -> str:
+    """DynamoDB on dynalite, CloudWatch on moto; the moto endpoint is returned."""
+    for name, value in LOCAL_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers["dynalite"].endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", servers["moto"].endpoint)
+    return servers["moto"].endpoint
+
+
+@pytest.mark.parametrize(
+    ("failure", "clients", "canary_disconnects"),
+    [
+        (FailureMode.THROTTLED, 8, True),
+        (FailureMode.DOWN, 4, True),
+        (FailureMode.THROTTLED, 4, False),
+    ],
+    ids=["throttled-handler", "region-down", "throttled-clients-on-their-own"],
+)
+async def test_failover_drill(
+    drill_env: str, failure: FailureMode, clients: int, canary_disconnects: bool
+) -> None:
+    config = DrillConfig(
+        clients=clients,
+        failure=failure,
+        seed=11,
+        disconnect_when_unhealthy=canary_disconnects,
+    )
+    summary = await run_drill(config)
+    assert summary["checks"] == {name: True for name in summary["checks"]}, summary
+    assert summary["passed"]
+    # Detection follows the alarm rule: 2 of 2 failed datapoints (a probe already in flight
+    # when the region fails can be the first), well within a few canary periods.
+    assert 0 < summary["time_to_detect_s"] <= 4 * config.canary_period + 0.5
+    # Every client: two missed heartbeats (or a dropped socket), backoff, reconnect.
+    assert summary["time_to_reconnect_all_s"] <= 5.0
+    bids = summary["bids"]
+    assert bids["lost"] == {config.primary: 0, config.secondary: 0}
+    assert bids["accepted"] > 0 and bids["highest"][config.primary] >= bids["max_acknowledged"]
+    assert all(count > 0 for count in bids["accepted_on"].values())
+    # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
+    assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
+        config.canary_period
+    )
+    assert summary["replication"]["feed"] == "ScanFeed"  # dynalite has no Streams
+    details = summary["clients_detail"]
+    assert details["auth_failures"] == 0
+    assert details["token_provider_calls"] == details["attempts"]
+    assert details["pongs"] > 0  # heartbeats were answered with the text frame pong
+    if failure is FailureMode.THROTTLED and canary_disconnects:
+        # The canary closed the open sockets of the throttled region once it tripped (the
+        # alarm's 2 of 2), before two heartbeats went unanswered.
+        assert details["closed_by_canary"] >= 1
+        assert details["closed_by_canary"] + details["forced_reconnects"] >= clients
+        assert summary["gateways"][config.secondary]["closed_by_canary"] == 0
+    if failure is FailureMode.THROTTLED and not canary_disconnects:
+        # Without the canary's help, open sockets that stopped answering were abandoned by the
+        # clients themselves (two heartbeats without a pong).
+        assert details["closed_by_canary"] == 0
+        assert details["forced_reconnects"] >= clients
+    assert "| Time to detect (s) |" in markdown(summary)
+    # The canaries' PutMetricData reached (moto's) CloudWatch, by ApiId.
+    for region in (config.primary, config.secondary):
+        metrics = boto3.client("cloudwatch", region_name=region).list_metrics(
+            Namespace=model.HEALTH_METRIC_NAMESPACE, MetricName=model.HEALTH_METRIC_NAME
+        )["Metrics"]
+        dimensions = [d for m in metrics for d in m["Dimensions"]]
+        assert {"Name": model.HEALTH_METRIC_DIMENSION_API_ID, "Value": f"api-{region}"} in (
+            dimensions
+        )
+
+
+def test_the_drill_refuses_to_run_against_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "https://dynamodb.us-east-1.amazonaws.com")
+    with pytest.raises(RuntimeError, match="loopback"):
+        asyncio.run(run_drill(DrillConfig(clients=1)))
+
+
+def test_the_resolver_follows_the_alarm_rule() -> None:
+    now = [0.0]
+    alarms = {
+        region: HealthAlarm(datapoints=2, period=1.0, clock=lambda: now[0])
+        for region in ("primary", "secondary")
+    }
+    resolver = FailoverResolver(
+        "primary", "secondary", {"primary": "ws://p", "secondary": "ws://s"}, alarms, lambda: now[0]
+    )
+
+    def publish(region: str, value: int) -> None:
+        asyncio.run(alarms[region].publish("api", value, bool(value)))
+
+    publish("primary", 1)
+    publish("secondary", 1)
+    assert resolver.url() == "ws://p"
+    publish("primary", 0)  # one breaching datapoint: not yet
+    assert resolver.region() == "primary"
+    publish("primary", 0)  # 2 of 2
+    assert resolver.region() == "secondary"
+    publish("secondary", 1)
+    publish("primary", 1)  # back to OK
+    assert resolver.region() == "primary"
+    now[0] = 10.0  # no data for many periods: missing data is breaching
+    publish("secondary", 1)
+    assert resolver.region() == "secondary"
+    assert [region for _, region in resolver.history] == [
+        "primary", "secondary", "primary", "secondary"
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def two_regions(moto) -> Iterator[dict[str, str]]:
+    """A state table with a stream in each of two regions of moto's server."""
+    suffix = uuid.uuid4().hex[:8]
+    tables = {}
+    for region in ("us-east-1", "us-west-2"):
+        tables[region] = f"test-repl-{region}-{suffix}"
+        create_wsapi_tables(
+            make_dynamodb_client(region),
+            state_table=tables[region],
+            connections_table=f"test-replc-{region}-{suffix}",
+            stream=True,
+        )
+    yield tables
+    for region, table in tables.items():
+        delete_wsapi_tables(
+            make_dynamodb_client(region),
+            state_table=table,
+            connections_table=f"test-replc-{region}-{suffix}",
+        )
+
+
+def state_item(pk: str, updated_at_ms: int, writer: str, **extra: object) -> dict:
+    return to_item(
+        {model.PK: pk, model.UPDATED_AT_MS: updated_at_ms, model.WRITER_REGION: writer, **extra}
+    )
+
+
+@pytest.mark.parametrize("feed_kind", ["stream", "scan"])
+async def test_replication_is_last_writer_wins(
+    two_regions: dict[str, str], moto, feed_kind: str
+) -> None:
+    east, west = "us-east-1", "us-west-2"
+    clients = {region: AsyncClient("dynamodb", region_name=region) for region in two_regions}
+    # Explicit: AWS_ENDPOINT_URL_DYNAMODB does not apply to the streams client.
+    streams = AsyncClient("dynamodbstreams", region_name=east, endpoint_url=moto.endpoint)
+    try:
+        if feed_kind == "stream":
+            description = await clients[east].call("describe_table", TableName=two_regions[east])
+            feed = StreamFeed(streams, description["Table"]["LatestStreamArn"])
+        else:
+            feed = ScanFeed(clients[east], two_regions[east])
+        replicator = Replicator(
+            feed=feed,
+            destination=clients[west],
+            destination_table=two_regions[west],
+            destination_region=west,
+            interval=0.05,
+        )
+
+        async def put(region: str, item: dict) -> None:
+            await clients[region].call("put_item", TableName=two_regions[region], Item=item)
+
+        await put(east, state_item("AUCTION#a", 100, east, highest=5))
+        await put(east, state_item("AUCTION#a", 101, east, highest=7))  # newer in the same poll
+        await put(east, state_item("USER#u", 200, east, bids=1))
+        await put(west, state_item("USER#u", 300, west, bids=9))  # the other region wrote later
+        await put(east, state_item("USER#w", 50, west, bids=2))  # came from west: not shipped back
+        assert await replicator.poll_once() == 1
+        west_items = {
+            item[model.PK]: item
+            for item in (
+                from_item(raw)
+                for raw in (await clients[west].call("scan", TableName=two_regions[west]))["Items"]
+            )
+        }
+        assert west_items["AUCTION#a"]["highest"] == 7  # only the newest version shipped
+        assert west_items["USER#u"]["bids"] == 9  # last writer wins
+        assert "USER#w" not in west_items
+        assert replicator.stats.conflicts == 1 and replicator.stats.shipped == 1
+        assert await replicator.poll_once() == 0  # nothing new
+    finally:
+        for client in (*clients.values(), streams):
+            client.close()

@@ -1,0 +1,116 @@
+"""The local event source mapping's batching window (``MaximumBatchingWindowInSeconds``).
+
+Lambda gathers a shard's records until the batch is full or the window has passed, then
+invokes once: fewer invocations (and, for the fan-out, fewer posts) for a bounded added latency.
+Against a messages table's real change stream on moto's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import boto3
+import pytest
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.lease.dynamo import to_attr
+from streamfleet_dev.tables import create_table
+from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def messages_stream(moto) -> Any:
+    dynamodb = boto3.client("dynamodb", region_name=REGION)
+    name = f"batching-messages-{uuid.uuid4().hex[:10]}"
+    create_table(dynamodb, model.MESSAGES_TABLE, name)
+    arn = dynamodb.describe_table(TableName=name)["Table"]["LatestStreamArn"]
+    yield dynamodb, name, arn, moto.endpoint
+    dynamodb.delete_table(TableName=name)
+
+
+def store(dynamodb: Any, table: str, seqs: range) -> None:
+    for seq in seqs:
+        dynamodb.put_item(
+            TableName=table,
+            Item={
+                model.PK: to_attr(model.connection_pk("s1")),
+                model.SEQ: to_attr(seq),
+                model.MESSAGE_DATA: to_attr(f"s1:{seq}"),
+            },
+        )
+
+
+class Recorder:
+    """A function that records each invocation's seqs and when it came."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, list[int]]] = []
+
+    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        seqs = [int(r["dynamodb"]["NewImage"][model.SEQ]["N"]) for r in event["Records"]]
+        self.batches.append((time.monotonic(), seqs))
+        return {"batchItemFailures": []}
+
+
+async def run_source(arn: str, endpoint: str, settings: EventSourceSettings, body) -> Recorder:
+    recorder = Recorder()
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    source = StreamEventSource(
+        streams=streams, stream_arn=arn, function=recorder, region=REGION, settings=settings
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await source.ready()
+        await body(recorder)
+    finally:
+        stop.set()
+        await task
+        streams.close()
+    return recorder
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_records_written_within_the_window_arrive_in_one_invocation(
+    messages_stream,
+) -> None:
+    dynamodb, table, arn, endpoint = messages_stream
+    # Three writes, 0.3 s apart: inside the window even where each write takes a second.
+    settings = EventSourceSettings(poll_interval=0.05, max_batching_window=6.0, batch_size=100)
+
+    async def body(recorder: Recorder) -> None:
+        for group in range(3):
+            await asyncio.to_thread(store, dynamodb, table, range(group * 5 + 1, group * 5 + 6))
+            await asyncio.sleep(0.3)
+        await until(lambda: sum(len(s) for _, s in recorder.batches) >= 15, 60, "15 records")
+
+    recorder = await run_source(arn, endpoint, settings, body)
+    # Before the fix the source slept through the window and invoked with the first write's
+    # records only: three invocations, each one window late.
+    assert [seqs for _, seqs in recorder.batches] == [list(range(1, 16))]
+
+
+async def test_a_full_batch_is_invoked_without_waiting_for_the_window(messages_stream) -> None:
+    dynamodb, table, arn, endpoint = messages_stream
+    # A source that waited for the window would invoke long after the poll below gave up.
+    settings = EventSourceSettings(poll_interval=0.05, max_batching_window=300.0, batch_size=10)
+
+    async def body(recorder: Recorder) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 11))
+        await until(lambda: recorder.batches, 30, "the full batch, before the window")
+
+    recorder = await run_source(arn, endpoint, settings, body)
+    ((_, seqs),) = recorder.batches
+    assert seqs == list(range(1, 11))

@@ -1,0 +1,258 @@
+"""The fan-out: the messages table's change stream to every subscriber, live.
+
+Units first (grouping records, what happens to a gone or failing subscriber, a failed read of
+the subscribers); then the whole path on loopback: a messages table with a real change stream
+(moto's server), the event source mapping stand-in reading it, the fan-out posting through the
+local gateway's Management API, and the Python client subscribed through the real handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet.lease.dynamo import to_item
+from streamfleet.wsapi.fanout import Fanout, FanoutConfig, FanoutConfigError, messages_by_stream
+from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
+from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
+from tests.wsapi_support import REGION, authorizer, user_token
+
+CONFIG = FanoutConfig("subs", "https://api.execute-api.us-east-1.amazonaws.com/v1", REGION)
+
+
+def record(name: str, stream: str, seq: int, data: str = "x") -> dict[str, Any]:
+    image = to_item(
+        {model.PK: model.connection_pk(stream), model.SEQ: seq, model.MESSAGE_DATA: data}
+    )
+    return {"eventName": name, "dynamodb": {"NewImage": image, "Keys": image}}
+
+
+# --- Units --------------------------------------------------------------------------------------
+
+
+def test_a_batch_is_grouped_by_stream_sorted_and_the_last_image_of_a_seq_wins() -> None:
+    records = [
+        record("INSERT", "a", 3),
+        record("INSERT", "b", 1),
+        record("INSERT", "a", 1, "first"),
+        record("MODIFY", "a", 1, "rewritten"),  # a successor's rewrite of the same seq
+        {"eventName": "REMOVE", "dynamodb": {"Keys": record("INSERT", "a", 2)["dynamodb"]["Keys"]}},
+        {"eventName": "INSERT", "dynamodb": {"NewImage": to_item({"pk": "OTHER#x", "seq": 1})}},
+    ]
+    grouped = messages_by_stream(records)
+    assert {s: [(m.seq, m.data) for m in ms] for s, ms in grouped.items()} == {
+        "a": [(1, "rewritten"), (3, "x")],
+        "b": [(1, "x")],
+    }
+
+
+def test_the_configuration_names_what_is_missing() -> None:
+    env = {
+        "SUBSCRIPTIONS_TABLE_NAME": "subs",
+        "APIGW_MANAGEMENT_ENDPOINT": "https://a.execute-api.us-east-1.amazonaws.com/v1",
+        "AWS_REGION": REGION,
+    }
+    assert FanoutConfig.from_env(env).post_threads == 16
+    for name, value in (
+        ("SUBSCRIPTIONS_TABLE_NAME", ""),
+        ("APIGW_MANAGEMENT_ENDPOINT", "wss://x"),
+        ("FANOUT_POST_THREADS", "0"),
+    ):
+        with pytest.raises(FanoutConfigError, match=name):
+            FanoutConfig.from_env({**env, name: value})
+
+
+class FakeDynamo:
+    def __init__(self, subscribers: dict[str, list[str]], fail: bool = False):
+        self.subscribers = subscribers
+        self.fail = fail
+        self.deleted: list[str] = []
+
+    def query(self, **params: Any) -> dict[str, Any]:
+        if self.fail:
+            raise ClientError(
+                {"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Query"
+            )
+        stream = params["ExpressionAttributeValues"][":pk"]["S"].removeprefix("STREAM#")
+        ids = self.subscribers.get(stream, [])
+        return {"Items": [{model.SUB_CONNECTION: {"S": i}} for i in ids]}
+
+    def delete_item(self, **params: Any) -> None:
+        self.deleted.append(params["Key"][model.SUB_CONNECTION]["S"])
+
+
+class FakeManagement:
+    def __init__(self, gone: set[str] = frozenset(), failing: set[str] = frozenset()):
+        self.gone, self.failing = gone, failing
+        self.posts: dict[str, list[bytes]] = {}
+        self.closed: list[str] = []
+
+    def post_to_connection(self, *, ConnectionId: str, Data: bytes) -> None:
+        if ConnectionId in self.gone:
+            raise ClientError({"Error": {"Code": "GoneException"}}, "PostToConnection")
+        if ConnectionId in self.failing:
+            raise ClientError({"Error": {"Code": "LimitExceededException"}}, "PostToConnection")
+        self.posts.setdefault(ConnectionId, []).append(Data)
+
+    def delete_connection(self, *, ConnectionId: str) -> None:
+        self.closed.append(ConnectionId)
+
+
+def test_gone_subscribers_are_removed_and_failing_ones_closed_to_resume_from_the_log() -> None:
+    dynamo = FakeDynamo({"a": ["ok", "gone", "slow"], "b": ["ok"]})
+    management = FakeManagement(gone={"gone"}, failing={"slow"})
+    lines: list[str] = []
+    fanout = Fanout(CONFIG, dynamodb=dynamo, management=management, metrics_out=lines.append)
+    records = [record("INSERT", "a", seq, "d" * 300) for seq in range(1, 201)]
+    fanout({"Records": [*records, record("INSERT", "b", 7)]})
+    frames = [json.loads(f) for f in management.posts["ok"]]
+    assert [m["seq"] for f in frames if f["stream"] == "a" for m in f["messages"]] == list(
+        range(1, 201)
+    )
+    assert all(len(f) <= model.WS_MAX_FRAME_BYTES for f in management.posts["ok"])
+    assert {f["source"] for f in frames} == {"live"} and {f["region"] for f in frames} == {REGION}
+    assert dynamo.deleted == ["gone"] and management.closed == ["slow"]
+    (metrics,) = [json.loads(line) for line in lines]
+    a_frames = len([f for f in frames if f["stream"] == "a"])
+    assert metrics["FanoutPosts"] == a_frames + 1  # posts count frames, not messages
+    assert metrics["FanoutDelivered"] == 201  # "ok" got 200 + 1; the others got none
+    assert (metrics["FanoutGone"], metrics["FanoutFailedPosts"], metrics["FanoutDisconnected"]) == (
+        1,
+        1,
+        1,
+    )
+    assert metrics["_aws"]["CloudWatchMetrics"][0]["Namespace"] == model.METRIC_NAMESPACE
+    assert metrics["ServiceName"] == model.FANOUT_SERVICE_NAME
+
+
+def test_a_failed_read_of_the_subscribers_fails_the_batch_so_lambda_retries_it() -> None:
+    fanout = Fanout(CONFIG, dynamodb=FakeDynamo({}, fail=True), management=FakeManagement())
+    with pytest.raises(ClientError):
+        fanout({"Records": [record("INSERT", "a", 1)]})
+
+
+# --- The whole path on loopback -----------------------------------------------------------------
+
+
+def test_a_throttled_subscriber_is_tried_twice_then_closed(monkeypatch) -> None:
+    """Through the real SDK client: one retry, then DeleteConnection. More attempts would hold
+    the shard's next batch for their backoff, for every stream of the shard."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
+        monkeypatch.setenv(name, value)
+    seen: list[tuple[str, str]] = []
+
+    class Throttling(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path))
+            status, body = (204, b"") if self.command == "DELETE" else (429, b'{"message":"x"}')
+            self.send_response(status)
+            self.send_header("x-amzn-ErrorType", "LimitExceededException")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_DELETE = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        fanout = Fanout(
+            FanoutConfig("subs", endpoint, REGION),
+            dynamodb=FakeDynamo({"a": ["slow"]}),
+            metrics_out=lambda line: None,
+        )
+        fanout({"Records": [record("INSERT", "a", 1)]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [
+        ("POST", "/v1/@connections/slow"),
+        ("POST", "/v1/@connections/slow"),
+        ("DELETE", "/v1/@connections/slow"),
+    ]
+
+
+async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_tables) -> None:
+    tables, endpoint = moto_tables
+    tables.start_stream("m1", readers=("user:alice", "user:bob"))
+    tables.start_stream("m2", readers=("user:alice",))
+    stream_arn = tables.dynamodb.describe_table(TableName=tables.messages)["Table"][
+        "LatestStreamArn"
+    ]
+    received: dict[str, list[StreamMessage]] = {"alice": [], "bob": []}
+    stop = asyncio.Event()
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    gateway = wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=authorizer(),
+        state_table=tables.state,
+        connections_table=tables.connections,
+        live=tables.live(),
+    )
+    async with gateway:
+        fanout = Fanout(
+            FanoutConfig(tables.subscriptions, gateway.management_endpoint, REGION),
+            metrics_out=lambda line: None,
+        )
+        source = StreamEventSource(
+            streams=streams,
+            stream_arn=stream_arn,
+            function=fanout,
+            region=REGION,
+            settings=EventSourceSettings(poll_interval=0.05),
+        )
+        task = asyncio.create_task(source.run(stop))
+        await source.ready()
+        clients = {
+            user: ReconnectingClient(
+                lambda attempt, user=user: Endpoint(gateway.url, user_token(user)),
+                ClientConfig(heartbeat_interval=5, heartbeat_timeout=5),
+                on_stream_message=received[user].append,
+                name=user,
+            )
+            for user in received
+        }
+        try:
+            for client in clients.values():
+                await client.start()
+                await client.wait_ready(5)
+                assert (await client.subscribe("m1", after=0))["type"] == "subscribed"
+            await clients["alice"].subscribe("m2", after=0)
+            sent = time.time()
+            tables.store("m1", range(1, 301))
+            tables.store("m2", range(1, 51))
+            deadline = time.monotonic() + 20
+            while len(received["alice"]) < 350 or len(received["bob"]) < 300:
+                assert time.monotonic() < deadline, {u: len(m) for u, m in received.items()}
+                await asyncio.sleep(0.05)
+        finally:
+            for client in clients.values():
+                await client.close()
+            stop.set()
+            await task
+            streams.close()
+    alice = [(m.stream, m.seq) for m in received["alice"]]
+    assert [s for st, s in alice if st == "m1"] == list(range(1, 301))
+    assert [s for st, s in alice if st == "m2"] == list(range(1, 51))
+    assert [m.seq for m in received["bob"]] == list(range(1, 301))
+    assert {m.source for m in received["bob"]} == {"live"}
+    assert all(m.received_at_ms is not None for m in received["bob"])
+    # Batching: far fewer invocations than records, far fewer posts than deliveries.
+    assert source.stats.records == 350 and source.stats.invocations < 350 / 10
+    assert gateway.stats.posts < (350 + 300) / 10
+    assert time.time() - sent < 20

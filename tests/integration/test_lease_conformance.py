@@ -1,0 +1,443 @@
+"""The lease store's contract, against moto's server, dynalite and (optionally) real DynamoDB.
+
+Each test gets fresh tables on each backend. Time passes through :class:`ShiftableClock` so a
+"pause" or an "expiry" is exact and needs no sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient, ClientSettings
+from streamfleet.desired_state import DesiredStateWriter, Outcome
+from streamfleet.lease import (
+    Lease,
+    LeaseLost,
+    LeaseStore,
+    LeaseTiming,
+    SessionLost,
+    orphans,
+)
+from tests.support import BACKENDS, CountingClient, ShiftableClock
+
+TIMING = LeaseTiming(
+    lease_seconds=10.0, heartbeat_seconds=2.0, max_clock_skew_seconds=1.0, safety_margin_seconds=0.5
+)
+URL = "ws://127.0.0.1:9/stream"
+
+StoreFactory = Callable[..., LeaseStore]
+
+
+@pytest.fixture
+async def dynamodb(table_names) -> AsyncIterator[CountingClient]:
+    client = CountingClient("dynamodb", settings=ClientSettings(threads=24))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def lease_table(table_names) -> str:
+    return table_names[0]
+
+
+@pytest.fixture
+def make_store(dynamodb: AsyncClient, lease_table: str) -> StoreFactory:
+    def make(worker_id: str, clock: ShiftableClock | None = None) -> LeaseStore:
+        return LeaseStore.create(
+            table_name=lease_table,
+            worker_id=worker_id,
+            timing=TIMING,
+            dynamodb=dynamodb,
+            clock=clock or ShiftableClock(),
+        )
+
+    return make
+
+
+@pytest.fixture
+def writer(dynamodb: AsyncClient, lease_table: str) -> DesiredStateWriter:
+    return DesiredStateWriter(dynamodb=dynamodb, table_name=lease_table)
+
+
+@dataclasses.dataclass
+class WallOf:
+    """Another clock's wall time with this process's own monotonic time."""
+
+    clock: ShiftableClock
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall_ms(self) -> int:
+        return self.clock.wall_ms()
+
+
+def as_current(lease: Lease, store: LeaseStore) -> Lease:
+    """The lease as if held under the store's current session: gets past the holder's own
+    check, so only the fence in DynamoDB stands in the way."""
+    return dataclasses.replace(lease, session_version=store.session.version)
+
+
+async def started(writer: DesiredStateWriter, *ids: str) -> list[str]:
+    for connection_id in ids:
+        assert (await writer.start(connection_id, URL)).outcome is Outcome.CREATED
+    return [model.connection_pk(connection_id) for connection_id in ids]
+
+
+# moto's server evaluates a condition and writes without a lock (threaded server), so two
+# concurrent conditional writes can both pass there: measured 1 double win in 15 rounds. The
+# race is a property of the server, not of the lease store, so this test runs where conditional
+# writes are atomic, as they are in DynamoDB.
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "moto"], indirect=True)
+async def test_exactly_one_of_20_concurrent_acquirers_wins(make_store, writer):
+    [pk] = await started(writer, "contested")
+    stores = [make_store(f"worker-{n}") for n in range(20)]
+    await asyncio.gather(*(store.session.open() for store in stores))
+
+    results = await asyncio.gather(*(store.connections.acquire(pk) for store in stores))
+
+    winners = [lease for lease in results if lease is not None]
+    assert len(winners) == 1
+    item = await stores[0].connections.read(pk)
+    assert item[model.LEASE_OWNER] == winners[0].owner
+    assert item[model.LEASE_VERSION] == winners[0].lease_version == 1
+    assert model.AWAITING_OWNER not in item
+
+
+async def test_acquire_fails_from_live_session_and_succeeds_from_expired_one(make_store, writer):
+    [pk] = await started(writer, "c1")
+    clock = ShiftableClock()
+    holder, taker = make_store("holder", clock), make_store("taker", clock)
+    await holder.session.open()
+    await taker.session.open()
+    first = await holder.connections.acquire(pk)
+    assert first is not None
+
+    assert await taker.connections.acquire(pk) is None  # holder's session is live
+
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    await taker.session.renew()  # the taker kept renewing through the holder's pause
+    second = await taker.connections.acquire(pk)
+
+    assert second is not None and second.owner == "taker"
+    assert second.lease_version == first.lease_version + 1
+    sessions = {s.owner: s for s in await taker.directory.list()}
+    assert sessions["holder"].state is model.SessionState.ENDED  # fenced before the take
+
+
+async def test_a_session_expired_by_less_than_the_skew_is_not_taken(make_store, writer):
+    [pk] = await started(writer, "c1")
+    clock = ShiftableClock()
+    holder, taker = make_store("holder", clock), make_store("taker", clock)
+    await holder.session.open()
+    assert await holder.connections.acquire(pk) is not None
+
+    # Half the skew past the expiry: the real time the requests take comes on top of the
+    # shift (0.3 s of margin was once eaten by a slow moto under CI load).
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds / 2)
+    await taker.session.open()
+
+    assert await taker.connections.acquire(pk) is None
+    assert (await taker.connections.read(pk))[model.LEASE_OWNER] == "holder"
+
+
+async def test_paused_holder_can_neither_renew_checkpoint_nor_release(make_store, writer):
+    [pk] = await started(writer, "c1")
+    clock = ShiftableClock()
+    holder, taker = make_store("holder", clock), make_store("taker", clock)
+    await holder.session.open()
+    lease = await holder.connections.acquire(pk)
+    await holder.connections.checkpoint(lease, 5)
+    old_version = holder.session.version
+
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)  # the pause
+    await taker.session.open()
+    taken = await taker.connections.acquire(pk)
+    assert taken is not None and taken.last_seq == 5
+
+    # Waking up: its own deadline has passed, so it may not checkpoint...
+    with pytest.raises(SessionLost):
+        await holder.connections.checkpoint(lease, 6)
+    # ...a renewal opens a new session instead of reviving the old one...
+    assert await holder.session.renew() is False
+    assert holder.session.version != old_version
+    # ...the new session does not vouch for a lease of the old one...
+    with pytest.raises(SessionLost):
+        await holder.connections.checkpoint(lease, 6)
+    # ...and even a write that claims the new session is stopped by the fence in DynamoDB.
+    with pytest.raises(LeaseLost) as lost:
+        await holder.connections.checkpoint(as_current(lease, holder), 6)
+    assert lost.value.holder == "taker"
+    with pytest.raises(LeaseLost):
+        await holder.connections.release(lease)
+    item = await taker.connections.read(pk)
+    assert (item[model.LEASE_OWNER], item[model.LAST_SEQ]) == ("taker", 5)
+
+
+async def test_fencing_holds_even_when_a_clock_runs_ahead_beyond_the_skew(make_store, writer):
+    """The skew bound broken: the taker's clock is far ahead and it takes a live session.
+    The holder's renewal then fails on the fence instead of silently succeeding."""
+    [pk] = await started(writer, "c1")
+    holder = make_store("holder", ShiftableClock())
+    taker = make_store("taker", ShiftableClock(offset=TIMING.lease_seconds * 2))
+    await holder.session.open()
+    lease = await holder.connections.acquire(pk)
+    await taker.session.open()
+
+    assert await taker.connections.acquire(pk) is not None
+
+    with pytest.raises(SessionLost):
+        await holder.session.renew()
+    await holder.session.open()
+    with pytest.raises(LeaseLost):
+        await holder.connections.checkpoint(as_current(lease, holder), 1)
+
+
+async def test_release_makes_the_connection_claimable_at_once(make_store, writer):
+    [pk] = await started(writer, "c1")
+    first, second = make_store("first"), make_store("second")
+    await first.session.open()
+    await second.session.open()
+    lease = await first.connections.acquire(pk)
+
+    assert await first.connections.release(lease) is True
+    assert [c.pk for c in await second.orphans.find(10)] == [pk]
+    taken = await second.connections.acquire(pk)
+    assert taken is not None and taken.lease_version == lease.lease_version + 1
+
+
+async def test_a_sealed_release_of_a_stopped_connection_closes_it(make_store, writer):
+    [pk] = await started(writer, "c1")
+    store = make_store("w1")
+    await store.session.open()
+    lease = await store.connections.acquire(pk)
+    await writer.stop("c1")
+
+    assert await store.connections.release(lease, sealed=True) is False
+    item = await store.connections.read(pk)
+    assert model.LEASE_OWNER not in item and model.AWAITING_OWNER not in item
+    assert model.UNSEALED not in item
+    assert await store.orphans.find(10) == []
+
+
+async def test_an_unsealed_release_of_a_stopped_connection_leaves_it_to_be_sealed(
+    make_store, writer
+):
+    """Its holder could not seal the log (a final flush failed): another worker must."""
+    [pk] = await started(writer, "c1")
+    store, sealer = make_store("w1"), make_store("w2")
+    await store.session.open()
+    await sealer.session.open()
+    lease = await store.connections.acquire(pk)
+    await writer.stop("c1")
+
+    assert await store.connections.release(lease) is True
+    assert [c.pk for c in await sealer.orphans.find(10)] == [pk]
+    taken = await sealer.connections.acquire(pk)
+    assert taken is not None and taken.desired_state == "STOPPED"
+    assert await sealer.connections.release(taken, sealed=True) is False
+    assert await sealer.orphans.find(10) == []
+
+
+async def test_orphan_discovery_finds_unowned_and_expired_and_nothing_else(
+    make_store, writer, dynamodb: CountingClient
+):
+    clock = ShiftableClock()
+    never, live, dead, _stopped = await started(writer, "never", "live", "dead", "stopped")
+    busy = await started(writer, *(f"busy-{n}" for n in range(30)))
+    alive, doomed, finder = (make_store(name, clock) for name in ("alive", "doomed", "finder"))
+    await doomed.session.open()
+    assert await doomed.connections.acquire(dead) is not None
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    await alive.session.open()
+    await finder.session.open()
+    for pk in (live, *busy):
+        assert await alive.connections.acquire(pk) is not None
+    await writer.stop("stopped")
+
+    dynamodb.reset()
+    found = await finder.orphans.find(limit=100)
+
+    assert sorted(c.pk for c in found) == sorted([never, dead])
+    [from_dead] = [c for c in found if c.pk == dead]
+    assert (from_dead.owner, from_dead.session_version) == ("doomed", doomed.session.version)
+    # O(workers + orphans): sessions query + batched read + fence + one owner query + the
+    # awaiting-owner query, whatever the 31 live connections.
+    assert dynamodb.total() <= 6, dynamodb.calls
+    assert dynamodb.calls.get("scan", 0) == 0
+    assert await finder.connections.claim(from_dead) is not None
+
+
+async def test_ended_sessions_without_connections_are_cleared_never_deleted(make_store, dynamodb):
+    """An index query is no proof of absence: the session is only marked cleared (reconcile
+    stops asking), and the table's TTL removes it a day later."""
+    clock = ShiftableClock()
+    gone = make_store("gone", clock)
+    # The finder's wall clock moves with the others, its monotonic one does not: its own
+    # session stays live through the jumps, so the only ended session is "gone".
+    finder = make_store("finder", WallOf(clock))
+    await gone.session.open()
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    await finder.session.open()
+
+    assert await finder.orphans.find(10) == []  # fenced, asked, not cleared yet: too recent
+    [still] = [s for s in await finder.directory.list() if s.owner == "gone"]
+    assert still.state is model.SessionState.ENDED and not still.cleared
+
+    clock.advance(orphans.INDEX_LAG_ALLOWANCE_MS / 1000 + TIMING.lease_seconds)
+    await finder.session.renew()
+    assert await finder.orphans.find(10) == []
+    [cleared] = [s for s in await finder.directory.list() if s.owner == "gone"]
+    assert cleared.cleared
+    item = (
+        await dynamodb.call(
+            "get_item", TableName=finder.session._table, Key={"pk": {"S": cleared.pk}}
+        )
+    )["Item"]
+    assert int(item[model.DELETE_AFTER]["N"]) > clock.wall_ms() // 1000 + 3600
+
+    dynamodb.reset()
+    await finder.orphans.find(10)
+    assert dynamodb.calls.get("query", 0) == 2, dynamodb.calls  # sessions + unowned: no by-owner
+
+
+async def test_stopped_connections_are_one_query_per_worker(make_store, writer, dynamodb):
+    pks = await started(writer, "a", "b", "c")
+    store, other = make_store("w1"), make_store("w2")
+    await store.session.open()
+    await other.session.open()
+    for pk in pks[:2]:
+        await store.connections.acquire(pk)
+    await other.connections.acquire(pks[2])
+
+    await writer.stop("b")
+    await writer.stop("c")
+    dynamodb.reset()
+
+    assert await store.connections.stop_requested() == [model.connection_pk("b")]
+    assert dynamodb.calls == {"query": 1}
+    assert await other.connections.stop_requested() == [model.connection_pk("c")]
+
+
+async def test_a_new_start_cancels_a_pending_stop(make_store, writer):
+    [pk] = await started(writer, "a")
+    store = make_store("w1")
+    await store.session.open()
+    await store.connections.acquire(pk)
+    await writer.stop("a")
+
+    result = await writer.start("a", URL)
+
+    assert result.outcome is Outcome.RESTARTED and not result.notify
+    assert await store.connections.stop_requested() == []
+    assert (await store.connections.read(pk))[model.LEASE_OWNER] == "w1"
+
+
+async def test_start_is_idempotent_and_never_disturbs_a_running_lease(make_store, writer):
+    [pk] = await started(writer, "a")
+    store = make_store("w1")
+    await store.session.open()
+    lease = await store.connections.acquire(pk)
+    await store.connections.checkpoint(lease, 42)
+
+    again = await writer.start("a", URL)
+
+    assert again.outcome is Outcome.UNCHANGED and not again.notify
+    item = await store.connections.read(pk)
+    assert (item[model.LEASE_OWNER], item[model.LEASE_VERSION], item[model.LAST_SEQ]) == (
+        "w1",
+        lease.lease_version,
+        42,
+    )
+    assert (await writer.start("a", "ws://elsewhere/x")).outcome is Outcome.CONFLICT
+
+
+async def test_stop_then_start_restarts_and_offers_the_connection(make_store, writer):
+    await started(writer, "a")
+    assert (await writer.stop("a")).outcome is Outcome.STOPPED
+    assert (await writer.stop("a")).outcome is Outcome.UNCHANGED
+    assert (await writer.stop("missing")).outcome is Outcome.NOT_FOUND
+    store = make_store("w1")
+    await store.session.open()
+    assert await store.orphans.find(10) == []
+
+    restarted = await writer.start("a", URL)
+
+    assert restarted.outcome is Outcome.RESTARTED and restarted.notify
+    assert [c.pk for c in await store.orphans.find(10)] == [model.connection_pk("a")]
+
+
+async def test_batched_reads_cover_more_than_100_keys(make_store, writer):
+    pks = await started(writer, *(f"bulk-{n:03d}" for n in range(130)))
+    store = make_store("reader")
+    await store.session.open()
+
+    items = await store.connections.read_many([*pks, model.connection_pk("absent")])
+
+    assert sorted(items) == sorted(pks)
+
+
+async def test_no_index_key_is_ever_an_empty_string(make_store, writer, dynamodb, lease_table):
+    pks = await started(writer, "a", "b")
+    store = make_store("w1")
+    await store.session.open()
+    lease = await store.connections.acquire(pks[0])
+    await store.connections.release(lease)
+    await store.connections.acquire(pks[1])
+    await writer.stop("b")
+    await store.session.close()
+
+    index_keys = {
+        key for index in model.LEASE_TABLE.indexes for key in (index.partition_key, index.sort_key)
+    }
+    items = (await dynamodb.call("scan", TableName=lease_table))["Items"]
+    for item in items:
+        for key in index_keys & item.keys():
+            assert item[key] != {"S": ""}, (key, item)
+
+
+async def test_a_stopped_row_of_a_dead_owner_is_handed_over_to_be_sealed(make_store, writer):
+    [pk] = await started(writer, "c1")
+    clock = ShiftableClock()
+    dead, finder = make_store("dead", clock), make_store("finder", clock)
+    await dead.session.open()
+    await dead.connections.acquire(pk)
+    await writer.stop("c1")  # flagged for "dead", which never gets to close it
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    await finder.session.open()
+
+    # STOPPED, but its owner died without sealing the log: offered, to be sealed and closed.
+    [candidate] = await finder.orphans.find(10)
+    assert candidate.pk == pk and candidate.owner is None
+    item = await finder.connections.read(pk)
+    assert item[model.DESIRED_STATE] == "STOPPED"
+    assert model.LEASE_OWNER not in item and model.STOP_REQUESTED_FOR not in item
+    sealing = await finder.connections.acquire(pk)
+    assert sealing is not None and sealing.desired_state == "STOPPED"
+    await finder.connections.release(sealing, sealed=True)
+    assert await finder.orphans.find(10) == []
+
+
+async def test_a_worker_lists_exactly_the_rows_its_current_session_owns(make_store, writer):
+    mine, theirs, other = await started(writer, "mine", "theirs", "other")
+    clock = ShiftableClock()
+    store, peer = make_store("w1", clock), make_store("w2", clock)
+    await store.session.open()
+    await peer.session.open()
+    lease = await store.connections.acquire(mine)
+    await peer.connections.acquire(theirs)
+
+    assert [(held.pk, held.lease_version) for held in await store.connections.mine()] == [
+        (mine, lease.lease_version)
+    ]
+    # A row of this worker's previous session is not "mine" any more: it is an orphan.
+    assert other not in {held.pk for held in await peer.connections.mine()}
+    clock.advance(TIMING.lease_seconds)
+    await store.session.renew()
+    assert await store.connections.mine() == []

@@ -1,0 +1,354 @@
+"""The canary: probe, fail-back hysteresis, state in DynamoDB, PutMetricData to CloudWatch.
+
+Probes run against the local API Gateway stand-in; state and metrics go to moto's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import boto3
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.client import Endpoint
+from streamfleet.wsapi import canary as canary_module
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.canary import (
+    Canary,
+    CanaryConfig,
+    CanaryConfigError,
+    CloudWatchPublisher,
+    ConnectionSweeper,
+    DynamoHealthStateStore,
+    FailbackHysteresis,
+    HealthState,
+    MintedToken,
+    StaticToken,
+    probe,
+    token_source_from_env,
+)
+from streamfleet_dev.wsapi.local_gateway import (
+    FailureMode,
+    GatewaySettings,
+    LocalGateway,
+)
+from tests.wsapi_support import AUDIENCE, CANARY_KEY, KEY, REGION, user_token
+
+TOKENS = MintedToken(CANARY_KEY, AUDIENCE, subject="canary")
+
+
+# --- Hysteresis (pure) --------------------------------------------------------------------------
+
+
+def reports(hysteresis: FailbackHysteresis, probes: list[bool]) -> list[int]:
+    state, values = HealthState(), []
+    for ok in probes:
+        state = hysteresis.next(state, ok)
+        values.append(int(state.reported_healthy))
+    return values
+
+
+def test_failover_is_fast_and_failback_slow() -> None:
+    h = FailbackHysteresis(healthy_runs_to_recover=5, failures_to_trip=2)
+    assert reports(h, [True, False, False, True, True, True, True, True, True]) == [
+        1, 0, 0, 0, 0, 0, 0, 1, 1
+    ]  # fmt: skip
+
+
+def test_a_single_blip_is_not_held_against_the_region() -> None:
+    # Tripping on one failed probe would make a blip that the 2-of-2 alarm ignores fail over.
+    h = FailbackHysteresis(healthy_runs_to_recover=5, failures_to_trip=2)
+    assert reports(h, [True, False, True, False, True]) == [1, 0, 1, 0, 1]
+
+
+def test_a_failure_while_recovering_starts_the_streak_again() -> None:
+    h = FailbackHysteresis(healthy_runs_to_recover=3, failures_to_trip=2)
+    assert reports(h, [False, False, True, True, False, True, True, True]) == [
+        0, 0, 0, 0, 0, 0, 0, 1
+    ]  # fmt: skip
+
+
+def specification(probes: list[bool], recover: int, trip: int) -> list[int]:
+    """The hysteresis stated without state: run ``i`` reports healthy iff its probe succeeded
+    and either no ``trip`` consecutive failures ever ended at or before ``i``, or, after the
+    last such run of failures, ``recover`` consecutive successes ended at or before ``i``."""
+    values = []
+    for i, ok in enumerate(probes):
+        trips = [j for j in range(trip - 1, i + 1) if not any(probes[j - trip + 1 : j + 1])]
+        if not ok:
+            values.append(0)
+        elif not trips:
+            values.append(1)
+        else:
+            last = trips[-1]
+            recovered = any(
+                all(probes[k - recover + 1 : k + 1]) for k in range(last + recover, i + 1)
+            )
+            values.append(int(recovered))
+    return values
+
+
+@given(
+    probes=st.lists(st.booleans(), max_size=60),
+    recover=st.integers(min_value=1, max_value=6),
+    trip=st.integers(min_value=1, max_value=3),
+)
+def test_hysteresis_matches_its_specification(probes: list[bool], recover: int, trip: int) -> None:
+    assert reports(FailbackHysteresis(recover, trip), probes) == specification(
+        probes, recover, trip
+    )
+
+
+# --- Against a gateway --------------------------------------------------------------------------
+
+
+async def test_probe_outcomes(gateway: LocalGateway) -> None:
+    endpoint = Endpoint(gateway.url, await TOKENS.token())
+    healthy = await probe(endpoint, timeout=2)
+    assert healthy.healthy and healthy.error is None
+    gateway.fail(FailureMode.THROTTLED)
+    throttled = await probe(endpoint, timeout=2)
+    assert not throttled.healthy and "HTTP 500" in (throttled.error or "")
+    gateway.fail(FailureMode.DOWN)
+    down = await probe(endpoint, timeout=2)
+    assert not down.healthy and "HTTP 503" in (down.error or "")
+    gateway.recover()
+    unauthenticated = await probe(Endpoint(gateway.url, None), timeout=2)
+    assert not unauthenticated.healthy and "HTTP 401" in (unauthenticated.error or "")
+
+
+async def test_a_silent_backend_times_out() -> None:
+    def silent(event: dict, context: object) -> dict:
+        return {"statusCode": 200}  # connects, never replies
+
+    async with LocalGateway(
+        GatewaySettings(region=REGION), authorizer=None, handler=silent
+    ) as gateway:
+        started = time.monotonic()
+        result = await probe(Endpoint(gateway.url), timeout=0.3)
+    assert not result.healthy and "no pong within 0.3 s" in (result.error or "")
+    assert time.monotonic() - started < 5  # its own timeout ended it, not the test's
+
+
+async def test_runs_keep_state_in_dynamodb_and_publish_to_cloudwatch(
+    gateway: LocalGateway, tables: tuple[str, str], moto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", moto.endpoint)
+    _, connections = tables
+    api_id = f"api-{uuid.uuid4().hex[:6]}"
+    dynamodb, cloudwatch = AsyncClient("dynamodb"), AsyncClient("cloudwatch")
+    try:
+        canary = Canary(
+            CanaryConfig(
+                endpoint_url=gateway.url,
+                api_id=api_id,
+                timeout_seconds=1.0,
+                healthy_runs_to_recover=2,
+                state_table=connections,
+            ),
+            tokens=TOKENS,
+            store=DynamoHealthStateStore(dynamodb, table_name=connections, api_id=api_id),
+            publishers=[CloudWatchPublisher(cloudwatch)],
+        )
+        values = [(await canary.run_once()).value]
+        gateway.fail(FailureMode.THROTTLED)
+        values += [(await canary.run_once()).value for _ in range(2)]
+        gateway.recover()
+        values += [(await canary.run_once()).value for _ in range(2)]
+        assert values == [1, 0, 0, 0, 1]
+        # The state survives between runs (each Lambda invocation starts from the item).
+        stored = await DynamoHealthStateStore(
+            dynamodb, table_name=connections, api_id=api_id
+        ).load()
+        assert stored == HealthState(True, False, 0, 2, 5)
+        # A stale writer cannot count a probe twice.
+        store = DynamoHealthStateStore(dynamodb, table_name=connections, api_id=api_id)
+        assert await store.save(HealthState(version=6), HealthState(version=1)) is False
+    finally:
+        dynamodb.close()
+        cloudwatch.close()
+    metrics = boto3.client("cloudwatch", region_name=REGION).list_metrics(
+        Namespace=model.HEALTH_METRIC_NAMESPACE,
+        Dimensions=[{"Name": model.HEALTH_METRIC_DIMENSION_API_ID, "Value": api_id}],
+    )["Metrics"]
+    assert {m["MetricName"] for m in metrics} == {
+        model.HEALTH_METRIC_NAME,
+        model.PROBE_METRIC_NAME,
+    }
+
+
+async def test_the_lambda_entry_point_reads_its_environment(
+    gateway: LocalGateway, tables: tuple[str, str], moto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, connections = tables
+    env = {
+        "CANARY_ENDPOINT_URL": gateway.url,
+        "CANARY_API_ID": "api-entry",
+        "CANARY_TIMEOUT_SECONDS": "2",
+        "CANARY_STATE_TABLE_NAME": connections,
+        "CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(CANARY_KEY)),
+        "JWT_AUDIENCE": AUDIENCE,
+        "AWS_ENDPOINT_URL_CLOUDWATCH": moto.endpoint,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # Lambda runs the handler in a thread of its own, with no event loop: so does the test.
+    result = await asyncio.to_thread(canary_module.handler, {}, None)
+    assert result["healthy"] is True and result["value"] == 1 and result["error"] is None
+
+
+def test_configuration_errors_name_the_variable() -> None:
+    base = {"CANARY_ENDPOINT_URL": "wss://x.test/prod", "CANARY_API_ID": "abc"}
+    assert CanaryConfig.from_env(base).healthy_runs_to_recover == 5
+    with pytest.raises(CanaryConfigError, match="CANARY_ENDPOINT_URL"):
+        CanaryConfig.from_env({**base, "CANARY_ENDPOINT_URL": "https://x.test"})
+    with pytest.raises(CanaryConfigError, match="CANARY_HEALTHY_RUNS_TO_RECOVER"):
+        CanaryConfig.from_env({**base, "CANARY_HEALTHY_RUNS_TO_RECOVER": "many"})
+    with pytest.raises(CanaryConfigError, match="CANARY_TOKEN_TRANSPORT"):
+        CanaryConfig.from_env({**base, "CANARY_TOKEN_TRANSPORT": "header"})
+    assert isinstance(token_source_from_env({"CANARY_TOKEN": "t"}), StaticToken)
+    with pytest.raises(CanaryConfigError, match="at most one"):
+        token_source_from_env({"CANARY_TOKEN": "t", "CANARY_SIGNING_KEY": "k"})
+    with pytest.raises(CanaryConfigError, match="JWT_AUDIENCE"):
+        token_source_from_env({"CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(KEY))})
+    with pytest.raises(CanaryConfigError, match="CANARY_DISCONNECT_WHEN_UNHEALTHY"):
+        CanaryConfig.from_env({**base, "CANARY_DISCONNECT_WHEN_UNHEALTHY": "maybe"})
+    with pytest.raises(CanaryConfigError, match="CANARY_MANAGEMENT_ENDPOINT"):
+        CanaryConfig.from_env({**base, "CANARY_MANAGEMENT_ENDPOINT": "wss://x.test"})
+    assert CanaryConfig.from_env({**base, "CANARY_DISCONNECT_WHEN_UNHEALTHY": "false"}) == (
+        CanaryConfig("wss://x.test/prod", "abc", disconnect_when_unhealthy=False)
+    )
+
+
+def test_the_management_endpoint_is_the_regional_api_itself() -> None:
+    regional = "wss://abc.execute-api.eu-west-1.amazonaws.com/prod"
+    assert CanaryConfig(regional, "abc").management_url() == (
+        "https://abc.execute-api.eu-west-1.amazonaws.com/prod"
+    )
+    local = CanaryConfig("ws://127.0.0.1:1/", "abc", management_endpoint="http://127.0.0.1:2/s")
+    assert local.management_url() == "http://127.0.0.1:2/s"
+
+
+async def test_the_canarys_token_has_its_own_identity() -> None:
+    token = await TOKENS.token()
+    claims = jwt.verify(
+        token, [CANARY_KEY.public()], issuer=model.CANARY_TOKEN_ISSUER, audience=AUDIENCE
+    )
+    assert claims["sub"] == "canary"
+    assert claims["exp"] - claims["iat"] <= model.CANARY_MAX_TOKEN_LIFETIME_SECONDS
+    with pytest.raises(jwt.UnknownKey):  # the user keys never verify it
+        jwt.verify(token, [KEY.public()], issuer=model.CANARY_TOKEN_ISSUER, audience=AUDIENCE)
+
+
+# --- Server-driven failover ---------------------------------------------------------------------
+
+
+def sweeping_canary(
+    gateway: LocalGateway, connections: str, dynamodb: AsyncClient, management: AsyncClient
+) -> Canary:
+    return Canary(
+        CanaryConfig(
+            endpoint_url=gateway.url,
+            api_id=f"api-{uuid.uuid4().hex[:6]}",
+            timeout_seconds=1.0,
+            healthy_runs_to_recover=2,
+            failures_to_trip=2,
+            state_table=connections,
+        ),
+        tokens=TOKENS,
+        store=DynamoHealthStateStore(dynamodb, table_name=connections, api_id="api-sweep"),
+        publishers=[],
+        disconnector=ConnectionSweeper(
+            dynamodb=dynamodb, management=management, table_name=connections
+        ),
+    )
+
+
+async def test_an_unhealthy_region_closes_every_client_connection(
+    gateway: LocalGateway, tables: tuple[str, str]
+) -> None:
+    _, connections = tables
+    dynamodb = AsyncClient("dynamodb", region_name=REGION)
+    management = AsyncClient(
+        "apigatewaymanagementapi", region_name=REGION, endpoint_url=gateway.management_endpoint
+    )
+    protocols = [model.WS_APP_SUBPROTOCOL]
+    sockets = [
+        await connect(
+            gateway.url, subprotocols=[*protocols, f"bearer.{user_token(f'u{i}')}"], open_timeout=5
+        )
+        for i in range(3)
+    ]
+    # A record whose connection is already gone (its $disconnect was lost).
+    await dynamodb.call(
+        "put_item",
+        TableName=connections,
+        Item={
+            model.PK: {"S": model.ws_connection_pk("ghost")},
+            model.WS_USER_ID: {"S": "u9"},
+        },
+    )
+    try:
+        canary = sweeping_canary(gateway, connections, dynamodb, management)
+        healthy = await canary.run_once()
+        assert healthy.value == 1 and healthy.sweep is None  # a healthy region is left alone
+        gateway.fail(FailureMode.THROTTLED)
+        first = await canary.run_once()
+        # One failed probe is a blip (the 2-of-2 alarm ignores it): nobody is disconnected.
+        assert first.value == 0 and not first.state.tripped and first.sweep is None
+        tripped = await canary.run_once()
+        assert tripped.state.tripped
+        assert tripped.sweep is not None
+        assert (tripped.sweep.closed, tripped.sweep.gone, tripped.sweep.failed) == (3, 1, 0)
+        for ws in sockets:  # each client saw its socket closed by the server
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        scanned = await dynamodb.call("scan", TableName=connections)
+        assert not [
+            i for i in scanned["Items"] if i[model.PK]["S"].startswith(model.WS_CONNECTION_PREFIX)
+        ]
+        again = await canary.run_once()  # every run while unhealthy: nothing left to close
+        assert again.sweep is not None and again.sweep.closed == 0
+    finally:
+        for ws in sockets:
+            await ws.close()
+        dynamodb.close()
+        management.close()
+
+
+async def test_sweeping_can_be_turned_off(gateway: LocalGateway, tables: tuple[str, str]) -> None:
+    _, connections = tables
+    dynamodb = AsyncClient("dynamodb", region_name=REGION)
+    management = AsyncClient(
+        "apigatewaymanagementapi", region_name=REGION, endpoint_url=gateway.management_endpoint
+    )
+    try:
+        canary = sweeping_canary(gateway, connections, dynamodb, management)
+        canary = Canary(
+            CanaryConfig(**{**canary.config.__dict__, "disconnect_when_unhealthy": False}),
+            tokens=TOKENS,
+            store=canary.store,
+            publishers=[],
+            disconnector=canary.disconnector,
+        )
+        async with await connect(
+            gateway.url, subprotocols=[f"bearer.{user_token('u1')}"], open_timeout=5
+        ) as ws:
+            gateway.fail(FailureMode.THROTTLED)
+            runs = [await canary.run_once() for _ in range(3)]
+            assert runs[-1].state.tripped and all(run.sweep is None for run in runs)
+            await ws.send(json.dumps({"action": "heartbeat"}))
+            assert "Internal server error" in await asyncio.wait_for(ws.recv(), 5)
+    finally:
+        dynamodb.close()
+        management.close()
