@@ -337,6 +337,12 @@ def installed_files(distribution: importlib.metadata.Distribution) -> list[tuple
     return sorted(found)
 
 
+def download_cache() -> Path:
+    """Where what was fetched from PyPI is kept across synths and test runs, each entry keyed by
+    what it holds: ``$XDG_CACHE_HOME/streamfleet``, by default ``~/.cache/streamfleet``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streamfleet"
+
+
 def fetch_distribution(
     name: str, version: str, target: LambdaPythonTarget, staging_root: Path | None = None
 ) -> Path:
@@ -346,7 +352,9 @@ def fetch_distribution(
     compiler: it only unpacks the published wheel for the target's platform. The directory's
     name is a hash of what it holds, so later synths reuse it without the network.
     """
-    root = (staging_root or Path(tempfile.gettempdir()) / STAGING_DIR_NAME) / FETCHED_DIR_NAME
+    root = (
+        (staging_root / FETCHED_DIR_NAME) if staging_root else download_cache() / FETCHED_DIR_NAME
+    )
     key = f"{_canonical(name)}=={version}|{target.python_tag}|{','.join(target.platforms)}"
     destination = root / hashlib.sha256(key.encode()).hexdigest()
     if destination.is_dir():

@@ -4,17 +4,21 @@ The task runs on ARM64 and the image is usually built on an x86_64 machine witho
 instruction may run on the target platform: only a stage pinned to ``$BUILDPLATFORM`` may have a
 ``RUN``, and it fetches wheels built for the target instead of building them. The base image is
 pinned to a patch version. The build stage's ``pip install`` is also run here, for real (from
-PyPI or pip's cache), to show that it needs no emulation and yields target wheels only.
+wheels fetched once into ``~/.cache/streamfleet``), to show that it needs no emulation and
+yields target wheels only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,6 +186,36 @@ def test_the_requirements_pin_every_distribution_the_image_needs():
                 assert str(canonicalize_name(requirement.name)) in pins, (name, text)
 
 
+def wheels_for(command: list[str]) -> str:
+    """The wheels ``pip install <command>`` takes, downloaded once into the download cache, keyed
+    by what selects them (the platform options and the requirements' content): a second run on
+    the same machine fetches nothing."""
+    download, words = [], iter(command)  # what pip download takes: all but where to install
+    for word in words:
+        if word == "--target":
+            next(words)
+        elif word != "--no-compile" and not word.startswith("--target="):
+            download.append(word)
+    key = "\0".join(REQUIREMENTS.read_text() if w == str(REQUIREMENTS) else w for w in download)
+    wheels = assets.download_cache() / "worker-image-wheels"
+    wheels /= hashlib.sha256(key.encode()).hexdigest()[:24]
+    if not (wheels / ".complete").exists():
+        wheels.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=wheels.parent))
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(partial), *download],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        (partial / ".complete").touch()
+        shutil.rmtree(wheels, ignore_errors=True)
+        partial.rename(wheels)
+    return str(wheels)
+
+
 @pytest.mark.slow
 def test_the_build_stage_pip_install_yields_target_wheels_without_emulation(tmp_path):
     machine = MACHINES[image_platform()]
@@ -192,8 +226,19 @@ def test_the_build_stage_pip_install_yields_target_wheels_without_emulation(tmp_
         for word in words[2:]  # after "pip install"
     ]
     command = [str(REQUIREMENTS) if word == "requirements.txt" else word for word in command]
+    wheels = wheels_for(command)
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", *command],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            wheels,
+            *command,
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamfleet_dev.assembly import ContainerSpec
+from streamfleet_dev.cache import download_cache
 
 IMAGE_ENV_DIR_NAME = "streamfleet-image-python"
 
@@ -49,7 +50,7 @@ def image_python(image_dir: Path, cache_root: Path | None = None) -> Path:
     # An image that installs with --no-deps has only what the file lists: so must this.
     no_deps = dockerfile.is_file() and "--no-deps" in dockerfile.read_text()
     digest = hashlib.sha256(f"{text}{sys.version}{no_deps}".encode()).hexdigest()[:24]
-    root = cache_root or Path(tempfile.gettempdir()) / IMAGE_ENV_DIR_NAME
+    root = cache_root or download_cache() / IMAGE_ENV_DIR_NAME
     target = root / digest
     if (target / "bin" / "python").exists() and (target / ".complete").exists():
         return target / "bin"

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamfleet_dev.cache import download_cache
+
 if TYPE_CHECKING:
     from streamfleet_dev.assembly import FunctionSpec
 
@@ -257,7 +259,7 @@ def lambda_sdk_dir(version: str | None = None, cache_root: Path | None = None) -
     """A directory holding ``boto3==version`` and its dependencies for this interpreter,
     installed once (``pip install --target``; PyPI or pip's cache the first time)."""
     version = version or os.environ.get(SDK_VERSION_ENV) or LAMBDA_RUNTIME_BOTO3
-    root = cache_root or Path(tempfile.gettempdir()) / SDK_CACHE_DIR_NAME
+    root = cache_root or download_cache() / SDK_CACHE_DIR_NAME
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     target = root / f"boto3-{version}-{python}"
     if (target / "boto3").is_dir():
@@ -373,7 +375,7 @@ def host_twin(asset_dir: Path, cache_root: Path | None = None) -> Path:
     # The asset directory's name is its content hash: the same code gets the same twin.
     digest = hashlib.sha256(asset_dir.name.encode())
     digest.update(sysconfig.get_platform().encode() + sys.version.encode())
-    root = cache_root or Path(tempfile.gettempdir()) / SDK_CACHE_DIR_NAME / "twins"
+    root = cache_root or download_cache() / SDK_CACHE_DIR_NAME / "twins"
     target = root / digest.hexdigest()
     if target.is_dir():
         return target
