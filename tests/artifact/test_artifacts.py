@@ -60,13 +60,13 @@ DRIVEN_HANDLERS = {
     AUTHORIZER_ENTRY: "test_websocket_routes_and_authorizer_from_their_assets",
     CANARY_ENTRY: "test_canary_from_its_asset",
     "streamfleet.task_events.handler": (
-        "tests.test_task_events::test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_stream"
+        "tests.artifact.test_task_events::test_a_stopped_event_ends_the_dead_tasks_sessions_and_announces_each_stream"
     ),
     "streamfleet.wsapi.fanout.handler": (
-        "tests.test_fanout_assets::test_the_fanout_from_its_asset_delivers_the_stream_live"
+        "tests.artifact.test_fanout_assets::test_the_fanout_from_its_asset_delivers_the_stream_live"
     ),
     "streamfleet.wsapi.stream_lookup.handler": (
-        "tests.test_fanout_assets::test_the_stream_lookup_from_its_asset_answers_cloudformation"
+        "tests.artifact.test_fanout_assets::test_the_stream_lookup_from_its_asset_answers_cloudformation"
     ),
 }
 # CDK's own custom-resource providers (Node.js code that ships inside aws-cdk-lib and runs at
