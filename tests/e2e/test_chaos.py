@@ -26,6 +26,8 @@ async def test_nothing_is_lost_or_doubled_under_chaos(tmp_path, capsys, monkeypa
         monkeypatch.setenv(name, os.environ.get(name, ""))
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1, 10**6))
     plan = ChaosPlan(workers=4, streams=24, duration_seconds=20, seed=seed)
+    with capsys.disabled():
+        print(f"\nchaos: CHAOS_SEED={seed} repeats this run")
 
     report = await run_chaos(plan, tmp_path)
 

@@ -111,7 +111,7 @@ async def test_the_audit_and_a_redelivered_notification_never_both_act_on_one_ro
     """Defect 2: the audit checked that the row was not run, then awaited its release; intake's
     acquire took the "ours already" path and started a connection; the release then landed and
     the row was owned by nobody while this worker streamed it (a peer would add a second)."""
-    world = make_world()
+    world = make_world(**ROOMY_LEASE)  # the release's read timeout is the holder window
     script = Script()
     worker = world.start_worker("w1", plan=script)
     await serving(world, 1)
@@ -308,7 +308,9 @@ async def test_after_an_outage_longer_than_the_window_streams_return_without_wai
     faults.outage = False
     seconds = await all_live(world, streams, timeout=20)
 
-    assert seconds < 3 * TIMING.lease_seconds, seconds
+    # Waiting out a failed reconcile's interval would take 30 s; a retry as soon as the store
+    # answers takes a few leases (3 leases, 1.8 s, on a quiet machine).
+    assert seconds < 10, seconds
 
 
 async def test_a_slow_but_working_dynamodb_keeps_every_stream_up(make_world):

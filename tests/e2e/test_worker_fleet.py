@@ -27,7 +27,7 @@ from streamfleet_dev.upstream.fake import FakeUpstream
 
 pytestmark = pytest.mark.slow
 
-RECOVERY_BOUND = 4 * LEASE_SECONDS  # correctness bound for a test run on a busy CI machine
+RECOVERY_BOUND = 15 * LEASE_SECONDS  # correctness bound: a lease, then a claim, with 10x margin
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ async def test_a_burst_of_starts_is_claimed_in_batches_and_all_connected(fleet: 
 
     await fleet.start_streams(*ids)
 
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all 40 streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all 40 streams live")
     gained = [e for w in workers for e in w.events("lease_gained")]
     assert sorted(model.connection_id_of(e["pk"]) for e in gained) == ids
     assert {e["via"] for e in gained} <= {"intake", "reconcile"}
@@ -89,7 +89,7 @@ async def test_kill_9_moves_every_stream_of_the_dead_worker_to_the_others(fleet:
     workers = [fleet.start_worker() for _ in range(3)]
     ids = streams(15)
     await fleet.start_streams(*ids)
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all streams live")
     victim, owned_by_victim = busiest(fleet, workers)
     others = [w for w in workers if w is not victim]
 
@@ -114,21 +114,24 @@ async def test_sigterm_hands_every_connection_over_and_exits(fleet: Fleet):
     workers = [fleet.start_worker(), fleet.start_worker()]
     ids = streams(12)
     await fleet.start_streams(*ids)
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all streams live")
     leaving, mine = busiest(fleet, workers)
     [staying] = [w for w in workers if w is not leaving]
 
     leaving.signal(signal.SIGTERM)
 
-    assert leaving.process.wait(timeout=10) == 0
+    assert await asyncio.to_thread(leaving.process.wait, 30) == 0
     [stopped] = leaving.events("worker_stopped")
     assert stopped["handed_over"] == len(mine)
     assert len(leaving.events("lease_handed_over")) == len(mine)
     await eventually(
         lambda: fleet.all_live(ids, among={staying.worker_id}),
-        timeout=LEASE_SECONDS,  # a notification, not an expiry, brings them over
+        timeout=30,
         what="handed-over streams live on the other worker",
     )
+    # A notification, not an expiry or a reconcile, brought each of them over.
+    gained = {e["pk"]: e["via"] for e in staying.events("lease_gained")}
+    assert all(gained[model.connection_pk(s)] == "intake" for s in mine), gained
     await eventually(
         lambda: all(fleet.stored_seqs(sid)[-1:] > [10] for sid in ids), timeout=10, what="progress"
     )
@@ -140,7 +143,7 @@ async def test_a_worker_paused_past_its_lease_writes_and_holds_nothing_after(fle
     workers = [fleet.start_worker(), fleet.start_worker()]
     ids = streams(10)
     await fleet.start_streams(*ids)
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all streams live")
     paused, _ = busiest(fleet, workers)
     [other] = [w for w in workers if w is not paused]
 
@@ -173,24 +176,24 @@ async def test_stop_closes_the_stream_found_by_the_stopped_query(fleet: Fleet):
     worker = fleet.start_worker()
     ids = streams(5)
     await fleet.start_streams(*ids)
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all streams live")
 
     await fleet.stop_stream(ids[0])
 
     await eventually(
         lambda: fleet.upstream.stats()["connected"][ids[0]] == 0,
-        timeout=4 * 0.5,
+        timeout=20,
         what="the stopped stream closed",
     )
     row = await eventually(
         lambda: model.LEASE_OWNER not in fleet.rows()[ids[0]] and fleet.rows()[ids[0]],
-        timeout=2,
+        timeout=20,
         what="the stopped stream released",
     )
     assert row[model.DESIRED_STATE] == "STOPPED"
     assert fleet.all_live(ids[1:])
     worker.signal(signal.SIGTERM)
-    assert worker.process.wait(timeout=10) == 0
+    assert await asyncio.to_thread(worker.process.wait, 30) == 0
     [stopped] = worker.events("worker_stopped")
     # Found by the one stopped-connections query per interval, never by reading each row: the
     # only single reads are the ones a contested claim makes (dynalite returns no ALL_OLD).
@@ -208,7 +211,7 @@ async def test_an_upstream_drop_reconnects_without_losing_the_lease(fleet: Fleet
     worker = fleet.start_worker()
     ids = streams(3)
     await fleet.start_streams(*ids)
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all streams live")
     versions = {sid: row[model.LEASE_VERSION] for sid, row in fleet.rows().items()}
 
     await fleet.upstream.drop_clients()
@@ -295,7 +298,7 @@ async def test_an_operator_drains_a_worker_and_lists_the_fleet(fleet: Fleet):
     workers = [fleet.start_worker(), fleet.start_worker()]
     ids = streams(8)
     await fleet.start_streams(*ids)
-    await eventually(lambda: fleet.all_live(ids), timeout=15, what="all streams live")
+    await eventually(lambda: fleet.all_live(ids), timeout=60, what="all streams live")
     drained, _ = busiest(fleet, workers)
     [other] = [w for w in workers if w is not drained]
 
