@@ -32,4 +32,7 @@ const server = dynalite({
 });
 const host = option("host", "127.0.0.1");
 const port = Number(option("port", "4567"));
-server.listen(port, host, () => console.log(`dynalite listening at http://${host}:${port}`));
+// Port 0: the system picks a free one, reported here (never chosen, released and bound again).
+server.listen(port, host, () =>
+  console.log(`dynalite listening at http://${host}:${server.address().port}`),
+);

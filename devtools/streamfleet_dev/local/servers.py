@@ -1,20 +1,23 @@
 """Real local servers on loopback: moto in server mode and dynalite.
 
-Each is a separate process on a free port, reached only through the standard endpoint variables,
-exactly as the code would reach AWS. Tests, the local mode and the benchmarks start them here.
+Each is a separate process on a port it binds itself (port 0) and reports, reached only through
+the standard endpoint variables, exactly as the code would reach AWS. Tests, the local mode and
+the benchmarks start them here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # Credentials and region for local servers: they accept any, but botocore insists on some.
@@ -27,6 +30,10 @@ LOCAL_AWS_ENV = {
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+# What moto (werkzeug) and tools/dynalite-server.js print once they listen.
+LISTENING = re.compile(r"(?:Running on|listening at) http://127\.0\.0\.1:(\d+)")
 
 
 def free_port() -> int:
@@ -53,7 +60,7 @@ class LocalServer:
 
     kind: str
     command: list[str]
-    port: int = field(default_factory=free_port)
+    port: int = 0  # 0 until the first start: the server binds a port and reports it
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -62,23 +69,38 @@ class LocalServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> LocalServer:
-        """Start the process and wait until it answers HTTP."""
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [*self.command, *self._port_args()],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C in a terminal reaches our code, not the server
-        )
+        """Start the process and wait until it answers HTTP. The first start binds port 0 and
+        reads the port the server reports; a restart (an outage) binds the same port again."""
+        if self.log_path is None:  # the reported port is read from the log: keep one anyway
+            descriptor, name = tempfile.mkstemp(prefix=f"streamfleet-{self.kind}-", suffix=".log")
+            os.close(descriptor)
+            self.log_path = Path(name)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [*self.command, *self._port_args()],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in a terminal reaches our code, not the server
+            )
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited with {self.process.returncode} at start")
-            if self._answers():
+            if not self.port:
+                self.port = self._reported_port(offset)
+            if self.port and self._answers():
                 return self
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"{self.kind} did not answer on {self.endpoint}")
+
+    def _reported_port(self, offset: int) -> int:
+        """The port in the server's own line since ``offset`` of its log (0 while not yet)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            match = LISTENING.search(log.read().decode(errors="replace"))
+        return int(match.group(1)) if match else 0
 
     def stop(self) -> None:
         """Terminate the process (SIGTERM, then SIGKILL) and wait for it."""
