@@ -88,7 +88,7 @@ GATE_TIERS := tests/unit tests/infra tests/artifact tests/integration
 E2E_TIERS := tests/e2e tests/sim
 
 pytest: setup $(WEB)/dist/.built
-	$(PYTHON) -m pytest $(GATE_TIERS)
+	$(PYTHON) -m pytest --durations=15 $(GATE_TIERS)
 
 test: lint pytest ## The gate, what CI runs: lint, then the unit, infra, artifact and integration tiers
 
@@ -97,7 +97,7 @@ test-unit: setup ## The unit tier alone (under a minute): the inner loop
 	$(PYTHON) -m pytest tests/unit -q
 
 test-e2e: setup web ## The real-time tier: worker fleets, fault harness, drills, local mode, browser, chaos, simulation (fresh seeds)
-	$(PYTHON) -m pytest $(E2E_TIERS)
+	$(PYTHON) -m pytest --durations=15 $(E2E_TIERS)
 
 test-all: test test-e2e ## Both: the gate, then the real-time tier
 
