@@ -26,7 +26,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer
+from streamfleet_dev.local.servers import LOCAL_AWS_ENV, TEST_RUN_VARIABLE, LocalServer
 from tests.router_support import router  # noqa: F401 - the event router on moto
 from tests.support import BACKENDS, servers_on_demand
 from tests.wsapi_live_support import moto_tables  # noqa: F401 - every live-delivery table on moto
@@ -34,9 +34,9 @@ from tests.wsapi_support import gateway, tables  # noqa: F401 - fixtures of the 
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "infra", "artifact", "integration", "e2e", "sim")
-# Inherited by every process the suite starts (unless started with an environment of its own):
-# what is left at the end carries it.
-RUN_TOKEN_VARIABLE = "STREAMFLEET_TEST_RUN"
+# Inherited by every process the suite starts (the local launchers of workers and Lambda
+# functions pass it through): what is left at the end carries it.
+RUN_TOKEN_VARIABLE = TEST_RUN_VARIABLE
 LEFTOVER_GRACE_SECONDS = 10.0
 
 
@@ -62,12 +62,13 @@ def _stat(pid: int | str) -> tuple[int, int]:
 INTERPRETER_OWNED = ("jsii-runtime",)
 
 
-def _leftovers(token: str, since: int, checkout: str) -> dict[int, str]:
-    """Processes started since ``since`` that this run started: they carry its token, or run
-    from this checkout (a process given an environment of its own loses the token)."""
+def _leftovers(token: str, since: int) -> dict[int, str]:
+    """Processes started since ``since`` that carry this run's token: this run started them
+    (a process of another run, or of the developer's ``make local``, carries none or another)."""
     commands: dict[int, str] = {}
     parents: dict[int, int] = {}
     found: list[int] = []
+    mark = f"{RUN_TOKEN_VARIABLE}={token}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -79,8 +80,7 @@ def _leftovers(token: str, since: int, checkout: str) -> dict[int, str]:
             continue
         pid = int(entry.name)
         commands[pid], parents[pid] = command.strip(), parent
-        ours = f"{RUN_TOKEN_VARIABLE}={token}".encode() in environment or checkout in command
-        if command and ours and started >= since:
+        if command and started >= since and mark in environment.split(b"\0"):
             found.append(pid)
 
     def owned_by_the_interpreter(pid: int) -> bool:
@@ -97,7 +97,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not hasattr(session.config, "workerinput") and os.name == "posix" and Path("/proc").is_dir():
         token, since = os.environ[RUN_TOKEN_VARIABLE], _stat(os.getpid())[1]
         deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS  # a process may still be exiting
-        while (left := _leftovers(token, since, str(TESTS.parent))) and time.monotonic() < deadline:
+        while (left := _leftovers(token, since)) and time.monotonic() < deadline:
             time.sleep(0.2)
         if left:
             for pid in left:

@@ -202,17 +202,23 @@ def wheels_for(command: list[str]) -> str:
     if not (wheels / ".complete").exists():
         wheels.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=wheels.parent))
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(partial), *download],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        (partial / ".complete").touch()
-        shutil.rmtree(wheels, ignore_errors=True)
-        partial.rename(wheels)
+        try:
+            pip = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(partial)]
+            result = subprocess.run(
+                [*pip, *download],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert result.returncode == 0, result.stderr[-3000:]
+            (partial / ".complete").touch()
+            partial.rename(wheels)  # fails if another run completed it meanwhile: keep that one
+        except OSError:
+            if not (wheels / ".complete").exists():
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return str(wheels)
 
 

@@ -257,7 +257,9 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
     It also deleted those whose connection was still ending when the poll returned (found by
     the handoff bench's 1.3 s outliers): a stopping worker deletes none of its own handoff
     notifications."""
-    world = make_world(sqs_wait_seconds=10, reconcile_every=30.0)
+    # A handoff that waited out its own 20 s long poll, or a peer's 30 s reconcile, would not
+    # be done within the poll's 10 s below.
+    world = make_world(sqs_wait_seconds=20, reconcile_every=30.0)
     for n in range(3):
         world.start_worker(f"w{n}")
     await serving(world, 3)
@@ -276,6 +278,12 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
             lambda: asyncio.to_thread(handed_over, world, held, worker.worker_id),  # noqa: B023
             timeout=10,
         ), f"not handed over within 10 s: {world.rows()}"
+        gained = {
+            e[3]["pk"]: e[3]["via"]
+            for e in events(world, "lease_gained")
+            if e[1] != worker.worker_id
+        }
+        assert all(gained[model.connection_pk(s)] == "intake" for s in held), gained
         assert await eventually(worker.finished.is_set, timeout=15)
         # Its last long poll brought back its own handoff notifications while those connections
         # were still ending (their sends not yet answered): each must go back to the queue, not

@@ -74,7 +74,7 @@ async def test_an_outage_past_the_deadline_is_unavailable_not_lost(store, server
             await store.session.renew()
         # Given up at the deadline (plus at most one request in flight), not hanging on.
         one_request = FAST_TIMEOUTS.connect_timeout_seconds + FAST_TIMEOUTS.read_timeout_seconds
-        assert time.monotonic() <= deadline + one_request + 1.0
+        assert time.monotonic() <= deadline + one_request + 5.0
     finally:
         os.kill(pid, signal.SIGCONT)
     assert store.session.deadline_passed()

@@ -331,10 +331,17 @@ async def test_close_is_clean(gateway: LocalGateway) -> None:
 
 async def test_closing_while_backing_off(gateway: LocalGateway) -> None:
     gateway.fail(FailureMode.DOWN)
-    # Backoff pauses far longer than the close may take: a close that waited one out fails.
+
+    class Longest(random.Random):
+        """Full jitter at its ceiling: every pause is the whole backoff."""
+
+        def uniform(self, a: float, b: float) -> float:
+            return b
+
+    # A pause of 60 s, far longer than the close may take: a close that waited it out fails.
     patient = dataclasses.replace(FAST, backoff_base=60.0, backoff_cap=120.0)
-    client = await ReconnectingClient(Tokens(gateway), patient).start()
-    await eventually(lambda: client.attempts >= 1)
+    client = await ReconnectingClient(Tokens(gateway), patient, rng=Longest()).start()
+    await eventually(lambda: client.status is ClientStatus.BACKING_OFF)
     started = time.monotonic()
     await client.close()
     assert time.monotonic() - started < 30

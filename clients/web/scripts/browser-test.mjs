@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Drives Debian's Chromium (through playwright-core; never a browser download) against the
 // demo pages served by LocalRegions, and prints one JSON report as its last line of output.
-// tests/test_web_browser.py starts LocalRegions, runs this and asserts on the report.
+// tests/e2e/test_web_browser.py starts LocalRegions, runs this and asserts on the report.
 //
 //   node scripts/browser-test.mjs failover --base-url http://127.0.0.1:PORT --artifacts DIR
 //   node scripts/browser-test.mjs react-use-websocket --base-url ... --artifacts DIR

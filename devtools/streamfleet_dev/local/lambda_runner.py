@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamfleet_dev.cache import download_cache
+from streamfleet_dev.local.servers import TEST_RUN_VARIABLE
 
 if TYPE_CHECKING:
     from streamfleet_dev.assembly import FunctionSpec
@@ -229,6 +230,8 @@ def runtime_environment(spec: LambdaSpec, sdk_dir: Path | None) -> dict[str, str
         # Lambda's own, when the function logs JSON at an application log level.
         **({"AWS_LAMBDA_LOG_FORMAT": "JSON"} if spec.log_format == "JSON" else {}),
         **({"AWS_LAMBDA_LOG_LEVEL": spec.log_level} if spec.log_level else {}),
+        # Not Lambda's: the test suite's mark on the processes it started.
+        **{name: os.environ[name] for name in (TEST_RUN_VARIABLE,) if name in os.environ},
     }
 
 
@@ -375,7 +378,7 @@ def host_twin(asset_dir: Path, cache_root: Path | None = None) -> Path:
     # The asset directory's name is its content hash: the same code gets the same twin.
     digest = hashlib.sha256(asset_dir.name.encode())
     digest.update(sysconfig.get_platform().encode() + sys.version.encode())
-    root = cache_root or download_cache() / SDK_CACHE_DIR_NAME / "twins"
+    root = cache_root or Path(tempfile.gettempdir()) / SDK_CACHE_DIR_NAME / "twins"
     target = root / digest.hexdigest()
     if target.is_dir():
         return target

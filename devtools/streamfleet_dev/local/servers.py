@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Credentials and region for local servers: they accept any, but botocore insists on some.
@@ -27,13 +27,16 @@ LOCAL_AWS_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_REGION": "us-east-1",
 }
+# The test suite marks every process it starts with this variable (its run's token), so that
+# what is left at its end can be found; the local launchers pass it through.
+TEST_RUN_VARIABLE = "STREAMFLEET_TEST_RUN"
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 # What moto (werkzeug) and tools/dynalite-server.js print once they listen.
-LISTENING = re.compile(r"(?:Running on|listening at) http://127\.0\.0\.1:(\d+)")
+LISTENING = re.compile(r"(?:running on|listening at:?) http://[^:/\s]+:(\d+)", re.IGNORECASE)
 
 
 def free_port() -> int:
@@ -63,6 +66,7 @@ class LocalServer:
     port: int = 0  # 0 until the first start: the server binds a port and reports it
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    _temporary_log: bool = field(default=False, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -71,10 +75,10 @@ class LocalServer:
     def start(self) -> LocalServer:
         """Start the process and wait until it answers HTTP. The first start binds port 0 and
         reads the port the server reports; a restart (an outage) binds the same port again."""
-        if self.log_path is None:  # the reported port is read from the log: keep one anyway
+        if self.log_path is None:  # the reported port is read from the log: a temporary one
             descriptor, name = tempfile.mkstemp(prefix=f"streamfleet-{self.kind}-", suffix=".log")
             os.close(descriptor)
-            self.log_path = Path(name)
+            self.log_path, self._temporary_log = Path(name), True
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -104,14 +108,16 @@ class LocalServer:
 
     def stop(self) -> None:
         """Terminate the process (SIGTERM, then SIGKILL) and wait for it."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._temporary_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path, self._temporary_log = None, False
 
     def _port_args(self) -> list[str]:
         if self.kind == "moto":
