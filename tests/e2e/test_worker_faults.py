@@ -278,12 +278,6 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
             lambda: asyncio.to_thread(handed_over, world, held, worker.worker_id),  # noqa: B023
             timeout=10,
         ), f"not handed over within 10 s: {world.rows()}"
-        gained = {
-            e[3]["pk"]: e[3]["via"]
-            for e in events(world, "lease_gained")
-            if e[1] != worker.worker_id
-        }
-        assert all(gained[model.connection_pk(s)] == "intake" for s in held), gained
         assert await eventually(worker.finished.is_set, timeout=15)
         # Its last long poll brought back its own handoff notifications while those connections
         # were still ending (their sends not yet answered): each must go back to the queue, not

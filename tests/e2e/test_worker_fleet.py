@@ -129,9 +129,9 @@ async def test_sigterm_hands_every_connection_over_and_exits(fleet: Fleet):
         timeout=30,
         what="handed-over streams live on the other worker",
     )
-    # A notification, not an expiry or a reconcile, brought each of them over.
-    gained = {e["pk"]: e["via"] for e in staying.events("lease_gained")}
-    assert all(gained[model.connection_pk(s)] == "intake" for s in mine), gained
+    # Released and claimed, not taken over once the leaving worker's lease had expired.
+    taken_over = {e["pk"] for e in staying.events("lease_taken_over")}
+    assert not taken_over & {model.connection_pk(s) for s in mine}, taken_over
     await eventually(
         lambda: all(fleet.stored_seqs(sid)[-1:] > [10] for sid in ids), timeout=10, what="progress"
     )

@@ -19,7 +19,10 @@ import pytest
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.__main__ import run_many, summary
 
-SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "48"))
+# Real time on 2 shared cores: 2 schedules at a time, 24 in all (make sim runs 2,000). At 4 at a
+# time a busy machine made some recoveries late past 3 x the liveness bound.
+SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "24"))
+PARALLEL = 2
 
 
 @pytest.fixture
@@ -40,7 +43,7 @@ def test_every_schedule_keeps_one_owner_liveness_and_exactly_once(sim_env, capsy
         seeds = list(range(first, first + SCHEDULES))
 
     began = time.monotonic()
-    outcomes = asyncio.run(run_many(seeds, parallel=4))
+    outcomes = asyncio.run(run_many(seeds, parallel=PARALLEL))
     result = summary(outcomes, time.monotonic() - began)
 
     with capsys.disabled():
