@@ -7,7 +7,9 @@ the benchmarks start them here.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -35,15 +37,30 @@ STOP_TIMEOUT_SECONDS = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
+# free_port's range: above the well-known and common service ports, below the ephemeral ones.
+FIXED_PORTS_FROM = 20000
+EPHEMERAL_LOW_DEFAULT = 32768
 # What moto (werkzeug) and tools/dynalite-server.js print once they listen.
 LISTENING = re.compile(r"(?:running on|listening at:?) http://[^:/\s]+:(\d+)", re.IGNORECASE)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a process that cannot bind
+    port 0 itself and report it (a worker's health endpoint). It lies below the kernel's
+    ephemeral range, so no port-0 bind elsewhere (the servers here bind so) can take it between
+    this probe and the process's own bind."""
+    low = EPHEMERAL_LOW_DEFAULT
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(FIXED_PORTS_FROM, max(FIXED_PORTS_FROM + 1, low))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def dynalite_command() -> list[str]:
