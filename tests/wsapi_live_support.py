@@ -4,6 +4,7 @@ a gateway whose handlers serve subscribe, and helpers that play the fleet (rows,
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class LiveTablesSet:
     subscriptions: str
     leases: str
     messages: str
+    stream_enabled: bool = False  # the messages table's change stream, where the server has one
 
     def live(self, **settings: int) -> LiveTables:
         return LiveTables(self.leases, self.messages, self.subscriptions, **settings)
@@ -76,38 +78,43 @@ class LiveTablesSet:
         return [item[model.SUB_CONNECTION]["S"] for item in response["Items"]]
 
 
+@contextlib.contextmanager
+def live_table_set(prefix: str) -> Iterator[LiveTablesSet]:
+    """Every table one Region's live delivery touches, fresh, on the current DynamoDB endpoint;
+    deleted afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    dynamodb = boto3.client("dynamodb", region_name=REGION)
+    tables = LiveTablesSet(
+        dynamodb,
+        *(
+            f"{prefix}-{kind}-{suffix}"
+            for kind in ("wsstate", "wsconn", "wssubs", "leases", "messages")
+        ),
+    )
+    wsapi = {
+        "state_table": tables.state,
+        "connections_table": tables.connections,
+        "subscriptions_table": tables.subscriptions,
+    }
+    create_wsapi_tables(dynamodb, **wsapi)
+    created = create_tables(dynamodb, lease_table=tables.leases, messages_table=tables.messages)
+    tables.stream_enabled = all(not c.not_applied or "TTL" in c.not_applied[0] for c in created)
+    try:
+        yield tables
+    finally:
+        delete_wsapi_tables(dynamodb, **wsapi)
+        for name in (tables.leases, tables.messages):
+            dynamodb.delete_table(TableName=name)
+
+
 @pytest.fixture
 def live_tables(servers, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveTablesSet]:
     """Every table on dynalite (which applies an item's writes one at a time, as DynamoDB)."""
     for name, value in LOCAL_AWS_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers["dynalite"].endpoint)
-    suffix = uuid.uuid4().hex[:10]
-    dynamodb = boto3.client("dynamodb", region_name=REGION)
-    tables = LiveTablesSet(
-        dynamodb,
-        f"test-wsstate-{suffix}",
-        f"test-wsconn-{suffix}",
-        f"test-wssubs-{suffix}",
-        f"test-leases-{suffix}",
-        f"test-messages-{suffix}",
-    )
-    create_wsapi_tables(
-        dynamodb,
-        state_table=tables.state,
-        connections_table=tables.connections,
-        subscriptions_table=tables.subscriptions,
-    )
-    create_tables(dynamodb, lease_table=tables.leases, messages_table=tables.messages)
-    yield tables
-    delete_wsapi_tables(
-        dynamodb,
-        state_table=tables.state,
-        connections_table=tables.connections,
-        subscriptions_table=tables.subscriptions,
-    )
-    for name in (tables.leases, tables.messages):
-        dynamodb.delete_table(TableName=name)
+    with live_table_set("test") as tables:
+        yield tables
 
 
 def live_gateway(
@@ -130,30 +137,7 @@ async def running(gateway: LocalGateway) -> AsyncIterator[LocalGateway]:
 
 @pytest.fixture
 def moto_tables(moto) -> Any:
-    suffix = uuid.uuid4().hex[:10]
-    dynamodb = boto3.client("dynamodb", region_name=REGION)
-    tables = LiveTablesSet(
-        dynamodb,
-        f"fo-wsstate-{suffix}",
-        f"fo-wsconn-{suffix}",
-        f"fo-wssubs-{suffix}",
-        f"fo-leases-{suffix}",
-        f"fo-messages-{suffix}",
-    )
-    create_wsapi_tables(
-        dynamodb,
-        state_table=tables.state,
-        connections_table=tables.connections,
-        subscriptions_table=tables.subscriptions,
-    )
-    created = create_tables(dynamodb, lease_table=tables.leases, messages_table=tables.messages)
-    assert all(not c.not_applied or "TTL" in c.not_applied[0] for c in created)  # stream on
-    yield tables, moto.endpoint
-    delete_wsapi_tables(
-        dynamodb,
-        state_table=tables.state,
-        connections_table=tables.connections,
-        subscriptions_table=tables.subscriptions,
-    )
-    for name in (tables.leases, tables.messages):
-        dynamodb.delete_table(TableName=name)
+    with live_table_set("fo") as tables:
+        # On moto the messages table's stream is on (dynalite has none; only its TTL may not be).
+        assert tables.stream_enabled
+        yield tables, moto.endpoint
