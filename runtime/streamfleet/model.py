@@ -127,6 +127,14 @@ MESSAGE_DATA = "data"
 MESSAGE_RECEIVED_AT_MS = "received_at_ms"
 MESSAGE_WORKER = "worker_id"
 MESSAGE_EXPIRES_AT = "expires_at"  # epoch seconds, the table's TTL attribute
+# Present (MESSAGE_FORMAT_JSON) when ``data`` is the exact JSON text of a value that is not a
+# string; absent when ``data`` is the string the upstream sent.
+MESSAGE_FORMAT = "format"
+MESSAGE_FORMAT_JSON = "json"
+DYNAMODB_MAX_ITEM_BYTES = 400 * 1024
+# The largest upstream message a worker may be configured to take (MAX_MESSAGE_BYTES): a stored
+# item adds its key, names and numbers, well under the rest of DynamoDB's 400 KB.
+MAX_UPSTREAM_MESSAGE_BYTES = 384 * 1024
 DEFAULT_MESSAGE_RETENTION_DAYS = 7
 
 # --- Worker environment variables that the constructs set (the rest: worker/config.py) ---
@@ -262,6 +270,7 @@ METRIC_DIMENSION_SERVICE = "ServiceName"
 METRIC_ACTIVE_CONNECTIONS = "ActiveConnections"
 METRIC_LEASES_LOST = "LeasesLost"
 METRIC_HANDOFFS = "Handoffs"
+METRIC_FRAMES_REFUSED = "FramesRefused"  # upstream frames judged unreadable or unstorable
 
 
 # --- ECS task events (runtime/streamfleet/task_events.py, streamfleet_cdk/task_events.py) ---

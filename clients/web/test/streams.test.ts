@@ -47,6 +47,26 @@ describe('StreamCursor', () => {
     expect(cursor.onFrame(parts, 0).map((m) => m.data)).toEqual(['hello world']);
   });
 
+  it('says which messages carry the JSON text of a value rather than a string', () => {
+    const cursor = new StreamCursor('s', 0);
+    const got = cursor.onFrame(
+      {
+        type: 'messages',
+        stream: 's',
+        source: 'live',
+        messages: [
+          { seq: 1, data: '[1, 2]' },
+          { seq: 2, data: '[1, 2]', format: 'json' },
+        ],
+      },
+      0,
+    );
+    expect(got.map((m) => [m.data, m.json])).toEqual([
+      ['[1, 2]', false],
+      ['[1, 2]', true],
+    ]);
+  });
+
   it('asks the log to fill a gap after the timeout, then ever more patiently', () => {
     const cursor = new StreamCursor('s', 5);
     cursor.acknowledged = true;

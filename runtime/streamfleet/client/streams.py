@@ -36,6 +36,7 @@ class StreamMessage:
     received_at_ms: int | None  # when the fleet's worker received it from the upstream
     source: str  # "replay" (from the stored log) or "live" (from the fan-out)
     region: str | None  # the Region that delivered it
+    json: bool = False  # data is the exact JSON text of a value the upstream sent, not a string
 
 
 @dataclass
@@ -119,6 +120,7 @@ class StreamCursor:
             return None
         at = entry.get("at")
         received = at if isinstance(at, int) and not isinstance(at, bool) else None
+        is_json = entry.get("format") == "json"
         if "parts" in entry:
             part, parts = entry.get("part"), entry.get("parts")
             if not (isinstance(part, int) and isinstance(parts, int) and 0 <= part < parts):
@@ -131,7 +133,7 @@ class StreamCursor:
                 return None
             data = "".join(pieces[index] for index in range(parts))
             del self.parts[seq]
-        return StreamMessage(self.stream, seq, data, received, source, region)
+        return StreamMessage(self.stream, seq, data, received, source, region, is_json)
 
     def _drain(self, now: float) -> list[StreamMessage]:
         ready: list[StreamMessage] = []

@@ -40,6 +40,16 @@ def _whole(env: Mapping[str, str], name: str, default: int) -> int:
     return check_positive_int(name, value)
 
 
+def _message_bytes(env: Mapping[str, str]) -> int:
+    value = _whole(env, "MAX_MESSAGE_BYTES", 64 * 1024)
+    if value > model.MAX_UPSTREAM_MESSAGE_BYTES:
+        raise ValueError(
+            f"MAX_MESSAGE_BYTES: at most {model.MAX_UPSTREAM_MESSAGE_BYTES} (a stored message is "
+            "one DynamoDB item of at most 400 KB)"
+        )
+    return value
+
+
 def _port(env: Mapping[str, str], name: str) -> int:
     raw = env.get(name, "").strip()
     if not raw:
@@ -153,7 +163,7 @@ class WorkerConfig:
                 * 86400
             ),
             flush_every=_number(env, "FLUSH_EVERY", 0.05),
-            max_message_bytes=_whole(env, "MAX_MESSAGE_BYTES", 64 * 1024),
+            max_message_bytes=_message_bytes(env),
             max_buffered_messages=_whole(env, "MAX_BUFFERED_MESSAGES", 1000),
             reconnect_base_seconds=_number(env, "RECONNECT_BASE_SECONDS", 0.2),
             reconnect_cap_seconds=_number(env, "RECONNECT_CAP_SECONDS", 10.0),

@@ -21,7 +21,7 @@ from ..desired_state import DesiredStateWriter
 from ..lease import ConnectionLeases, Lease, LeaseLost, SessionLost, StoreUnavailable
 from ..lease.dynamo import full_jitter
 from .notifier import Notifier
-from .observability import Counters, EventLog
+from .observability import Counters, EventLog, RateLimitedLog
 from .protocol import ProtocolError, UpstreamMessage, UpstreamProtocol
 from .sink import MessageSink
 from .upstream_policy import UpstreamPolicy, UpstreamRefused
@@ -106,6 +106,8 @@ class Connection:
         self._refusal = ""
         self._drained = asyncio.Event()
         self._drained.set()
+        # What the upstream can repeat at its own rate is logged at most once per interval.
+        self._upstream_log = RateLimitedLog(context.log)
         self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=self.pk)
 
     # -- control ------------------------------------------------------------------------------
@@ -204,9 +206,12 @@ class Connection:
                     self.connected = True
                     attempt = 0
                     async for frame in upstream:
+                        message = self._judge(frame)
+                        if message is None:
+                            continue
                         if resume_from is None:
-                            resume_from = await self._record_origin(frame)
-                        self._receive(frame)
+                            resume_from = await self._record_origin(message.seq)
+                        self._receive(message)
                         if self._unstored >= context.max_buffered_messages:
                             self._drained.clear()
                             await self._drained.wait()  # backpressure: stop reading
@@ -220,28 +225,40 @@ class Connection:
             )
             attempt += 1
 
-    async def _record_origin(self, frame: str | bytes) -> int | None:
+    async def _record_origin(self, first: int) -> int:
         """A stream taken up live starts at its first message: record the seq before it as the
         stream's origin, before anything is stored, so every later owner knows where the log
         begins (and that it has to replay from there)."""
-        try:
-            first = self._context.protocol.parse(frame).seq
-        except ProtocolError:
-            return None
         await self._context.leases.checkpoint(self.lease, first - 1, origin=True)
         self.checkpointed_seq = self.stored_seq = self.last_received_seq = first - 1
         return first - 1
 
-    def _receive(self, frame: str | bytes) -> None:
+    def _judge(self, frame: str | bytes) -> UpstreamMessage | None:
+        """The frame's message, or ``None`` once the frame is refused: one that cannot be read
+        or stored is judged alone, and never ends this stream's connection, nor another's."""
         try:
-            message: UpstreamMessage = self._context.protocol.parse(frame)
-        except ProtocolError as exc:
-            self._context.log("upstream_bad_frame", pk=self.pk, error=str(exc))
-            return
+            message = self._context.protocol.parse(frame)
+        except Exception as exc:  # a pluggable protocol may raise anything: refuse the frame
+            reason = str(exc) if isinstance(exc, ProtocolError) else repr(exc)
+            self._refuse(frame, reason, getattr(exc, "seq", None))
+            return None
+        if not self._context.sink.fits(self.pk, message):
+            self._refuse(frame, "too big for one stored item", message.seq)
+            return None
+        return message
+
+    def _refuse(self, frame: str | bytes, reason: str, seq: int | None) -> None:
+        self._context.counters.frames_refused += 1
+        size = len(frame.encode("utf-8")) if isinstance(frame, str) else len(frame)
+        self._upstream_log(
+            "upstream_frame_refused", pk=self.pk, seq=seq, bytes=size, reason=reason[:200]
+        )
+
+    def _receive(self, message: UpstreamMessage) -> None:
         if message.seq <= self.last_received_seq:
             return  # a replay of something already queued
         if message.seq != self.last_received_seq + 1:
-            self._context.log(
+            self._upstream_log(
                 "upstream_gap", pk=self.pk, after=self.last_received_seq, next=message.seq
             )
         self.last_received_seq = message.seq

@@ -752,7 +752,7 @@ class Worker:
     def emit_metrics(self) -> None:
         document = emf_document(self.config.service_name, len(self.connections), self.counters)
         emf.write(emf.line(document))
-        self.counters.leases_lost = self.counters.handoffs = 0
+        self.counters.reset()
         self.log(
             "worker_stats",
             connections=len(self.connections),

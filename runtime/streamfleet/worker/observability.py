@@ -1,6 +1,8 @@
 """Structured JSON logs and CloudWatch Embedded Metric Format (EMF) on stdout.
 
-One log line per lease event (gained, lost, released, handed over), never one per message. The
+One log line per lease event (gained, lost, released, handed over), never one per message: what
+an upstream can repeat at its own rate (a refused frame, a gap) goes through a
+:class:`RateLimitedLog` and is counted in full in the metrics. The
 metrics are EMF documents that CloudWatch Logs turns into metrics, so the worker makes no
 PutMetricData call; the scaling policy tracks exactly ``model.METRIC_ACTIVE_CONNECTIONS``.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -29,16 +32,55 @@ class EventLog:
         self.stream.flush()
 
 
+class RateLimitedLog:
+    """At most one line per ``event`` every ``interval`` seconds (per instance: one per stream).
+
+    The first occurrence is logged at once; the ones within the next ``interval`` are counted
+    and reported as ``suppressed`` on the next line that is written.
+    """
+
+    def __init__(
+        self,
+        log: Callable[..., None],
+        *,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._log = log
+        self._interval = interval
+        self._clock = clock
+        self._next: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        now = self._clock()
+        if now < self._next.get(event, float("-inf")):
+            self._suppressed[event] = self._suppressed.get(event, 0) + 1
+            return
+        self._next[event] = now + self._interval
+        suppressed = self._suppressed.pop(event, 0)
+        if suppressed:
+            fields["suppressed"] = suppressed
+        self._log(event, **fields)
+
+
 @dataclass
 class Counters:
     """Counts that go out with the next metrics document."""
 
     leases_lost: int = 0
     handoffs: int = 0
+    frames_refused: int = 0
+
+    def reset(self) -> None:
+        """Zero every count once a document has carried it (the connections share this one)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, 0)
 
 
 def emf_document(service_name: str, active: int, counters: Counters) -> dict[str, Any]:
-    """An EMF document with ActiveConnections, LeasesLost and Handoffs for one service."""
+    """An EMF document with ActiveConnections, LeasesLost, Handoffs and FramesRefused for one
+    service."""
     return emf.document(
         model.METRIC_NAMESPACE,
         {model.METRIC_DIMENSION_SERVICE: service_name},
@@ -46,5 +88,6 @@ def emf_document(service_name: str, active: int, counters: Counters) -> dict[str
             model.METRIC_ACTIVE_CONNECTIONS: (active, emf.COUNT),
             model.METRIC_LEASES_LOST: (counters.leases_lost, emf.COUNT),
             model.METRIC_HANDOFFS: (counters.handoffs, emf.COUNT),
+            model.METRIC_FRAMES_REFUSED: (counters.frames_refused, emf.COUNT),
         },
     )

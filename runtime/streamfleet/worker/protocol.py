@@ -7,13 +7,24 @@ does) closes every client dialled with a lower epoch when a higher one arrives (
 4409) and refuses a dial with a lower epoch (HTTP 409), so a worker that was frozen with its
 socket open cannot keep receiving once its successor has dialled. Another upstream plugs in its
 own :class:`UpstreamProtocol`.
+
+Every frame is judged alone and strictly: it is one JSON object (text, or UTF-8 in a binary
+frame) with one ``seq`` of 1 to 38 digits (what a DynamoDB number holds exactly) and at most one
+``data``. The message keeps ``data`` exactly as sent: a JSON string as the string it encodes, any
+other value as its own text, byte for byte (``1e400``, long decimals and repeated members are
+stored as written, never rounded or re-serialised), marked as JSON so that the string
+``"[1, 2]"`` and the array ``[1, 2]`` stay distinct. ``NaN`` and ``Infinity`` are not JSON and
+refuse the frame, as does nesting too deep to parse, a string that is no Unicode text (a lone
+surrogate) and anything else that cannot be read.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from json.decoder import scanstring
+from typing import Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -25,15 +36,28 @@ STALE_EPOCH_STATUS = 409  # a dial with an epoch lower than the newest one seen
 
 
 class ProtocolError(ValueError):
-    """A frame the protocol cannot read."""
+    """A frame the protocol cannot read; ``seq`` if it got as far as reading one."""
+
+    def __init__(self, reason: str, *, seq: int | None = None):
+        super().__init__(reason)
+        self.seq = seq
 
 
 @dataclass(frozen=True)
 class UpstreamMessage:
-    """One message with its position in the stream."""
+    """One message with its position in the stream.
+
+    ``data`` is what the upstream sent: the text of a string, or with ``json`` set, the exact
+    JSON text of any other value.
+    """
 
     seq: int
-    data: Any
+    data: str
+    json: bool = False
+
+    @property
+    def data_bytes(self) -> int:
+        return len(self.data.encode("utf-8"))
 
 
 class UpstreamProtocol(Protocol):
@@ -65,16 +89,26 @@ class JsonSeqProtocol:
         return urlunsplit(parts._replace(query=urlencode(query)))
 
     def parse(self, frame: str | bytes) -> UpstreamMessage:
-        try:
-            payload = json.loads(frame)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"frame is not JSON: {exc}") from None
-        if not isinstance(payload, dict):
-            raise ProtocolError("frame is not a JSON object")
-        seq = payload.get("seq")
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-            raise ProtocolError("frame has no positive integer seq")
-        return UpstreamMessage(seq=seq, data=payload.get("data"))
+        if isinstance(frame, bytes):
+            try:
+                frame = frame.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ProtocolError("frame is not UTF-8 text") from None
+        members = _top_level_members(frame)
+        raw_seq = members.get("seq")
+        if raw_seq is None or not _SEQ.fullmatch(raw_seq[0]):
+            raise ProtocolError("frame has no seq of 1 to 38 digits")
+        seq = int(raw_seq[0])
+        if "data" not in members:
+            return UpstreamMessage(seq=seq, data="null", json=True)
+        text, value = members["data"]
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ProtocolError("data is not Unicode text", seq=seq) from None
+            return UpstreamMessage(seq=seq, data=value)
+        return UpstreamMessage(seq=seq, data=text, json=True)
 
     def superseded(self, error: Exception) -> bool:
         if isinstance(error, InvalidStatus):
@@ -82,3 +116,63 @@ class JsonSeqProtocol:
         if isinstance(error, ConnectionClosed):
             return error.rcvd is not None and error.rcvd.code == SUPERSEDED_CLOSE_CODE
         return False
+
+
+# A seq is a positive integer that a DynamoDB number holds exactly (38 significant digits).
+_SEQ = re.compile(r"[1-9][0-9]{0,37}")
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _unread(_text: str) -> None:
+    """Numbers are checked, never converted: their text is what is kept."""
+
+
+# Validates a value without converting its numbers (no precision lost, no 4,300-digit limit).
+_VALIDATOR = json.JSONDecoder(parse_constant=_not_json, parse_int=_unread, parse_float=_unread)
+
+
+def _top_level_members(text: str) -> dict[str, tuple[str, object]]:
+    """The members of the JSON object ``text``, each as (its exact text, its decoded value with
+    numbers unread). ``ProtocolError`` for anything but one well-formed object with distinct
+    member names."""
+    try:
+        index = _WHITESPACE.match(text, 0).end()  # type: ignore[union-attr]
+        if text[index : index + 1] != "{":
+            raise ProtocolError("frame is not a JSON object")
+        index = _WHITESPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+        members: dict[str, tuple[str, object]] = {}
+        if text[index : index + 1] == "}":
+            index += 1
+        else:
+            while True:
+                if text[index : index + 1] != '"':
+                    raise ProtocolError("frame is not a JSON object")
+                name, index = scanstring(text, index + 1, True)
+                index = _WHITESPACE.match(text, index).end()  # type: ignore[union-attr]
+                if text[index : index + 1] != ":":
+                    raise ProtocolError("frame is not a JSON object")
+                index = _WHITESPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+                value, end = _VALIDATOR.raw_decode(text, index)
+                if name in members:
+                    raise ProtocolError(f"frame has two {name!r} members")
+                members[name] = (text[index:end], value)
+                index = _WHITESPACE.match(text, end).end()  # type: ignore[union-attr]
+                separator = text[index : index + 1]
+                index = _WHITESPACE.match(text, index + 1).end()  # type: ignore[union-attr]
+                if separator == "}":
+                    break
+                if separator != ",":
+                    raise ProtocolError("frame is not a JSON object")
+        if _WHITESPACE.match(text, index).end() != len(text):  # type: ignore[union-attr]
+            raise ProtocolError("frame has more after its JSON object")
+        return members
+    except RecursionError:
+        raise ProtocolError("frame nests too deeply to read") from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, a bad escape
+        if isinstance(exc, ProtocolError):
+            raise
+        raise ProtocolError(f"frame is not JSON: {exc}") from None

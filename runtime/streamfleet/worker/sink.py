@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
 
 from .. import model
 from ..aws import AsyncClient
@@ -23,6 +24,7 @@ from ..lease.dynamo import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
     full_jitter,
+    is_transient,
     retry_until,
     to_attr,
     to_item,
@@ -34,6 +36,23 @@ MAX_BATCH_WRITE_ITEMS = 25  # DynamoDB's limit per BatchWriteItem request
 # At most this many messages per flush (80 requests): one flush never holds the event loop for
 # long, whatever the backlog; the next flush follows at once.
 MAX_ITEMS_PER_FLUSH = 2000
+# An upper bound of a number's stored size (DynamoDB counts about one byte per two digits).
+_NUMBER_BYTES = 21
+
+
+def item_bytes(item: dict[str, Any]) -> int:
+    """An upper bound of ``item``'s size as DynamoDB counts it against its 400 KB limit."""
+    size = 0
+    for name, value in item.items():
+        size += len(name.encode("utf-8"))
+        size += len(value.encode("utf-8")) if isinstance(value, str) else _NUMBER_BYTES
+    return size
+
+
+def _refused(error: BaseException) -> bool:
+    """DynamoDB's definite "no" to a request (an item too big, a number out of range): a
+    ``BatchWriteItem`` fails whole for one such item."""
+    return isinstance(error, ClientError) and not is_transient(error)
 
 
 class MessageOwner(Protocol):
@@ -152,9 +171,7 @@ class MessageSink:
             try:
                 # Every chunk runs to its end (success or failure) before anyone is told: a
                 # sibling chunk must not keep writing after its connection was given up.
-                results = await asyncio.gather(
-                    *(self._write(chunk) for chunk in chunks), return_exceptions=True
-                )
+                results = await asyncio.gather(*(self._write_judged(chunk) for chunk in chunks))
             finally:
                 for key in owners:
                     self._in_flight[key] -= 1
@@ -163,10 +180,9 @@ class MessageSink:
                 async with self._settled:
                     self._settled.notify_all()
             failed: dict[int, BaseException] = {}
-            for chunk, result in zip(chunks, results, strict=True):
-                if isinstance(result, BaseException):
-                    for pending in chunk:
-                        failed.setdefault(id(pending.owner), result)
+            for result in results:
+                for pending, error in result:
+                    failed.setdefault(id(pending.owner), error)
             latest: dict[int, tuple[int, int]] = {}
             for pending in batch:
                 key = id(pending.owner)
@@ -184,20 +200,53 @@ class MessageSink:
         self._closed.add(id(owner))
         owner.storage_failed(error if isinstance(error, Exception) else RuntimeError(error))
 
-    def _item(self, pending: _Pending) -> dict[str, Any]:
-        data = pending.message.data
+    def item(self, pk: str, message: UpstreamMessage, received_at_ms: int) -> dict[str, Any]:
+        """The messages-table item that stores ``message`` of ``pk`` (plain values)."""
         item: dict[str, Any] = {
-            model.PK: pending.owner.pk,
-            model.SEQ: pending.message.seq,
-            model.MESSAGE_DATA: data if isinstance(data, str) else json.dumps(data),
-            model.MESSAGE_RECEIVED_AT_MS: pending.received_at_ms,
+            model.PK: pk,
+            model.SEQ: message.seq,
+            model.MESSAGE_DATA: message.data,
+            model.MESSAGE_RECEIVED_AT_MS: received_at_ms,
             model.MESSAGE_WORKER: self._worker_id,
         }
+        if message.json:
+            item[model.MESSAGE_FORMAT] = model.MESSAGE_FORMAT_JSON
         if self._retention_seconds:
-            item[model.MESSAGE_EXPIRES_AT] = (
-                pending.received_at_ms // 1000 + self._retention_seconds
-            )
+            item[model.MESSAGE_EXPIRES_AT] = received_at_ms // 1000 + self._retention_seconds
         return item
+
+    def fits(self, pk: str, message: UpstreamMessage) -> bool:
+        """Whether ``message`` fits in one DynamoDB item: checked before it is queued, so that a
+        message that cannot be stored never fails a batch it shares with other streams."""
+        return item_bytes(self.item(pk, message, 0)) <= model.DYNAMODB_MAX_ITEM_BYTES
+
+    def _item(self, pending: _Pending) -> dict[str, Any]:
+        return self.item(pending.owner.pk, pending.message, pending.received_at_ms)
+
+    async def _write_judged(self, chunk: list[_Pending]) -> list[tuple[_Pending, BaseException]]:
+        """Write ``chunk``; returns the messages that failed, each with its error. A chunk that
+        DynamoDB refuses outright is written again stream by stream, so that only the stream
+        whose message it cannot take fails, never the others that shared its request."""
+        try:
+            await self._write(chunk)
+            return []
+        except Exception as exc:
+            error = exc
+        by_owner: dict[int, list[_Pending]] = {}
+        for pending in chunk:
+            by_owner.setdefault(id(pending.owner), []).append(pending)
+        if len(by_owner) == 1 or not _refused(error):
+            return [(pending, error) for pending in chunk]
+        parts = list(by_owner.values())
+        results = await asyncio.gather(
+            *(self._write(part) for part in parts), return_exceptions=True
+        )
+        return [
+            (pending, result)
+            for part, result in zip(parts, results, strict=True)
+            if isinstance(result, BaseException)
+            for pending in part
+        ]
 
     async def _write(self, chunk: list[_Pending]) -> None:
         async with self._parallel:

@@ -6,6 +6,9 @@ Both the subscribe handler (a replay read from the messages table) and the fan-o
 ``{"type": "messages", "stream": "<id>", "source": "replay"|"live", "region": "<region>",
 "messages": [{"seq": 41, "data": "...", "at": <received_at_ms>}, ...]}``
 
+``data`` is the string the upstream sent, or, with ``"format": "json"`` beside it, the exact
+JSON text of the value it sent (an object, a number...), as the worker stored it.
+
 as few frames as API Gateway's frame limit allows (32 KB each: a bigger frame closes the
 client's socket with 1009, and the @connections API must split anything over 32 KB into frames
 of at most that). Messages keep their seq order inside a frame and from frame to frame. A single
@@ -35,6 +38,7 @@ class StoredMessage:
     seq: int
     data: str
     received_at_ms: int | None = None
+    json: bool = False  # data is the JSON text of a value, not a string
 
 
 def message_from_item(item: Mapping[str, Any]) -> StoredMessage:
@@ -45,6 +49,8 @@ def message_from_item(item: Mapping[str, Any]) -> StoredMessage:
         seq=int(item[model.SEQ]),
         data=data if isinstance(data, str) else json.dumps(data, default=str),
         received_at_ms=int(at) if isinstance(at, (int, float)) else None,
+        json=item.get(model.MESSAGE_FORMAT) == model.MESSAGE_FORMAT_JSON
+        or not isinstance(data, str),
     )
 
 
@@ -57,6 +63,8 @@ def _entry(message: StoredMessage, data: str, part: tuple[int, int] | None = Non
     if part is not None:
         entry["part"], entry["parts"] = part
     entry["data"] = data
+    if message.json:
+        entry["format"] = model.MESSAGE_FORMAT_JSON
     if message.received_at_ms is not None:
         entry["at"] = message.received_at_ms
     return entry

@@ -48,6 +48,10 @@ def test_a_complete_environment_is_read_with_fractional_seconds():
         ({"ALLOWED_UPSTREAMS": "http://x"}, "ALLOWED_UPSTREAMS"),
         ({"ALLOWED_UPSTREAMS": "ws://host:99999"}, "ALLOWED_UPSTREAMS"),
         ({"HEALTH_PORT": "70000"}, "HEALTH_PORT"),
+        # A stored message is one DynamoDB item (400 KB): a bigger limit accepted messages that
+        # failed their whole batch, cutting other streams' connections.
+        ({"MAX_MESSAGE_BYTES": str(1024 * 1024)}, "MAX_MESSAGE_BYTES"),
+        ({"MAX_MESSAGE_BYTES": "0"}, "MAX_MESSAGE_BYTES"),
     ],
 )
 def test_a_bad_variable_is_named(change, field):

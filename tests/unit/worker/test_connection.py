@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
+
+from websockets.asyncio.server import serve
 
 from streamfleet.lease import Lease, SessionLost
 from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
@@ -41,7 +44,21 @@ class Leases:
 
 
 class Sink:
-    def add(self, owner, message) -> None: ...
+    """Records what it is given; a message over ``max_item_bytes`` does not fit an item."""
+
+    def __init__(self) -> None:
+        self.added: list = []
+        self.max_item_bytes = 400 * 1024
+        self.got: asyncio.Event = asyncio.Event()
+        self.waiting_for: int | None = None
+
+    def add(self, owner, message) -> None:
+        self.added.append(message)
+        if message.seq == self.waiting_for:
+            self.got.set()
+
+    def fits(self, pk, message) -> bool:
+        return message.data_bytes <= self.max_item_bytes
 
     async def flush(self) -> None: ...
 
@@ -59,10 +76,10 @@ class Notifier:
         self.notified.append(pk)
 
 
-def context(leases: Leases, events: list) -> ConnectionContext:
+def context(leases: Leases, events: list, sink: Sink | None = None) -> ConnectionContext:
     return ConnectionContext(
         leases=leases,  # type: ignore[arg-type]
-        sink=Sink(),  # type: ignore[arg-type]
+        sink=sink or Sink(),  # type: ignore[arg-type]
         notifier=Notifier(),  # type: ignore[arg-type]
         desired_state=None,  # type: ignore[arg-type]
         policy=UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "ws://127.0.0.1"),
@@ -116,3 +133,64 @@ async def test_a_final_checkpoint_that_finds_the_session_over_still_releases():
 
     assert leases.released == [False]  # released, not sealed (nothing confirmed past 3)
     assert ("final_flush_failed", {"pk": "CONN#a", "error": "deadline passed"}) in events
+
+
+def frame(seq: int, data: object = "d") -> str:
+    return json.dumps({"seq": seq, "data": data})
+
+
+POISON = [
+    '{"seq": 5, "data": ' + "[" * 5000 + "]" * 5000 + "}",  # RecursionError in json.loads
+    '{"seq": ' + "9" * 5000 + "}",  # ValueError: past Python's int-from-text limit
+    '{"seq": 5, "data": NaN}',
+    '{"seq": 5, "data": "\\ud800"}',
+    '{"seq": 100000000000000000000000000000000000000, "data": 1}',
+    "not json at all",
+]
+
+
+async def test_poison_frames_are_refused_one_by_one_and_the_stream_keeps_its_lease():
+    """A small poison frame (deep nesting, a huge integer) ended the connection; the lease was
+    released and re-claimed about 13 times a second, the stream stuck for ever. Each bad frame
+    is now refused alone, counted, and logged at most once per interval."""
+    script = [frame(4)] + POISON * 40 + [frame(5), frame(6, "x" * 2000), frame(7, {"n": 1e3})]
+
+    async def upstream(websocket) -> None:
+        for text in script:
+            await websocket.send(text)
+        await websocket.wait_closed()
+
+    async with serve(upstream, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        leases, events, sink = Leases(Session(deadline=time.monotonic() + 60)), [], Sink()
+        sink.max_item_bytes = 1000  # seq 6 cannot be stored
+        sink.waiting_for = 7
+        lease = Lease(
+            pk="CONN#a",
+            ws_url=f"ws://127.0.0.1:{port}/s",
+            last_seq=3,
+            lease_version=1,
+            owner="w1",
+            session_version=1,
+        )
+        ctx = context(leases, events, sink)
+        finished = asyncio.Event()
+        connection = Connection(lease, ctx, acquired_at=0, on_finished=lambda c: finished.set())
+
+        await asyncio.wait_for(sink.got.wait(), timeout=30)
+
+        assert connection.end_reason is None and connection.connected
+        assert [(m.seq, m.data, m.json) for m in sink.added] == [
+            (4, "d", False),
+            (5, "d", False),
+            (7, '{"n": 1000.0}', True),
+        ]
+        assert ctx.counters.frames_refused == len(POISON) * 40 + 1
+        refusals = [fields for event, fields in events if event == "upstream_frame_refused"]
+        assert len(refusals) == 1, refusals  # the rest within the interval are only counted
+        assert refusals[0]["pk"] == "CONN#a" and refusals[0]["reason"]
+        assert not any(event == "upstream_dropped" for event, _ in events)
+        connection.end(EndReason.SHUTDOWN)
+        await asyncio.wait_for(finished.wait(), timeout=10)
+        await connection.task
+        assert leases.released == [False]

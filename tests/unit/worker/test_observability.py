@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamfleet import model
-from streamfleet.worker.observability import Counters, emf_document
+from streamfleet.worker.observability import Counters, RateLimitedLog, emf_document
 
 
 def test_the_metric_document_names_exactly_what_the_scaling_policy_tracks():
@@ -15,3 +15,29 @@ def test_the_metric_document_names_exactly_what_the_scaling_policy_tracks():
     assert model.METRIC_ACTIVE_CONNECTIONS in names
     assert document[model.METRIC_ACTIVE_CONNECTIONS] == 12
     assert document[model.METRIC_DIMENSION_SERVICE] == "svc"
+
+
+def test_a_repeated_event_is_logged_once_per_interval_and_the_rest_counted():
+    lines: list[tuple[str, dict]] = []
+    now = [100.0]
+    log = RateLimitedLog(
+        lambda event, **f: lines.append((event, f)), interval=10, clock=lambda: now[0]
+    )
+    for _ in range(1000):
+        log("upstream_frame_refused", pk="CONN#a")
+    log("upstream_gap", pk="CONN#a")  # another event has its own interval
+    now[0] += 10
+    log("upstream_frame_refused", pk="CONN#a")
+
+    assert lines == [
+        ("upstream_frame_refused", {"pk": "CONN#a"}),
+        ("upstream_gap", {"pk": "CONN#a"}),
+        ("upstream_frame_refused", {"pk": "CONN#a", "suppressed": 999}),
+    ]
+
+
+def test_the_counts_go_out_with_the_document_and_start_again():
+    counters = Counters(frames_refused=7)
+    assert emf_document("svc", 1, counters)[model.METRIC_FRAMES_REFUSED] == 7
+    counters.reset()
+    assert counters == Counters()

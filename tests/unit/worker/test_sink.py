@@ -220,3 +220,42 @@ async def test_a_huge_backlog_is_serialised_a_little_at_a_time():
     assert dynamo.requests["batch_write_item"] == 70_000 // 25
     # At most the parallel requests' worth per turn (8 x 25), never the backlog (or a flush).
     assert max(bursts) <= 8 * 25 < MAX_ITEMS_PER_FLUSH, max(bursts)
+
+
+async def test_a_message_dynamodb_refuses_fails_only_its_own_stream():
+    """One unstorable message failed its whole 25-item request, and every other stream with a
+    message in it lost its connection, on every replay."""
+    dynamo = ScriptedDynamo()
+    poisoned = Owner("CONN#p")
+    innocents = [Owner(f"CONN#i{n}") for n in range(5)]
+    dynamo.failing = {("CONN#p", 2)}
+    sink = make_sink(dynamo)
+    for seq in range(1, 5):
+        add(sink, poisoned, seq)
+        for owner in innocents:
+            add(sink, owner, seq)  # 25 messages of 6 streams: one request
+
+    await sink.flush()
+
+    assert len(poisoned.failures) == 1
+    assert all(owner.stored_up_to == 4 and not owner.failures for owner in innocents)
+    assert {pk for pk, _ in dynamo.landed} == {owner.pk for owner in innocents}
+
+
+async def test_the_stored_item_keeps_the_data_and_says_when_it_is_json():
+    dynamo, owner = ScriptedDynamo(), Owner("CONN#a")
+    sink = make_sink(dynamo)
+    sink.add(owner, UpstreamMessage(1, "[1, 2]"))
+    sink.add(owner, UpstreamMessage(2, '{"n": 1e400}', json=True))
+    await sink.flush()
+
+    text, value = dynamo.items
+    assert text[model.MESSAGE_DATA] == {"S": "[1, 2]"} and model.MESSAGE_FORMAT not in text
+    assert value[model.MESSAGE_DATA] == {"S": '{"n": 1e400}'}
+    assert value[model.MESSAGE_FORMAT] == {"S": model.MESSAGE_FORMAT_JSON}
+
+
+def test_a_message_too_big_for_one_item_does_not_fit():
+    sink = make_sink(ScriptedDynamo())
+    assert sink.fits("CONN#a", UpstreamMessage(1, "x" * model.MAX_UPSTREAM_MESSAGE_BYTES))
+    assert not sink.fits("CONN#a", UpstreamMessage(1, "x" * model.DYNAMODB_MAX_ITEM_BYTES))

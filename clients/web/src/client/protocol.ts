@@ -90,6 +90,8 @@ export interface SubscribedReply extends Reply {
 export interface StreamEntry {
   seq: number;
   data: string;
+  /** `json`: `data` is the exact JSON text of a value the upstream sent, not a string. */
+  format?: string;
   /** When the fleet's worker received it from the upstream (epoch ms). */
   at?: number;
   part?: number;
@@ -113,6 +115,8 @@ export interface StreamMessage {
   receivedAtMs: number | null;
   source: string;
   region: string | null;
+  /** `data` is the exact JSON text of a value the upstream sent (parse it), not a string. */
+  json: boolean;
 }
 
 export interface BidReply extends Reply {

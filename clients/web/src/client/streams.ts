@@ -142,6 +142,7 @@ export class StreamCursor {
       receivedAtMs,
       source: frame.source ?? '',
       region: typeof frame.region === 'string' ? frame.region : null,
+      json: entry.format === 'json',
     };
     if (entry.parts === undefined) return { ...base, data };
     const { part, parts } = entry;
