@@ -130,6 +130,10 @@ MESSAGE_EXPIRES_AT = "expires_at"  # epoch seconds, the table's TTL attribute
 # Present (MESSAGE_FORMAT_JSON) when ``data`` is the exact JSON text of a value that is not a
 # string; absent when ``data`` is the string the upstream sent.
 MESSAGE_FORMAT = "format"
+# The seq of the message before it as its writer received it: the upstream sent nothing in
+# between (a gap it left, or a frame refused), so a reader can tell a gap from a hole that a
+# partly landed batch left. Absent on items stored before it was recorded.
+MESSAGE_PREV_SEQ = "prev_seq"
 MESSAGE_FORMAT_JSON = "json"
 DYNAMODB_MAX_ITEM_BYTES = 400 * 1024
 # The largest upstream message a worker may be configured to take (MAX_MESSAGE_BYTES): a stored
@@ -271,6 +275,8 @@ METRIC_ACTIVE_CONNECTIONS = "ActiveConnections"
 METRIC_LEASES_LOST = "LeasesLost"
 METRIC_HANDOFFS = "Handoffs"
 METRIC_FRAMES_REFUSED = "FramesRefused"  # upstream frames judged unreadable or unstorable
+METRIC_UPSTREAM_GAPS = "UpstreamGaps"  # a seq past the next one (some skipped)
+METRIC_UPSTREAM_SEQ_BACKWARDS = "UpstreamSeqBackwards"  # a seq at or below one received already
 
 
 # --- ECS task events (runtime/streamfleet/task_events.py, streamfleet_cdk/task_events.py) ---

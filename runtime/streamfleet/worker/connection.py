@@ -255,15 +255,21 @@ class Connection:
         )
 
     def _receive(self, message: UpstreamMessage) -> None:
-        if message.seq <= self.last_received_seq:
-            return  # a replay of something already queued
-        if message.seq != self.last_received_seq + 1:
-            self._upstream_log(
-                "upstream_gap", pk=self.pk, after=self.last_received_seq, next=message.seq
-            )
+        previous = self.last_received_seq
+        if message.seq <= previous:
+            # Already queued or stored under this seq: a replay, or an upstream whose numbering
+            # went back (restarted, or after a bogus jump). Never stored twice, never silently.
+            self._context.counters.upstream_seq_backwards += 1
+            self._upstream_log("upstream_seq_backwards", pk=self.pk, last=previous, seq=message.seq)
+            return
+        if message.seq != previous + 1:
+            # Stored with prev_seq: the log records the gap, so resuming and sealing keep what
+            # lies past it.
+            self._context.counters.upstream_gaps += 1
+            self._upstream_log("upstream_gap", pk=self.pk, after=previous, next=message.seq)
         self.last_received_seq = message.seq
         self._unstored += 1
-        self._context.sink.add(self, message)
+        self._context.sink.add(self, message, previous)
 
     async def checkpoint(self) -> None:
         """Record the stored position, if it moved. Ends the connection if the lease is lost."""

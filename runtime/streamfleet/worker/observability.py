@@ -71,6 +71,8 @@ class Counters:
     leases_lost: int = 0
     handoffs: int = 0
     frames_refused: int = 0
+    upstream_gaps: int = 0
+    upstream_seq_backwards: int = 0
 
     def reset(self) -> None:
         """Zero every count once a document has carried it (the connections share this one)."""
@@ -79,8 +81,7 @@ class Counters:
 
 
 def emf_document(service_name: str, active: int, counters: Counters) -> dict[str, Any]:
-    """An EMF document with ActiveConnections, LeasesLost, Handoffs and FramesRefused for one
-    service."""
+    """An EMF document with ActiveConnections and the worker's counts for one service."""
     return emf.document(
         model.METRIC_NAMESPACE,
         {model.METRIC_DIMENSION_SERVICE: service_name},
@@ -89,5 +90,7 @@ def emf_document(service_name: str, active: int, counters: Counters) -> dict[str
             model.METRIC_LEASES_LOST: (counters.leases_lost, emf.COUNT),
             model.METRIC_HANDOFFS: (counters.handoffs, emf.COUNT),
             model.METRIC_FRAMES_REFUSED: (counters.frames_refused, emf.COUNT),
+            model.METRIC_UPSTREAM_GAPS: (counters.upstream_gaps, emf.COUNT),
+            model.METRIC_UPSTREAM_SEQ_BACKWARDS: (counters.upstream_seq_backwards, emf.COUNT),
         },
     )

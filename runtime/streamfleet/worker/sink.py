@@ -71,6 +71,7 @@ class _Pending:
     owner: MessageOwner
     message: UpstreamMessage
     received_at_ms: int
+    prev_seq: int | None
 
 
 class MessageSink:
@@ -112,11 +113,14 @@ class MessageSink:
         self._taken_total = 0
         self.stored_total = 0
 
-    def add(self, owner: MessageOwner, message: UpstreamMessage) -> None:
-        """Queue a message; it is written within ``flush_every`` (sooner when 25 are queued)."""
+    def add(
+        self, owner: MessageOwner, message: UpstreamMessage, prev_seq: int | None = None
+    ) -> None:
+        """Queue a message that follows ``prev_seq`` in its stream (nothing was received in
+        between); it is written within ``flush_every`` (sooner when 25 are queued)."""
         if id(owner) in self._closed:
             return
-        self._queue.append(_Pending(owner, message, self._session.clock.wall_ms()))
+        self._queue.append(_Pending(owner, message, self._session.clock.wall_ms(), prev_seq))
         self._queued_total += 1
         if len(self._queue) >= MAX_BATCH_WRITE_ITEMS:
             self._wake.set()
@@ -200,7 +204,13 @@ class MessageSink:
         self._closed.add(id(owner))
         owner.storage_failed(error if isinstance(error, Exception) else RuntimeError(error))
 
-    def item(self, pk: str, message: UpstreamMessage, received_at_ms: int) -> dict[str, Any]:
+    def item(
+        self,
+        pk: str,
+        message: UpstreamMessage,
+        received_at_ms: int,
+        prev_seq: int | None = None,
+    ) -> dict[str, Any]:
         """The messages-table item that stores ``message`` of ``pk`` (plain values)."""
         item: dict[str, Any] = {
             model.PK: pk,
@@ -211,6 +221,8 @@ class MessageSink:
         }
         if message.json:
             item[model.MESSAGE_FORMAT] = model.MESSAGE_FORMAT_JSON
+        if prev_seq is not None:
+            item[model.MESSAGE_PREV_SEQ] = prev_seq
         if self._retention_seconds:
             item[model.MESSAGE_EXPIRES_AT] = received_at_ms // 1000 + self._retention_seconds
         return item
@@ -221,7 +233,9 @@ class MessageSink:
         return item_bytes(self.item(pk, message, 0)) <= model.DYNAMODB_MAX_ITEM_BYTES
 
     def _item(self, pending: _Pending) -> dict[str, Any]:
-        return self.item(pending.owner.pk, pending.message, pending.received_at_ms)
+        return self.item(
+            pending.owner.pk, pending.message, pending.received_at_ms, pending.prev_seq
+        )
 
     async def _write_judged(self, chunk: list[_Pending]) -> list[tuple[_Pending, BaseException]]:
         """Write ``chunk``; returns the messages that failed, each with its error. A chunk that
@@ -290,14 +304,19 @@ class MessageSink:
     # -- the stored log ------------------------------------------------------------------------
 
     async def _stored_after(self, pk: str, after: int):
-        """Seqs stored for ``pk`` above ``after``, ascending, page by page (consistent reads)."""
+        """``(seq, prev_seq)`` of what is stored for ``pk`` above ``after``, ascending, page by
+        page (consistent reads); ``prev_seq`` is ``None`` on items stored without one."""
         params: dict[str, Any] = {
             "TableName": self._table,
             "KeyConditionExpression": "#pk = :pk AND #seq > :after",
-            "ExpressionAttributeNames": {"#pk": model.PK, "#seq": model.SEQ},
+            "ExpressionAttributeNames": {
+                "#pk": model.PK,
+                "#seq": model.SEQ,
+                "#prev": model.MESSAGE_PREV_SEQ,
+            },
             "ExpressionAttributeValues": {":pk": to_attr(pk), ":after": to_attr(after)},
             "ConsistentRead": True,
-            "ProjectionExpression": "#pk, #seq",
+            "ProjectionExpression": "#pk, #seq, #prev",
         }
         while True:
             response = await retry_until(
@@ -306,7 +325,15 @@ class MessageSink:
                 clock=self._session.clock,
                 what=f"stored seqs of {pk}",
             )
-            yield [int(item[model.SEQ]["N"]) for item in response.get("Items", [])]
+            yield [
+                (
+                    int(item[model.SEQ]["N"]),
+                    int(item[model.MESSAGE_PREV_SEQ]["N"])
+                    if model.MESSAGE_PREV_SEQ in item
+                    else None,
+                )
+                for item in response.get("Items", [])
+            ]
             last = response.get("LastEvaluatedKey")
             if not last:
                 return
@@ -314,21 +341,29 @@ class MessageSink:
 
     async def contiguous_end(self, pk: str, after: int) -> int:
         """The last seq of the run stored without a hole right after ``after`` (``after`` itself
-        if ``after + 1`` is missing): where a new owner resumes, however rarely the checkpoint
-        was written. Reads what lies past the checkpoint, usually a page or less."""
-        expected = after + 1
-        async for seqs in self._stored_after(pk, after):
-            for seq in seqs:
-                if seq != expected:
-                    return expected - 1
-                expected += 1
-        return expected - 1
+        if the next message is missing): where a new owner resumes, however rarely the checkpoint
+        was written. Reads what lies past the checkpoint, usually a page or less.
+
+        A message follows the run when its writer received nothing after the run's end and
+        before it (its ``prev_seq`` is at most the end): a gap the upstream left, or a frame that
+        was refused, is part of the log, not a hole. Only a message that was received and is not
+        stored (a batch that landed in part) ends the run.
+        """
+        end = after
+        async for stored in self._stored_after(pk, after):
+            for seq, prev_seq in stored:
+                follows = seq == end + 1 if prev_seq is None else prev_seq <= end
+                if not follows:
+                    return end
+                end = seq
+        return end
 
     async def remove_after(self, pk: str, after: int) -> int:
         """Delete every stored message of ``pk`` above ``after``; returns how many. Only the
         owner of ``pk`` may call it, and only for messages past a hole in its log."""
         removed = 0
-        async for seqs in self._stored_after(pk, after):
+        async for stored in self._stored_after(pk, after):
+            seqs = [seq for seq, _ in stored]
             for start in range(0, len(seqs), MAX_BATCH_WRITE_ITEMS):
                 part = seqs[start : start + MAX_BATCH_WRITE_ITEMS]
                 await self._batch_write(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -48,12 +49,14 @@ class Sink:
 
     def __init__(self) -> None:
         self.added: list = []
+        self.prev_seqs: list = []
         self.max_item_bytes = 400 * 1024
         self.got: asyncio.Event = asyncio.Event()
         self.waiting_for: int | None = None
 
-    def add(self, owner, message) -> None:
+    def add(self, owner, message, prev_seq=None) -> None:
         self.added.append(message)
+        self.prev_seqs.append(prev_seq)
         if message.seq == self.waiting_for:
             self.got.set()
 
@@ -149,33 +152,35 @@ POISON = [
 ]
 
 
+async def test_a_seq_that_jumps_or_goes_back_is_counted_and_logged_never_dropped_silently():
+    """A bogus seq of 10**15 was stored and checkpointed, and the genuine messages after it were
+    dropped without a word. The jump and every seq that goes back are counted and logged; the
+    message after the gap names its predecessor, so the log records the gap."""
+    script = [frame(4), frame(5), frame(10**15), frame(6), frame(7), frame(10**15 + 1)]
+    async with scripted_upstream(script) as url:
+        sink = Sink()
+        sink.waiting_for = 10**15 + 1
+        connection, ctx, events, _ = start_connection(url, sink)
+        await asyncio.wait_for(sink.got.wait(), timeout=30)
+
+        assert [m.seq for m in sink.added] == [4, 5, 10**15, 10**15 + 1]
+        assert sink.prev_seqs == [3, 4, 5, 10**15]
+        assert (ctx.counters.upstream_gaps, ctx.counters.upstream_seq_backwards) == (1, 2)
+        logged = [event for event, _ in events if event.startswith("upstream_")]
+        assert logged == ["upstream_gap", "upstream_seq_backwards"], logged
+        await shut_down(connection)
+
+
 async def test_poison_frames_are_refused_one_by_one_and_the_stream_keeps_its_lease():
     """A small poison frame (deep nesting, a huge integer) ended the connection; the lease was
     released and re-claimed about 13 times a second, the stream stuck for ever. Each bad frame
     is now refused alone, counted, and logged at most once per interval."""
     script = [frame(4)] + POISON * 40 + [frame(5), frame(6, "x" * 2000), frame(7, {"n": 1e3})]
-
-    async def upstream(websocket) -> None:
-        for text in script:
-            await websocket.send(text)
-        await websocket.wait_closed()
-
-    async with serve(upstream, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        leases, events, sink = Leases(Session(deadline=time.monotonic() + 60)), [], Sink()
+    async with scripted_upstream(script) as url:
+        sink = Sink()
         sink.max_item_bytes = 1000  # seq 6 cannot be stored
         sink.waiting_for = 7
-        lease = Lease(
-            pk="CONN#a",
-            ws_url=f"ws://127.0.0.1:{port}/s",
-            last_seq=3,
-            lease_version=1,
-            owner="w1",
-            session_version=1,
-        )
-        ctx = context(leases, events, sink)
-        finished = asyncio.Event()
-        connection = Connection(lease, ctx, acquired_at=0, on_finished=lambda c: finished.set())
+        connection, ctx, events, leases = start_connection(url, sink)
 
         await asyncio.wait_for(sink.got.wait(), timeout=30)
 
@@ -190,7 +195,33 @@ async def test_poison_frames_are_refused_one_by_one_and_the_stream_keeps_its_lea
         assert len(refusals) == 1, refusals  # the rest within the interval are only counted
         assert refusals[0]["pk"] == "CONN#a" and refusals[0]["reason"]
         assert not any(event == "upstream_dropped" for event, _ in events)
-        connection.end(EndReason.SHUTDOWN)
-        await asyncio.wait_for(finished.wait(), timeout=10)
-        await connection.task
+        await shut_down(connection)
         assert leases.released == [False]
+
+
+@contextlib.asynccontextmanager
+async def scripted_upstream(script: list[str]):
+    """A loopback upstream that sends ``script`` to whoever dials it; yields its URL."""
+
+    async def upstream(websocket) -> None:
+        for text in script:
+            await websocket.send(text)
+        await websocket.wait_closed()
+
+    async with serve(upstream, "127.0.0.1", 0) as server:
+        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/s"
+
+
+def start_connection(url: str, sink: Sink):
+    leases, events = Leases(Session(deadline=time.monotonic() + 60)), []
+    lease = Lease(
+        pk="CONN#a", ws_url=url, last_seq=3, lease_version=1, owner="w1", session_version=1
+    )
+    ctx = context(leases, events, sink)
+    connection = Connection(lease, ctx, acquired_at=0, on_finished=lambda c: None)
+    return connection, ctx, events, leases
+
+
+async def shut_down(connection: Connection) -> None:
+    connection.end(EndReason.SHUTDOWN)
+    await asyncio.wait_for(connection.task, timeout=10)

@@ -1,0 +1,120 @@
+"""The stored log as the sink writes and reads it, on each DynamoDB backend: where a new owner
+resumes and what the sealer of a stopped stream keeps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+import pytest
+
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.clock import SYSTEM_CLOCK
+from streamfleet.lease.errors import SessionLost
+from streamfleet.worker.protocol import UpstreamMessage
+from streamfleet.worker.sink import MessageSink
+
+PK = "CONN#s"
+
+
+@dataclass
+class Session:
+    version: int = 1
+    deadline: float = field(default_factory=lambda: time.monotonic() + 120)
+    clock: Any = SYSTEM_CLOCK
+
+    def require_live(self, version: int | None = None) -> int:
+        if time.monotonic() >= self.deadline:
+            raise SessionLost("deadline passed")
+        return self.version
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+@dataclass
+class Owner:
+    pk: str = PK
+    session_version: int = 1
+    failures: list[Exception] = field(default_factory=list)
+
+    def stored(self, count: int, up_to_seq: int) -> None: ...
+
+    def storage_failed(self, error: Exception) -> None:
+        self.failures.append(error)
+
+
+@pytest.fixture
+async def sink(table_names) -> AsyncIterator[MessageSink]:
+    client = AsyncClient("dynamodb")
+    yield MessageSink(
+        dynamodb=client,
+        table_name=table_names[1],
+        worker_id="w1",
+        session=Session(),  # type: ignore[arg-type]
+        flush_every=1.0,
+    )
+    client.close()
+
+
+async def store(sink: MessageSink, owner: Owner, *received: tuple[int, int | None]) -> None:
+    """Store messages as a connection does: each ``(seq, prev_seq)`` as it was received."""
+    for seq, prev in received:
+        sink.add(owner, UpstreamMessage(seq, f"m{seq}"), prev)
+    await sink.flush()
+    assert not owner.failures
+
+
+def stored_seqs(table: str) -> list[int]:
+    items = boto3.client("dynamodb").query(
+        TableName=table,
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": model.PK},
+        ExpressionAttributeValues={":pk": {"S": PK}},
+        ConsistentRead=True,
+    )["Items"]
+    return [int(item[model.SEQ]["N"]) for item in items]
+
+
+async def test_a_gap_the_upstream_left_is_part_of_the_log_and_sealing_keeps_what_follows(
+    sink: MessageSink, table_names
+):
+    """The upstream skipped seq 4. The sealer of the stopped stream took the gap for a hole
+    and deleted everything after it (54 of 59 messages in the reported run)."""
+    owner = Owner()
+    await store(
+        sink,
+        owner,
+        (1, 0),
+        (2, 1),
+        (3, 2),
+        *((seq, seq - 1 if seq > 5 else 3) for seq in range(5, 60)),
+    )
+
+    end = await sink.contiguous_end(PK, 0)
+    removed = await sink.remove_after(PK, end)
+
+    assert end == 59 and removed == 0
+    assert stored_seqs(table_names[1]) == [1, 2, 3, *range(5, 60)]
+
+
+async def test_a_refused_frame_leaves_a_gap_not_a_hole(sink: MessageSink):
+    """Seq 3 was refused (unreadable): 4 was received right after 2."""
+    await store(sink, Owner(), (1, 0), (2, 1), (4, 2), (5, 4))
+    assert await sink.contiguous_end(PK, 0) == 5
+
+
+async def test_a_hole_a_partly_landed_batch_left_still_ends_the_run(sink: MessageSink):
+    """Seq 4 was received and never stored: a successor resumes after 3 and rewrites it."""
+    await store(sink, Owner(), (1, 0), (2, 1), (3, 2), (5, 4), (6, 5))
+    assert await sink.contiguous_end(PK, 0) == 3
+    assert await sink.contiguous_end(PK, 4) == 6  # the checkpoint was past the hole already
+
+
+async def test_items_stored_without_prev_seq_are_contiguous_only_seq_by_seq(sink: MessageSink):
+    await store(sink, Owner(), (1, None), (2, None), (4, None))
+    assert await sink.contiguous_end(PK, 0) == 2
