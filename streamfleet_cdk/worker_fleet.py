@@ -22,7 +22,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from streamfleet import model
+from streamfleet import buffering, model
 from streamfleet.lease.timing import LeaseTiming
 from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
 from streamfleet_cdk.assets import stage_worker_image_context
@@ -167,6 +167,15 @@ class WorkerFleetProps:
                 f"memory_limit_mib: {self.memory_limit_mib!r} is not valid with cpu {self.cpu} "
                 f"(Fargate allows {allowed.start}-{allowed.stop - 1} in steps of {allowed.step})"
             )
+        # The worker checks the same at start (MEMORY_LIMIT_MIB); here a deployment that could
+        # only crash-loop fails at synth instead.
+        buffering.check_fits_memory(
+            memory_limit_mib=self.memory_limit_mib,
+            max_connections=self.max_connections,
+            max_message_bytes=buffering.DEFAULT_MAX_MESSAGE_BYTES,
+            max_worker_buffered_bytes=buffering.DEFAULT_MAX_WORKER_BUFFERED_BYTES,
+            fields="max_connections, memory_limit_mib",
+        )
 
     def _check_capacity(self) -> None:
         _check_whole("min_capacity", self.min_capacity, minimum=0)
@@ -412,6 +421,7 @@ class WorkerFleet(Construct):
             "HEARTBEAT_EVERY": _seconds(props.heartbeat_seconds),
             "RECONCILE_EVERY": _seconds(props.reconcile_seconds),
             "MAX_CONNECTIONS": str(props.max_connections),
+            model.ENV_MEMORY_LIMIT_MIB: str(props.memory_limit_mib),
             "METRICS_EVERY": str(METRICS_EVERY_SECONDS),
             model.ENV_MESSAGE_RETENTION_DAYS: str(props.message_retention_days),
         }

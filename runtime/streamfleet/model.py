@@ -144,6 +144,7 @@ DEFAULT_MESSAGE_RETENTION_DAYS = 7
 # --- Worker environment variables that the constructs set (the rest: worker/config.py) ---
 
 ENV_MESSAGE_RETENTION_DAYS = "MESSAGE_RETENTION_DAYS"  # how long stored messages are kept
+ENV_MEMORY_LIMIT_MIB = "MEMORY_LIMIT_MIB"  # the task's memory: buffering must fit in its share
 # Set by ECS in every container of a task: where the task's metadata (its ARN) is served.
 ENV_ECS_METADATA_URI = "ECS_CONTAINER_METADATA_URI_V4"
 
@@ -277,6 +278,7 @@ METRIC_HANDOFFS = "Handoffs"
 METRIC_FRAMES_REFUSED = "FramesRefused"  # upstream frames judged unreadable or unstorable
 METRIC_UPSTREAM_GAPS = "UpstreamGaps"  # a seq past the next one (some skipped)
 METRIC_UPSTREAM_SEQ_BACKWARDS = "UpstreamSeqBackwards"  # a seq at or below one received already
+METRIC_UPSTREAM_DROPS = "UpstreamDrops"  # upstream connections that ended (then redialled)
 
 
 # --- ECS task events (runtime/streamfleet/task_events.py, streamfleet_cdk/task_events.py) ---

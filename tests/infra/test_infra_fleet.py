@@ -553,6 +553,11 @@ def test_the_largest_start_the_model_admits_fits_the_routers_body_bound(primary)
 # --- Worker fleet: task ---
 
 
+def worker_task_memory(template: Template) -> int:
+    _, task = only(template, "AWS::ECS::TaskDefinition")
+    return int(task["Memory"])
+
+
 def worker_container(template: Template) -> dict[str, Any]:
     _, task = only(template, "AWS::ECS::TaskDefinition")
     (container,) = task["ContainerDefinitions"]
@@ -618,6 +623,7 @@ def test_worker_environment_is_what_the_worker_accepts(built):
             "HEARTBEAT_EVERY",
             "RECONCILE_EVERY",
             "MAX_CONNECTIONS",
+            model.ENV_MEMORY_LIMIT_MIB,
             "METRICS_EVERY",
             model.ENV_MESSAGE_RETENTION_DAYS,
         }
@@ -638,6 +644,8 @@ def test_worker_environment_is_what_the_worker_accepts(built):
             }
         )
         assert config.health_port == HEALTH_PORT
+        # The worker checks its buffering against the task's memory, read from the template.
+        assert config.memory_limit_mib == worker_task_memory(template)
         assert config.metrics_every == 60
         assert config.max_connections == 1000
         assert (config.timing.lease_seconds, config.timing.heartbeat_seconds) == (20, 5)
@@ -961,6 +969,8 @@ def fleet_props(**overrides: Any) -> WorkerFleetProps:
         ({"desired_count": 11}, "^desired_count: .*max_capacity"),
         ({"desired_count": 0}, "^desired_count: "),
         ({"max_connections": 699}, "^max_connections: "),
+        # Each connection may buffer a few frames: 5,000 of them cannot fit in 1 GiB.
+        ({"max_connections": 5000}, "^max_connections, memory_limit_mib: buffering could reach"),
         ({"heartbeat_seconds": 10.0}, "^heartbeat_seconds: "),
         ({"lease_seconds": 0}, "^lease_seconds: "),
         ({"reconcile_seconds": 0}, "^reconcile_seconds: "),

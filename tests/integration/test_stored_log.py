@@ -42,7 +42,7 @@ class Owner:
     session_version: int = 1
     failures: list[Exception] = field(default_factory=list)
 
-    def stored(self, count: int, up_to_seq: int) -> None: ...
+    def stored(self, count: int, up_to_seq: int, size: int) -> None: ...
 
     def storage_failed(self, error: Exception) -> None:
         self.failures.append(error)

@@ -90,8 +90,12 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def full_jitter(attempt: int, base: float, cap: float) -> float:
-    """``random(0, min(cap, base * 2**attempt))``: spreads retries of many clients apart."""
-    return random.uniform(0.0, min(cap, base * (2**attempt)))
+    """``random(0, min(cap, base * 2**attempt))``: spreads retries of many clients apart.
+
+    ``attempt`` may grow without bound (a stream that fails for days): past 64 doublings every
+    base is at its cap, so the power stops there instead of overflowing a float.
+    """
+    return random.uniform(0.0, min(cap, base * (2 ** min(attempt, 64))))
 
 
 async def retry_until(

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .. import model
+from .. import buffering, model
 from ..lease import LeaseTiming
 from ..validation import check_id, check_positive_int, check_positive_seconds
 from .upstream_policy import UpstreamPolicy
@@ -41,7 +41,7 @@ def _whole(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def _message_bytes(env: Mapping[str, str]) -> int:
-    value = _whole(env, "MAX_MESSAGE_BYTES", 64 * 1024)
+    value = _whole(env, "MAX_MESSAGE_BYTES", buffering.DEFAULT_MAX_MESSAGE_BYTES)
     if value > model.MAX_UPSTREAM_MESSAGE_BYTES:
         raise ValueError(
             f"MAX_MESSAGE_BYTES: at most {model.MAX_UPSTREAM_MESSAGE_BYTES} (a stored message is "
@@ -116,8 +116,11 @@ class WorkerConfig:
     checkpoint_every: float = 300.0
     message_retention_seconds: int = model.DEFAULT_MESSAGE_RETENTION_DAYS * 86400
     flush_every: float = 0.05
-    max_message_bytes: int = 64 * 1024
+    max_message_bytes: int = buffering.DEFAULT_MAX_MESSAGE_BYTES
     max_buffered_messages: int = 1000
+    max_buffered_bytes: int = buffering.DEFAULT_MAX_BUFFERED_BYTES  # per connection, unstored
+    max_worker_buffered_bytes: int = buffering.DEFAULT_MAX_WORKER_BUFFERED_BYTES
+    memory_limit_mib: int = 0  # the task's memory (0: unknown, not checked)
     reconnect_base_seconds: float = 0.2
     reconnect_cap_seconds: float = 10.0
     rebalance_every: float = 30.0
@@ -137,6 +140,20 @@ class WorkerConfig:
         if sqs_wait > 20:
             raise ValueError("SQS_WAIT_SECONDS: SQS allows at most 20")
         tolerance = _number(env, "REBALANCE_TOLERANCE", 0.2)
+        max_connections = _whole(env, "MAX_CONNECTIONS", 700)
+        max_message_bytes = _message_bytes(env)
+        max_worker_buffered_bytes = _whole(
+            env, "MAX_WORKER_BUFFERED_BYTES", buffering.DEFAULT_MAX_WORKER_BUFFERED_BYTES
+        )
+        memory_limit_mib = _whole(env, model.ENV_MEMORY_LIMIT_MIB, 0)  # unset: not checked
+        if memory_limit_mib:
+            buffering.check_fits_memory(
+                memory_limit_mib=memory_limit_mib,
+                max_connections=max_connections,
+                max_message_bytes=max_message_bytes,
+                max_worker_buffered_bytes=max_worker_buffered_bytes,
+                fields="MAX_CONNECTIONS, MAX_MESSAGE_BYTES, MAX_WORKER_BUFFERED_BYTES",
+            )
         return cls(
             table_name=_required(env, "TABLE_NAME"),
             messages_table_name=_required(env, "MESSAGES_TABLE_NAME"),
@@ -148,7 +165,7 @@ class WorkerConfig:
             timing=timing,
             reconcile_every=_number(env, "RECONCILE_EVERY", 10.0),
             stop_check_every=_number(env, "STOP_CHECK_EVERY", timing.heartbeat_seconds),
-            max_connections=_whole(env, "MAX_CONNECTIONS", 700),
+            max_connections=max_connections,
             service_name=env.get("SERVICE_NAME") or "streamfleet-worker",
             session_group=check_id(
                 "SESSION_GROUP", env.get("SESSION_GROUP") or model.DEFAULT_SESSION_GROUP
@@ -163,8 +180,13 @@ class WorkerConfig:
                 * 86400
             ),
             flush_every=_number(env, "FLUSH_EVERY", 0.05),
-            max_message_bytes=_message_bytes(env),
+            max_message_bytes=max_message_bytes,
             max_buffered_messages=_whole(env, "MAX_BUFFERED_MESSAGES", 1000),
+            max_buffered_bytes=_whole(
+                env, "MAX_BUFFERED_BYTES", buffering.DEFAULT_MAX_BUFFERED_BYTES
+            ),
+            max_worker_buffered_bytes=max_worker_buffered_bytes,
+            memory_limit_mib=memory_limit_mib,
             reconnect_base_seconds=_number(env, "RECONNECT_BASE_SECONDS", 0.2),
             reconnect_cap_seconds=_number(env, "RECONNECT_CAP_SECONDS", 10.0),
             rebalance_every=_number(env, "REBALANCE_EVERY", 30.0),

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from websockets.asyncio.client import connect
-from websockets.exceptions import WebSocketException
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.frames import CloseCode
 
-from .. import model
+from .. import buffering, model
 from ..desired_state import DesiredStateWriter
 from ..lease import ConnectionLeases, Lease, LeaseLost, SessionLost, StoreUnavailable
 from ..lease.dynamo import full_jitter
@@ -29,7 +30,40 @@ from .upstream_policy import UpstreamPolicy, UpstreamRefused
 CLOSE_TIMEOUT_SECONDS = 0.2
 OPEN_TIMEOUT_SECONDS = 5.0
 PING_INTERVAL_SECONDS = 20.0
-MAX_QUEUED_FRAMES = 16
+
+
+class BoundedConnection(ClientConnection):
+    """A client connection whose unsent bytes are capped: an upstream that stops reading while
+    it keeps sending (a ping flood: each ping queues a pong) is cut off at
+    ``buffering.MAX_OUTGOING_BYTES`` instead of growing the worker's memory without bound."""
+
+    cut_off = False
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        transport = self.transport
+        if transport.get_write_buffer_size() > buffering.MAX_OUTGOING_BYTES:
+            self.cut_off = True
+            transport.abort()
+
+
+async def close_within(upstream: ClientConnection, seconds: float) -> None:
+    """Close ``upstream`` in bounded time: politely if it drains, else abort the transport, so a
+    STOP or a handoff never waits on a peer that does not read."""
+    transport = upstream.transport
+    if transport.get_write_buffer_size() == 0:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.close(), 2 * seconds)
+    if not transport.is_closing() or transport.get_write_buffer_size():
+        transport.abort()
+
+
+def _close_code(error: BaseException) -> int | None:
+    if isinstance(error, ConnectionClosed):
+        for frame in (error.sent, error.rcvd):
+            if frame is not None:
+                return frame.code
+    return None
 
 
 class EndReason(StrEnum):
@@ -70,6 +104,7 @@ class ConnectionContext:
     counters: Counters
     max_message_bytes: int
     max_buffered_messages: int
+    max_buffered_bytes: int
     reconnect_base_seconds: float
     reconnect_cap_seconds: float
 
@@ -101,6 +136,7 @@ class Connection:
         self._context = context
         self._on_finished = on_finished
         self._unstored = 0
+        self._unstored_bytes = 0
         self._started = False
         self._storage_failed = False
         self._refusal = ""
@@ -128,10 +164,14 @@ class Connection:
 
     # -- sink callbacks -----------------------------------------------------------------------
 
-    def stored(self, count: int, up_to_seq: int) -> None:
+    def stored(self, count: int, up_to_seq: int, size: int) -> None:
         self._unstored -= count
+        self._unstored_bytes -= size
         self.stored_seq = max(self.stored_seq, up_to_seq)
-        if self._unstored < self._context.max_buffered_messages:
+        if (
+            self._unstored < self._context.max_buffered_messages
+            and self._unstored_bytes < self._context.max_buffered_bytes
+        ):
             self._drained.set()
 
     def storage_failed(self, error: Exception) -> None:
@@ -190,6 +230,8 @@ class Connection:
             url = context.protocol.dial_url(
                 self.lease.ws_url, resume_after=resume_from, epoch=self.lease.lease_version
             )
+            received_before = self.last_received_seq
+            dialled: BoundedConnection | None = None
             try:
                 host, port = await context.policy.resolve(self.lease.ws_url)
                 async with connect(
@@ -200,30 +242,66 @@ class Connection:
                     close_timeout=CLOSE_TIMEOUT_SECONDS,
                     ping_interval=PING_INTERVAL_SECONDS,
                     max_size=context.max_message_bytes,
-                    max_queue=MAX_QUEUED_FRAMES,
+                    max_queue=buffering.MAX_QUEUED_FRAMES,
+                    write_limit=buffering.MAX_OUTGOING_BYTES,
+                    create_connection=BoundedConnection,
                     proxy=None,  # dial exactly the checked address, never via an ambient proxy
                 ) as upstream:
-                    self.connected = True
-                    attempt = 0
-                    async for frame in upstream:
-                        message = self._judge(frame)
-                        if message is None:
-                            continue
-                        if resume_from is None:
-                            resume_from = await self._record_origin(message.seq)
-                        self._receive(message)
-                        if self._unstored >= context.max_buffered_messages:
-                            self._drained.clear()
-                            await self._drained.wait()  # backpressure: stop reading
+                    dialled = upstream
+                    try:
+                        self.connected = True
+                        async for frame in upstream:
+                            message = self._judge(frame)
+                            if message is None:
+                                continue
+                            if resume_from is None:
+                                resume_from = await self._record_origin(message.seq)
+                            self._receive(message)
+                            await self._backpressure()
+                    finally:
+                        await close_within(upstream, CLOSE_TIMEOUT_SECONDS)
+                    self._dropped(upstream.close_code, "closed")
             except (OSError, TimeoutError, WebSocketException) as exc:
                 if context.protocol.superseded(exc):
                     raise LeaseLost(self.pk, None, " (the upstream has a newer epoch)") from None
-                context.log("upstream_dropped", pk=self.pk, error=type(exc).__name__)
+                cut_off = dialled is not None and dialled.cut_off
+                self._dropped(_close_code(exc), "not reading" if cut_off else type(exc).__name__)
             self.connected = False
+            # A failure the stream repeats backs off further each time: a handshake alone is
+            # no progress (an upstream that accepts and closes at once, or replays a message
+            # over the limit, would otherwise be redialled several times a second for ever).
+            if self.last_received_seq > received_before:
+                attempt = 0
             await asyncio.sleep(
                 full_jitter(attempt, context.reconnect_base_seconds, context.reconnect_cap_seconds)
             )
             attempt += 1
+
+    async def _backpressure(self) -> None:
+        """Stop reading while too much of this connection, or of the whole worker, is unstored:
+        the upstream's TCP window holds the rest."""
+        context = self._context
+        if (
+            self._unstored >= context.max_buffered_messages
+            or self._unstored_bytes >= context.max_buffered_bytes
+        ):
+            self._drained.clear()
+            await self._drained.wait()
+        if not context.sink.room.is_set():
+            await context.sink.room.wait()
+
+    def _dropped(self, code: int | None, error: str) -> None:
+        self._context.counters.upstream_drops += 1
+        if code == CloseCode.MESSAGE_TOO_BIG:
+            # It replays that message on every redial: reported, and redialled with backoff.
+            self._context.counters.frames_refused += 1
+            self._upstream_log(
+                "upstream_frame_refused",
+                pk=self.pk,
+                seq=self.last_received_seq + 1,
+                reason=f"over MAX_MESSAGE_BYTES ({self._context.max_message_bytes})",
+            )
+        self._upstream_log("upstream_dropped", pk=self.pk, error=error, code=code)
 
     async def _record_origin(self, first: int) -> int:
         """A stream taken up live starts at its first message: record the seq before it as the
@@ -269,6 +347,7 @@ class Connection:
             self._upstream_log("upstream_gap", pk=self.pk, after=previous, next=message.seq)
         self.last_received_seq = message.seq
         self._unstored += 1
+        self._unstored_bytes += message.data_bytes
         self._context.sink.add(self, message, previous)
 
     async def checkpoint(self) -> None:

@@ -173,6 +173,7 @@ class Worker:
             session=self.store.session,
             flush_every=config.flush_every,
             retention_seconds=config.message_retention_seconds,
+            max_buffered_bytes=config.max_worker_buffered_bytes,
         )
         self.counters = Counters()
         self.context = ConnectionContext(
@@ -186,6 +187,7 @@ class Worker:
             counters=self.counters,
             max_message_bytes=config.max_message_bytes,
             max_buffered_messages=config.max_buffered_messages,
+            max_buffered_bytes=config.max_buffered_bytes,
             reconnect_base_seconds=config.reconnect_base_seconds,
             reconnect_cap_seconds=config.reconnect_cap_seconds,
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from json.decoder import scanstring
 from typing import Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -55,8 +56,9 @@ class UpstreamMessage:
     data: str
     json: bool = False
 
-    @property
+    @cached_property
     def data_bytes(self) -> int:
+        """The size of ``data`` in UTF-8: what it costs in memory and in the stored item."""
         return len(self.data.encode("utf-8"))
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
-from .. import model
+from .. import buffering, model
 from ..aws import AsyncClient
 from ..lease import SessionKeeper, SessionLost
 from ..lease.dynamo import (
@@ -61,7 +61,7 @@ class MessageOwner(Protocol):
     pk: str
     session_version: int
 
-    def stored(self, count: int, up_to_seq: int) -> None: ...
+    def stored(self, count: int, up_to_seq: int, size: int) -> None: ...
 
     def storage_failed(self, error: Exception) -> None: ...
 
@@ -95,6 +95,7 @@ class MessageSink:
         flush_every: float,
         retention_seconds: int | None = None,
         parallel_requests: int = 8,
+        max_buffered_bytes: int = buffering.DEFAULT_MAX_WORKER_BUFFERED_BYTES,
     ):
         self._dynamodb = dynamodb
         self._table = table_name
@@ -112,6 +113,12 @@ class MessageSink:
         self._queued_total = 0
         self._taken_total = 0
         self.stored_total = 0
+        # Bytes of data queued or being written, all connections together. At the bound,
+        # ``room`` is cleared and the connections stop reading until a write has finished.
+        self._max_buffered_bytes = max_buffered_bytes
+        self.buffered_bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
 
     def add(
         self, owner: MessageOwner, message: UpstreamMessage, prev_seq: int | None = None
@@ -121,6 +128,7 @@ class MessageSink:
         if id(owner) in self._closed:
             return
         self._queue.append(_Pending(owner, message, self._session.clock.wall_ms(), prev_seq))
+        self._buffered(message.data_bytes)
         self._queued_total += 1
         if len(self._queue) >= MAX_BATCH_WRITE_ITEMS:
             self._wake.set()
@@ -146,58 +154,72 @@ class MessageSink:
         writes is in flight. Call it before giving the connection up."""
         key = id(owner)
         self._closed.add(key)
+        self._buffered(-sum(p.message.data_bytes for p in self._queue if p.owner is owner))
         self._queue = [p for p in self._queue if p.owner is not owner]
         async with self._settled:
             await self._settled.wait_for(lambda: not self._in_flight.get(key))
         self._closed.discard(key)
+
+    def _buffered(self, change: int) -> None:
+        self.buffered_bytes += change
+        if self.buffered_bytes < self._max_buffered_bytes:
+            self.room.set()
+        else:
+            self.room.clear()
 
     async def _flush_once(self) -> None:
         async with self._lock:
             batch = self._queue[:MAX_ITEMS_PER_FLUSH]
             del self._queue[:MAX_ITEMS_PER_FLUSH]
             self._taken_total += len(batch)
-            current = self._session.version
-            for pending in batch:
-                owner = pending.owner
-                if owner.session_version != current and id(owner) not in self._closed:
-                    # Held under a session that is over: write nothing of it, ever again.
-                    self._close(owner, SessionLost(f"{owner.pk}: its session is over"))
-            batch = [p for p in batch if id(p.owner) not in self._closed]
-            if not batch:
-                return
-            owners = {id(p.owner): p.owner for p in batch}
-            for key in owners:
-                self._in_flight[key] = self._in_flight.get(key, 0) + 1
-            chunks = [
-                batch[start : start + MAX_BATCH_WRITE_ITEMS]
-                for start in range(0, len(batch), MAX_BATCH_WRITE_ITEMS)
-            ]
             try:
-                # Every chunk runs to its end (success or failure) before anyone is told: a
-                # sibling chunk must not keep writing after its connection was given up.
-                results = await asyncio.gather(*(self._write_judged(chunk) for chunk in chunks))
-            finally:
-                for key in owners:
-                    self._in_flight[key] -= 1
-                    if not self._in_flight[key]:
-                        del self._in_flight[key]
-                async with self._settled:
-                    self._settled.notify_all()
-            failed: dict[int, BaseException] = {}
-            for result in results:
-                for pending, error in result:
-                    failed.setdefault(id(pending.owner), error)
-            latest: dict[int, tuple[int, int]] = {}
-            for pending in batch:
-                key = id(pending.owner)
-                if key not in failed and key not in self._closed:
-                    count, _ = latest.get(key, (0, 0))
-                    latest[key] = (count + 1, pending.message.seq)
-            for key, error in failed.items():
-                self._close(owners[key], error)
-            for key, (count, seq) in latest.items():
-                self.stored_total += count
-                owners[key].stored(count, seq)
+                await self._write_batch(batch)
+            finally:  # written, failed or dropped: no longer held here
+                self._buffered(-sum(p.message.data_bytes for p in batch))
+
+    async def _write_batch(self, batch: list[_Pending]) -> None:
+        current = self._session.version
+        for pending in batch:
+            owner = pending.owner
+            if owner.session_version != current and id(owner) not in self._closed:
+                # Held under a session that is over: write nothing of it, ever again.
+                self._close(owner, SessionLost(f"{owner.pk}: its session is over"))
+        batch = [p for p in batch if id(p.owner) not in self._closed]
+        if not batch:
+            return
+        owners = {id(p.owner): p.owner for p in batch}
+        for key in owners:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        chunks = [
+            batch[start : start + MAX_BATCH_WRITE_ITEMS]
+            for start in range(0, len(batch), MAX_BATCH_WRITE_ITEMS)
+        ]
+        try:
+            # Every chunk runs to its end (success or failure) before anyone is told: a
+            # sibling chunk must not keep writing after its connection was given up.
+            results = await asyncio.gather(*(self._write_judged(chunk) for chunk in chunks))
+        finally:
+            for key in owners:
+                self._in_flight[key] -= 1
+                if not self._in_flight[key]:
+                    del self._in_flight[key]
+            async with self._settled:
+                self._settled.notify_all()
+        failed: dict[int, BaseException] = {}
+        for result in results:
+            for pending, error in result:
+                failed.setdefault(id(pending.owner), error)
+        latest: dict[int, tuple[int, int, int]] = {}
+        for pending in batch:
+            key = id(pending.owner)
+            if key not in failed and key not in self._closed:
+                count, _, size = latest.get(key, (0, 0, 0))
+                latest[key] = (count + 1, pending.message.seq, size + pending.message.data_bytes)
+        for key, error in failed.items():
+            self._close(owners[key], error)
+        for key, (count, seq, size) in latest.items():
+            self.stored_total += count
+            owners[key].stored(count, seq, size)
 
     def _close(self, owner: MessageOwner, error: BaseException) -> None:
         """No message of ``owner`` is written from now on; it learns why."""

@@ -52,6 +52,13 @@ def test_a_complete_environment_is_read_with_fractional_seconds():
         # failed their whole batch, cutting other streams' connections.
         ({"MAX_MESSAGE_BYTES": str(1024 * 1024)}, "MAX_MESSAGE_BYTES"),
         ({"MAX_MESSAGE_BYTES": "0"}, "MAX_MESSAGE_BYTES"),
+        # 700 connections each buffering up to 5 frames of 384 KiB cannot fit in 1 GiB.
+        (
+            {"MEMORY_LIMIT_MIB": "1024", "MAX_MESSAGE_BYTES": str(384 * 1024)},
+            "MAX_CONNECTIONS, MAX_MESSAGE_BYTES, MAX_WORKER_BUFFERED_BYTES",
+        ),
+        ({"MEMORY_LIMIT_MIB": "lots"}, "MEMORY_LIMIT_MIB"),
+        ({"MAX_WORKER_BUFFERED_BYTES": "0"}, "MAX_WORKER_BUFFERED_BYTES"),
     ],
 )
 def test_a_bad_variable_is_named(change, field):

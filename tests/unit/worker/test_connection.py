@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from websockets.asyncio.server import serve
 
 from streamfleet.lease import Lease, SessionLost
+from streamfleet.worker import connection as connection_module
 from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
 from streamfleet.worker.observability import Counters
 from streamfleet.worker.protocol import JsonSeqProtocol
@@ -63,6 +66,12 @@ class Sink:
     def fits(self, pk, message) -> bool:
         return message.data_bytes <= self.max_item_bytes
 
+    @property
+    def room(self) -> asyncio.Event:
+        room = asyncio.Event()
+        room.set()
+        return room
+
     async def flush(self) -> None: ...
 
     async def settle(self, owner) -> None: ...
@@ -79,7 +88,9 @@ class Notifier:
         self.notified.append(pk)
 
 
-def context(leases: Leases, events: list, sink: Sink | None = None) -> ConnectionContext:
+def context(
+    leases: Leases, events: list, sink: Sink | None = None, max_buffered_bytes: int = 1 << 20
+) -> ConnectionContext:
     return ConnectionContext(
         leases=leases,  # type: ignore[arg-type]
         sink=sink or Sink(),  # type: ignore[arg-type]
@@ -91,6 +102,7 @@ def context(leases: Leases, events: list, sink: Sink | None = None) -> Connectio
         counters=Counters(),
         max_message_bytes=65536,
         max_buffered_messages=100,
+        max_buffered_bytes=max_buffered_bytes,
         reconnect_base_seconds=0.01,
         reconnect_cap_seconds=0.05,
     )
@@ -113,7 +125,7 @@ async def test_redialling_stops_at_the_holders_deadline():
     await asyncio.wait_for(finished.wait(), timeout=10)
 
     assert connection.end_reason is EndReason.DEADLINE
-    assert sum(1 for event, _ in events if event == "upstream_dropped") >= 2
+    assert connection._context.counters.upstream_drops >= 2
 
 
 async def test_a_final_checkpoint_that_finds_the_session_over_still_releases():
@@ -212,12 +224,12 @@ async def scripted_upstream(script: list[str]):
         yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/s"
 
 
-def start_connection(url: str, sink: Sink):
+def start_connection(url: str, sink: Sink, **kwargs):
     leases, events = Leases(Session(deadline=time.monotonic() + 60)), []
     lease = Lease(
         pk="CONN#a", ws_url=url, last_seq=3, lease_version=1, owner="w1", session_version=1
     )
-    ctx = context(leases, events, sink)
+    ctx = context(leases, events, sink, **kwargs)
     connection = Connection(lease, ctx, acquired_at=0, on_finished=lambda c: None)
     return connection, ctx, events, leases
 
@@ -225,3 +237,143 @@ def start_connection(url: str, sink: Sink):
 async def shut_down(connection: Connection) -> None:
     connection.end(EndReason.SHUTDOWN)
     await asyncio.wait_for(connection.task, timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def ping_flood_upstream():
+    """An upstream that completes the handshake, then floods pings and never reads again (each
+    ping makes the client queue a pong). Hand-written, since a WebSocket library always reads."""
+    floods: list[asyncio.Task] = []
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        key = next(
+            line.split(b":", 1)[1].strip()
+            for line in request.split(b"\r\n")
+            if line.lower().startswith(b"sec-websocket-key:")
+        )
+        accept = base64.b64encode(
+            hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+        )
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+        )
+        writer.transport.pause_reading()  # never reads again
+        ping = b"\x89\x7d" + b"p" * 125  # the largest ping: its pong is as large
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(ping * 64)
+                await writer.drain()
+
+    def handle(reader, writer):
+        floods.append(asyncio.create_task(flood(reader, writer)))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/s"
+    finally:
+        for task in floods:
+            task.cancel()
+        server.close()
+
+
+async def test_an_upstream_that_floods_pings_and_never_reads_is_cut_off_not_buffered():
+    """The queued pongs reached 702 MiB in 45 s and still grew; the worker's own keepalive
+    never fired. Unsent bytes are capped per connection: past the cap the socket is aborted,
+    and the stream is redialled with backoff, keeping its lease."""
+    async with ping_flood_upstream() as url:
+        connection, _, events, _ = start_connection(url, Sink())
+        deadline = time.monotonic() + 60
+        while not any(
+            f.get("error") == "not reading" for e, f in events if e == "upstream_dropped"
+        ):
+            assert time.monotonic() < deadline, events
+            await asyncio.sleep(0.05)
+
+        assert connection.end_reason is None
+        await shut_down(connection)
+
+
+async def test_a_stream_ends_promptly_when_its_upstream_does_not_read():
+    """After about 30 MB of unread pongs a STOP was never carried out, and SIGTERM used its
+    full 10 s handing nothing over. Closing aborts a socket that cannot drain."""
+    async with ping_flood_upstream() as url:
+        connection, _, _, leases = start_connection(url, Sink())
+        deadline = time.monotonic() + 30
+        while not connection.connected:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+        await shut_down(connection)  # within 10 s: the close is bounded at 0.4 s
+
+        assert leases.released == [False]
+
+
+async def test_a_handshake_alone_does_not_reset_the_backoff(monkeypatch):
+    """An upstream that accepts and closes at once, or replays a message over the limit, was
+    redialled about 10 times a second for ever: each handshake reset the backoff. It resets
+    only after a message was received."""
+    attempts: list[int] = []
+
+    def recording(attempt: int, base: float, cap: float) -> float:
+        attempts.append(attempt)
+        return 0.001
+
+    monkeypatch.setattr(connection_module, "full_jitter", recording)
+    script = [frame(4, "x" * 70_000)]  # over the 65,536 bytes the context allows
+    async with scripted_upstream(script) as url:
+        connection, ctx, events, _ = start_connection(url, Sink())
+        deadline = time.monotonic() + 30
+        while len(attempts) < 5:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await shut_down(connection)
+
+    assert attempts[:5] == [0, 1, 2, 3, 4]
+    assert ctx.counters.frames_refused >= 5  # each replay of the message is reported...
+    refused = [f for e, f in events if e == "upstream_frame_refused"]
+    assert len(refused) == 1 and refused[0]["seq"] == 4  # ...and logged once per interval
+    assert "MAX_MESSAGE_BYTES" in refused[0]["reason"]
+
+
+async def test_progress_resets_the_backoff(monkeypatch):
+    attempts: list[int] = []
+
+    def recording(attempt: int, base: float, cap: float) -> float:
+        attempts.append(attempt)
+        return 0.001
+
+    monkeypatch.setattr(connection_module, "full_jitter", recording)
+    seqs = iter(range(4, 1000))
+
+    async def one_message_then_close(websocket) -> None:
+        await websocket.send(frame(next(seqs)))
+        await websocket.close()
+
+    async with serve(one_message_then_close, "127.0.0.1", 0) as server:
+        url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/s"
+        connection, _, _, _ = start_connection(url, Sink())
+        deadline = time.monotonic() + 30
+        while len(attempts) < 5:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await shut_down(connection)
+
+    assert attempts[:5] == [0, 0, 0, 0, 0]
+
+
+async def test_reading_pauses_at_the_connections_bound_in_bytes():
+    """Frames of 64 KiB that expand when parsed held 1.5 GiB for one connection: the bound was
+    1,000 messages, whatever their size. Unstored bytes are bounded per connection."""
+    script = [frame(seq, "y" * 4000) for seq in range(4, 104)]
+    async with scripted_upstream(script) as url:
+        sink = Sink()  # never reports anything stored
+        connection, _, _, _ = start_connection(url, sink, max_buffered_bytes=10_000)
+        deadline = time.monotonic() + 30
+        while connection._drained.is_set() or not sink.added:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+        assert len(sink.added) == 3  # 12,000 bytes unstored: it stopped reading there
+        await shut_down(connection)

@@ -39,7 +39,7 @@ class Owner:
     stored_up_to: int = 0
     failures: list[Exception] = field(default_factory=list)
 
-    def stored(self, count: int, up_to_seq: int) -> None:
+    def stored(self, count: int, up_to_seq: int, size: int = 0) -> None:
         self.stored_up_to = max(self.stored_up_to, up_to_seq)
 
     def storage_failed(self, error: Exception) -> None:
@@ -259,3 +259,28 @@ def test_a_message_too_big_for_one_item_does_not_fit():
     sink = make_sink(ScriptedDynamo())
     assert sink.fits("CONN#a", UpstreamMessage(1, "x" * model.MAX_UPSTREAM_MESSAGE_BYTES))
     assert not sink.fits("CONN#a", UpstreamMessage(1, "x" * model.DYNAMODB_MAX_ITEM_BYTES))
+
+
+async def test_the_worker_stops_reading_at_its_bound_in_bytes_until_a_write_finished():
+    dynamo, owner = ScriptedDynamo(), Owner("CONN#a")
+    sink = make_sink(dynamo, max_buffered_bytes=10_000)
+    for seq in (1, 2):
+        sink.add(owner, UpstreamMessage(seq, "z" * 4000))
+    assert sink.room.is_set()
+    sink.add(owner, UpstreamMessage(3, "z" * 4000))
+    assert not sink.room.is_set() and sink.buffered_bytes == 12_000
+
+    await sink.flush()
+
+    assert sink.room.is_set() and sink.buffered_bytes == 0
+
+
+async def test_what_settle_drops_no_longer_counts_against_the_bound():
+    dynamo, owner = ScriptedDynamo(), Owner("CONN#a")
+    sink = make_sink(dynamo, max_buffered_bytes=10_000)
+    for seq in (1, 2, 3):
+        sink.add(owner, UpstreamMessage(seq, "z" * 4000))
+
+    await sink.settle(owner)
+
+    assert sink.room.is_set() and sink.buffered_bytes == 0
