@@ -545,7 +545,6 @@ CANARY_ENTRY = "streamfleet.wsapi.canary.handler"
 async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRegion]:
     """The Region's WebSocket API as deployed: its route keys and stage from the template, the
     handler replying through the Management API via the recording proxy."""
-    from streamfleet_dev.local.servers import free_port
     from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway
 
     region = world.regions[role]
@@ -554,8 +553,6 @@ async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRe
     stage = api.stages[0]
     handler_function = function_with_handler(stack, HANDLER_ENTRY)
     authorizer_function = function_with_handler(stack, AUTHORIZER_ENTRY)
-    management_port = free_port()
-    world.proxy.service_backends["execute-api"] = f"http://127.0.0.1:{management_port}"
     # The Management API through the recording proxy (which forwards it to the gateway).
     management_url = f"{world.proxy.endpoint}/{stage}"
     handler = world.start_function(
@@ -571,11 +568,14 @@ async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRe
         region=region.name,
         api_id=region.api_id,
         stage=stage,
-        management_port=management_port,
+        management_port=0,  # bound by the gateway, read back below
         routes=tuple(key for key in api.route_keys if not key.startswith("$")),
         account_id=LOCAL_ACCOUNT,
     )
     async with LocalGateway(settings, authorizer=authorizer, handler=handler) as gateway:
+        # The proxy forwards the whole path, stage included, to the gateway's own origin.
+        origin = gateway.management_endpoint.removesuffix(f"/{stage}")
+        world.proxy.service_backends["execute-api"] = origin
         yield WebSocketRegion(
             region=region,
             gateway=gateway,

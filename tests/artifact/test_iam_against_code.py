@@ -49,7 +49,6 @@ from streamfleet_dev.checks import stored_log
 from streamfleet_dev.iam import Call, NameMap, calls_of, check, statements_of
 from streamfleet_dev.local.container import container_launch, image_python
 from streamfleet_dev.local.lambda_runner import rest_proxy_event, scheduled_event
-from streamfleet_dev.local.servers import free_port
 from streamfleet_dev.tables import create_table
 from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.local_gateway import FailureMode
@@ -112,9 +111,10 @@ class Workers:
                 "AWS_DEFAULT_REGION": self.region,
                 "AWS_ACCESS_KEY_ID": WORKER_KEY,
                 "AWS_SECRET_ACCESS_KEY": "local",
-                # Local only: the servers behind the proxy; one host, so a port per worker.
+                # Local only: the servers behind the proxy; one host, so a port per worker,
+                # which each binds itself.
                 "AWS_ENDPOINT_URL": self.proxy,
-                "HEALTH_PORT": str(free_port()),
+                "HEALTH_PORT": "0",
             },
         )
         log = open(self.tmp / f"worker-{len(self.processes)}.log", "wb")  # noqa: SIM115

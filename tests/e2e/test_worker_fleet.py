@@ -22,7 +22,6 @@ import pytest
 
 from streamfleet import model
 from streamfleet_dev.local.fleet import LEASE_SECONDS, REPO, Fleet, WorkerProcess, eventually
-from streamfleet_dev.local.servers import free_port
 from streamfleet_dev.upstream.fake import FakeUpstream
 
 pytestmark = pytest.mark.slow
@@ -60,8 +59,7 @@ def busiest(fleet: Fleet, workers: list[WorkerProcess]) -> tuple[WorkerProcess, 
 
 
 async def test_a_burst_of_starts_is_claimed_in_batches_and_all_connected(fleet: Fleet):
-    ports = [free_port(), free_port()]
-    workers = [fleet.start_worker(HEALTH_PORT=str(port)) for port in ports]
+    workers = [fleet.start_worker(HEALTH_PORT="0") for _ in range(2)]  # each binds a free port
     ids = streams(40)
 
     await fleet.start_streams(*ids)
@@ -75,8 +73,14 @@ async def test_a_burst_of_starts_is_claimed_in_batches_and_all_connected(fleet: 
     # What the container health check and the scaling policy see. A worker whose session opened
     # after the other took the whole burst may not serve its endpoint yet: polled, not read once.
     def health() -> list[dict] | None:
+        listening = [w.events("health_listening") for w in workers]
+        if not all(listening):
+            return None
         try:
-            return [json.loads(read_url(f"http://127.0.0.1:{port}/health")) for port in ports]
+            return [
+                json.loads(read_url(f"http://127.0.0.1:{events[0]['port']}/health"))
+                for events in listening
+            ]
         except OSError:
             return None
 

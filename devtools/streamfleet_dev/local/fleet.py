@@ -200,7 +200,7 @@ class Fleet:
             **FAST_ENV,
             "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{self.upstream.port}",
             "MAX_CONNECTIONS": "100",
-            "HEALTH_PORT": "0",
+            "HEALTH_PORT": "",  # none ("0": a free port, named in its health_listening log)
             "WORKER_ID": worker_id,
             **self.extra_env,
             **env,

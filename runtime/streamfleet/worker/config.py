@@ -50,12 +50,12 @@ def _message_bytes(env: Mapping[str, str]) -> int:
     return value
 
 
-def _port(env: Mapping[str, str], name: str) -> int:
+def _port(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name, "").strip()
     if not raw:
-        return 0
+        return None
     if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= 65535:
-        raise ValueError(f"{name}: {raw!r} is not a TCP port (0..65535, 0: off)")
+        raise ValueError(f"{name}: {raw!r} is not a TCP port (0..65535, 0: any free one)")
     return int(raw)
 
 
@@ -108,7 +108,8 @@ class WorkerConfig:
     service_name: str = "streamfleet-worker"
     session_group: str = model.DEFAULT_SESSION_GROUP
     region: str = ""
-    health_port: int = 0  # 0: no health endpoint
+    # None: no health endpoint; 0: a port the system picks, reported in the health_listening log
+    health_port: int | None = None
     metrics_every: float = 60.0
     sqs_wait_seconds: int = 10
     # Rare on purpose: a new owner resumes from what is stored past the checkpoint (one query),

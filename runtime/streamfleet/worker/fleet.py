@@ -234,7 +234,7 @@ class Worker:
             "rebalance": self._rebalance_loop,
             "metrics": self._metrics_loop,
         }
-        if self.config.health_port:
+        if self.config.health_port is not None:
             loops["health"] = lambda: serve_health(self, self.config.health_port)
         self._loops = {name: asyncio.create_task(run(), name=name) for name, run in loops.items()}
         stopping = asyncio.create_task(self._stopping.wait())

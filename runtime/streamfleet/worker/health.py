@@ -53,5 +53,8 @@ async def serve_health(worker: Worker, port: int) -> None:
             writer.close()
 
     server = await asyncio.start_server(answer, "0.0.0.0", port, limit=MAX_REQUEST_BYTES)
+    # Port 0 binds whatever port is free: the log says which (tests read it; never chosen first
+    # and bound later, when another process may have taken it).
+    worker.log("health_listening", port=server.sockets[0].getsockname()[1])
     async with server:
         await server.serve_forever()

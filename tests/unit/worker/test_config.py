@@ -79,3 +79,9 @@ def test_the_worker_refuses_to_start_on_bad_configuration():
     )
     assert result.returncode == 2
     assert json.loads(result.stderr)["error"].startswith("LEASE_SECONDS: ")
+
+
+def test_the_health_port_is_off_unset_and_any_free_one_at_zero():
+    assert WorkerConfig.from_env(BASE_ENV).health_port is None
+    assert WorkerConfig.from_env({**BASE_ENV, "HEALTH_PORT": "0"}).health_port == 0
+    assert WorkerConfig.from_env({**BASE_ENV, "HEALTH_PORT": "8080"}).health_port == 8080
