@@ -526,7 +526,8 @@ class ReconnectingClient:
                 await ws.send(text)
             except ConnectionClosed:
                 raise NotConnected("the connection just closed") from None
-            return await asyncio.wait_for(future, timeout or self.config.request_timeout)
+            async with asyncio.timeout(timeout or self.config.request_timeout):
+                return await future
         finally:
             self._pending.pop(request_id, None)
 
@@ -664,7 +665,8 @@ class ReconnectingClient:
             self._ready.clear()
             self._fail_pending(ConnectionLost("connection ended before the reply"))
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(ws.close(), self.config.close_timeout)
+                async with asyncio.timeout(self.config.close_timeout):
+                    await ws.close()
         return self._session_healthy
 
     async def _receive(self, ws: ClientConnection) -> None:

@@ -21,6 +21,7 @@ from .. import buffering, model
 from ..desired_state import DesiredStateWriter
 from ..lease import ConnectionLeases, Lease, LeaseLost, SessionLost, StoreUnavailable
 from ..lease.dynamo import full_jitter
+from ..waiting import wait_at_most
 from .notifier import Notifier
 from .observability import Counters, EventLog, RateLimitedLog
 from .protocol import ProtocolError, UpstreamMessage, UpstreamProtocol
@@ -53,7 +54,7 @@ async def close_within(upstream: ClientConnection, seconds: float) -> None:
     transport = upstream.transport
     if transport.get_write_buffer_size() == 0:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(upstream.close(), 2 * seconds)
+            await wait_at_most(upstream.close(), 2 * seconds)
     if not transport.is_closing() or transport.get_write_buffer_size():
         transport.abort()
 
@@ -223,7 +224,7 @@ class Connection:
             resume_from = await context.sink.contiguous_end(self.pk, self.lease.last_seq)
             self.stored_seq = self.last_received_seq = resume_from
         attempt = 0
-        while True:
+        while self.end_reason is None:  # told to end: its cancellation ends it, this is a net
             session.require_live()  # never (re)dial past the holder's deadline
             if resume_from is not None:
                 resume_from = max(resume_from, self.last_received_seq)  # a redial in this lease

@@ -45,6 +45,7 @@ from ..lease import (
     StoreUnavailable,
 )
 from ..lease.dynamo import full_jitter
+from ..waiting import wait_at_most
 from .config import WorkerConfig
 from .connection import Connection, ConnectionContext, EndReason
 from .health import serve_health
@@ -257,10 +258,9 @@ class Worker:
                 return True
             except StoreUnavailable as exc:
                 self.log("session_open_failed", error=str(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._stopping.wait(), full_jitter(attempt, heartbeat / 4, 2 * heartbeat)
-                )
+            await wait_at_most(
+                self._stopping.wait(), full_jitter(attempt, heartbeat / 4, 2 * heartbeat)
+            )
             attempt += 1
         return False
 
@@ -437,8 +437,7 @@ class Worker:
             free = self.free_slots()
             if free <= 0:
                 self._capacity_freed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._capacity_freed.wait(), config.sqs_wait_seconds)
+                await wait_at_most(self._capacity_freed.wait(), config.sqs_wait_seconds)
                 continue
             if self.store.session.deadline_passed():
                 await asyncio.sleep(config.timing.heartbeat_seconds / 2)
@@ -542,8 +541,7 @@ class Worker:
         delay = random.uniform(0, config.timing.heartbeat_seconds)
         failures = runs = 0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reconcile_now.wait(), delay)
+            await wait_at_most(self._reconcile_now.wait(), delay)
             self._reconcile_now.clear()
             delay = jittered(config.reconcile_every)
             runs += 1

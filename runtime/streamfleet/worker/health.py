@@ -36,7 +36,8 @@ async def serve_health(worker: Worker, port: int) -> None:
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)
+            async with asyncio.timeout(2.0):
+                request = await reader.readuntil(b"\r\n\r\n")
             path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
             status, body = health_report(worker) if path == b"/health" else (404, {})
             payload = json.dumps(body).encode()

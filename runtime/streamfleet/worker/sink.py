@@ -11,7 +11,6 @@ contiguous run and rewrites everything after it), and a stream stopped before th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +29,7 @@ from ..lease.dynamo import (
     to_item,
 )
 from ..lease.errors import StoreUnavailable
+from ..waiting import wait_at_most
 from .protocol import UpstreamMessage
 
 MAX_BATCH_WRITE_ITEMS = 25  # DynamoDB's limit per BatchWriteItem request
@@ -136,8 +136,7 @@ class MessageSink:
     async def run(self) -> None:
         """The flusher loop; cancel it to stop."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._flush_every)
+            await wait_at_most(self._wake.wait(), self._flush_every)
             self._wake.clear()
             await self.flush()
 
