@@ -25,11 +25,13 @@ def log_problems(
     data_of: Callable[[str, int], str],
     *,
     final: bool = False,
+    stored_by_a_correct_worker: Callable[[int], bool] = lambda seq: True,
 ) -> list[str]:
     """What is wrong with one stream's stored log (empty: nothing).
 
     ``final``: the stream was stopped and its owner has released it, so its checkpoint must be
-    the newest stored seq (nothing unsealed past it).
+    the newest stored seq (nothing unsealed past it). ``stored_by_a_correct_worker``: whether a
+    seq belongs in the log (a hostile upstream's poison and gaps do not).
     """
     problems: list[str] = []
     origin = None if row is None else row.get(model.ORIGIN_SEQ)
@@ -39,8 +41,11 @@ def log_problems(
             problems.append(f"{stream_id}: {len(seqs)} messages stored but no origin recorded")
         return problems
     newest = seqs[-1] if seqs else origin
-    expected = set(range(origin + 1, newest + 1))
+    expected = {s for s in range(origin + 1, newest + 1) if stored_by_a_correct_worker(s)}
     missing = sorted(expected - set(seqs))
+    unexpected = sorted(set(seqs) - expected - {s for s in seqs if s <= origin})
+    if unexpected:
+        problems.append(f"{stream_id}: stored what it should have refused: {unexpected[:8]}")
     below = [seq for seq in seqs if seq <= origin]
     if below:
         problems.append(f"{stream_id}: stored before its origin {origin}: {below[:5]}")

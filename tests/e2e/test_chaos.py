@@ -25,7 +25,9 @@ async def test_nothing_is_lost_or_doubled_under_chaos(tmp_path, capsys, monkeypa
     for name in (*LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS"):
         monkeypatch.setenv(name, os.environ.get(name, ""))
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1, 10**6))
-    plan = ChaosPlan(workers=4, streams=24, duration_seconds=20, seed=seed)
+    # Three of the streams have a hostile upstream (poison frames, gaps): nothing changes for
+    # the others, and theirs hold exactly what a correct worker stores.
+    plan = ChaosPlan(workers=4, streams=24, duration_seconds=20, seed=seed, hostile_streams=3)
     with capsys.disabled():
         print(f"\nchaos: CHAOS_SEED={seed} repeats this run")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosedError, InvalidStatus
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
 from streamfleet_dev.upstream.fake import FakeUpstream, message_data
 from tests.support import ShiftableClock
@@ -291,3 +291,37 @@ async def test_cli_rejects_bad_arguments_with_a_clear_error(args: list[str], mes
         _, stderr = await process.communicate()
     assert process.returncode == 2
     assert message in stderr.decode()
+
+
+async def test_hostile_modes_send_what_they_say_and_stores_says_what_a_worker_keeps(
+    upstream: FakeUpstream,
+) -> None:
+    from streamfleet.worker.protocol import JsonSeqProtocol, ProtocolError
+    from streamfleet_dev.upstream.fake import stores
+
+    modes = {"poison", "gap"}
+    url = upstream.url_for("h1", modes) + "&last_seq=0"
+    readable, refused = [], []
+    async with connect(url, max_size=None) as ws:
+        while len(readable) + len(refused) < 30:
+            frame = await asyncio.wait_for(ws.recv(), TIMEOUT)
+            try:
+                readable.append(JsonSeqProtocol().parse(frame).seq)
+            except ProtocolError:
+                refused.append(frame)
+
+    assert readable == [seq for seq in range(1, 35) if stores(modes, seq)][: len(readable)]
+    assert 3 not in readable and 13 not in readable and 7 not in readable  # gaps and poison
+    assert len(refused) >= 3
+
+
+async def test_a_closing_upstream_closes_at_once_and_an_unknown_mode_is_refused(
+    upstream: FakeUpstream,
+) -> None:
+    async with connect(upstream.url_for("h2", {"close"})) as ws:
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), TIMEOUT)
+    async with connect(upstream.url_for("h3") + "?hostile=sulk") as ws:
+        with pytest.raises(ConnectionClosedError) as closed:
+            await asyncio.wait_for(ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008

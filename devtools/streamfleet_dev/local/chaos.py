@@ -29,6 +29,8 @@ from .fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
 from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 
 FAULTS = ("kill9", "sigterm", "pause", "churn", "dynamodb_outage")
+# Hostile modes that let a stream flow (oversize and close park it, which recovery would flag).
+HOSTILE_CHAOS_MODES = frozenset({"poison", "gap"})
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,17 @@ class ChaosPlan:
     outage_seconds: tuple[float, float] = (LEASE_SECONDS * 0.5, LEASE_SECONDS * 1.5)
     recovery_bound_seconds: float = LEASE_SECONDS * 4
     seed: int = 0
+    # Streams whose upstream sends poison frames and leaves gaps (fake.HOSTILE_MODES): each is
+    # checked against what a correct worker stores of it, and the others must not notice.
+    hostile_streams: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 2:
             raise ValueError("workers: at least 2, so someone is left to take over")
         if self.streams < 1 or self.duration_seconds <= 0:
             raise ValueError("streams and duration_seconds: must be positive")
+        if not 0 <= self.hostile_streams <= self.streams:
+            raise ValueError("hostile_streams: between 0 and streams")
 
 
 @dataclass
@@ -85,6 +92,9 @@ class Chaos:
         self.random = random.Random(plan.seed)
         self.report = ChaosReport(seed=plan.seed)
         self.stream_ids = [f"c{n:03d}" for n in range(plan.streams)]
+        fleet.hostile.update(
+            {sid: HOSTILE_CHAOS_MODES for sid in self.stream_ids[: plan.hostile_streams]}
+        )
         self.started: set[str] = set()
         self.paused: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -229,7 +239,8 @@ class Chaos:
             "exactly once from the origin",
             not problems,
             f"{total} messages over {len(self.stream_ids)} streams, each exactly origin+1..last "
-            "with the upstream's content" + (f"; {problems[:6]}" if problems else ""),
+            f"with the upstream's content ({self.plan.hostile_streams} hostile: less its poison "
+            "and gaps)" + (f"; {problems[:6]}" if problems else ""),
         )
         upstream_gaps = {sid: n for sid, n in stats["gaps"].items() if n}
         report.check(
@@ -273,10 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--streams", type=int, default=60)
     parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", "0")) or None)
+    parser.add_argument(
+        "--hostile", type=int, default=0, help="streams whose upstream sends poison and gaps"
+    )
     args = parser.parse_args(argv)
     seed = args.seed or random.randrange(1, 10**6)
     plan = ChaosPlan(
-        workers=args.workers, streams=args.streams, duration_seconds=args.duration, seed=seed
+        workers=args.workers,
+        streams=args.streams,
+        duration_seconds=args.duration,
+        seed=seed,
+        hostile_streams=args.hostile,
     )
     keep = os.environ.get("CHAOS_LOGS")  # a directory to keep the workers' logs in
     with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,7 @@ from streamfleet_dev.assembly import (
 from streamfleet_dev.checks import connection_rows, log_problems, stored_log
 from streamfleet_dev.local.container import container_launch, image_python
 from streamfleet_dev.tables import create_tables
-from streamfleet_dev.upstream.fake import FakeUpstream, message_data
+from streamfleet_dev.upstream.fake import FakeUpstream, message_data, stores
 from streamfleet_dev.upstream.process import UpstreamProcess
 
 REPO = Path(__file__).resolve().parents[3]
@@ -147,6 +147,9 @@ class Fleet:
     # ECS's STOPPED events: each worker gets a task ARN (task_env) and, when its process exits,
     # the synthesized task-events handler gets the event (streamfleet_dev.local.task_events).
     task_events: bool = False
+    # Streams whose upstream is hostile, and how (fake.HOSTILE_MODES): their URL asks for it,
+    # and their log is checked against what a correct worker stores of it.
+    hostile: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
@@ -255,7 +258,8 @@ class Fleet:
 
         async def start(stream_id: str) -> None:
             async with limit:
-                await self.control.start(stream_id, self.upstream.url_for(stream_id))
+                url = self.upstream.url_for(stream_id, self.hostile.get(stream_id, ()))
+                await self.control.start(stream_id, url)
 
         await asyncio.gather(*(start(stream_id) for stream_id in stream_ids))
         return [model.connection_pk(stream_id) for stream_id in stream_ids]
@@ -315,8 +319,14 @@ class Fleet:
         rows = self.rows()
         problems: list[str] = []
         for sid in stream_ids:
+            modes = self.hostile.get(sid, frozenset())
             problems += log_problems(
-                sid, rows.get(sid), self.stored_log(sid), message_data, final=final
+                sid,
+                rows.get(sid),
+                self.stored_log(sid),
+                message_data,
+                final=final,
+                stored_by_a_correct_worker=lambda seq, modes=modes: stores(modes, seq),
             )
         return problems
 

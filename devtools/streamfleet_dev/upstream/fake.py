@@ -15,6 +15,14 @@ snapshot as JSON, so another process can read it.
 Wire format: JSON text frames ``{"seq": <int>, "data": "<stream_id>:<seq>"}`` on
 ``ws://127.0.0.1:<port>/streams/<stream_id>[?last_seq=<n>][&epoch=<v>]``.
 
+**Hostile modes** (``?hostile=<mode>[.<mode>...]`` on the stream URL, so every dial of every
+owner sees the same): ``poison`` sends every 7th seq as a frame no JSON reader should survive
+(deep nesting, ``NaN``, a lone surrogate, not JSON, a 5,000-digit seq), ``gap`` never sends seqs
+ending in 3, ``oversize`` sends seq 50 of every hundred with 70,000 bytes of data (over a
+worker's default limit: it can never get past it), ``pingflood`` floods pings and stops reading
+(each ping queues a pong at the client), and ``close`` accepts the handshake and closes at once.
+:func:`stores` says which seqs a correct worker stores.
+
 **Epochs** (the worker sends its lease's fencing token as ``epoch``): a dial with an epoch higher
 than any seen on the stream closes every client dialled with a lower one (close code 4409); a
 dial with a lower epoch is refused (HTTP 409). So a worker frozen with its socket open stops
@@ -70,6 +78,53 @@ DROP_WAIT_SECONDS = 5.0
 _STREAM_PATH = re.compile(r"/streams/(?P<stream_id>[^/]+)")
 _HEAD_PATH = re.compile(r"/streams/(?P<stream_id>[^/]+)/head")
 _LAST_SEQ = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²"
+
+
+HOSTILE_PARAMETER = "hostile"
+HOSTILE_MODES = frozenset({"poison", "gap", "oversize", "pingflood", "close"})
+OVERSIZE_BYTES = 70_000
+_POISON = (
+    '{"seq": %d, "data": ' + "[" * 5000 + "]" * 5000 + "}",
+    '{"seq": %d, "data": NaN}',
+    '{"seq": %d, "data": "\\ud800"}',
+    "seq %d is not JSON",
+    '{"seq": ' + "9" * 5000 + ', "data": %d}',
+)
+_PING = b"\x89\x7d" + b"p" * 125  # an unmasked server ping with the largest payload
+
+
+def stream_url(base: str, stream_id: str, hostile: Iterable[str] = ()) -> str:
+    """The URL of a stream on the upstream at ``base``, in the hostile modes named."""
+    url = f"{base}/streams/{quote(stream_id, safe='')}"
+    modes = ".".join(sorted(hostile))
+    return f"{url}?{HOSTILE_PARAMETER}={modes}" if modes else url
+
+
+def hostile_modes(query: str) -> frozenset[str]:
+    """The hostile modes a stream URL's query asks for; ``BadLastSeq`` for an unknown one."""
+    values = parse_qs(query, keep_blank_values=True).get(HOSTILE_PARAMETER, [])
+    modes = frozenset(mode for value in values for mode in value.split(".") if mode)
+    if unknown := modes - HOSTILE_MODES:
+        raise BadLastSeq(f"hostile: unknown modes {sorted(unknown)}")
+    return modes
+
+
+def stores(modes: Iterable[str], seq: int) -> bool:
+    """Whether a correct worker stores ``seq`` of a stream in these modes: every frame it can
+    read, none of the poison, nothing of what was never sent."""
+    modes = frozenset(modes)
+    return not ("poison" in modes and seq % 7 == 0) and not ("gap" in modes and seq % 10 == 3)
+
+
+def frame_for(stream_id: str, seq: int, modes: frozenset[str]) -> str | None:
+    """The frame that carries ``seq`` in these modes (``None``: not sent at all)."""
+    if "gap" in modes and seq % 10 == 3:
+        return None
+    if "poison" in modes and seq % 7 == 0:
+        return _POISON[(seq // 7) % len(_POISON)] % seq
+    if "oversize" in modes and seq % 100 == 50:
+        return json.dumps({"seq": seq, "data": "o" * OVERSIZE_BYTES})
+    return encode_frame(stream_id, seq)
 
 
 def message_data(stream_id: str, seq: int) -> str:
@@ -257,9 +312,10 @@ class FakeUpstream:
         """``http://127.0.0.1:<port>``, for ``/stats`` and ``/streams/<id>/head``."""
         return f"http://{HOST}:{self.port}"
 
-    def url_for(self, stream_id: str) -> str:
-        """The WebSocket URL of one stream (add ``?last_seq=<n>`` to resume)."""
-        return f"{self.url}/streams/{quote(stream_id, safe='')}"
+    def url_for(self, stream_id: str, hostile: Iterable[str] = ()) -> str:
+        """The WebSocket URL of one stream (add ``?last_seq=<n>`` to resume), in the hostile
+        modes named."""
+        return stream_url(self.url, stream_id, hostile)
 
     # -- streams and observations ------------------------------------------------------------
 
@@ -374,6 +430,7 @@ class FakeUpstream:
         try:
             last_seq = parse_last_seq(target.query)
             epoch = parse_epoch(target.query)
+            modes = hostile_modes(target.query)
         except BadLastSeq as exc:
             await connection.close(CloseCode.POLICY_VIOLATION, str(exc))
             return
@@ -387,8 +444,14 @@ class FakeUpstream:
         self._attach(stream, client)
         # Without last_seq the client starts live: the first seq produced after it connected.
         first = stream.head(self._clock()) + 1 if last_seq is None else last_seq + 1
-        sender = asyncio.create_task(self._send(client, stream, first))
-        drainer = asyncio.create_task(_drain(connection))
+        sender = asyncio.create_task(self._send(client, stream, first, modes))
+        if "close" in modes:
+            sender.cancel()
+            drainer = asyncio.create_task(connection.close())
+        elif "pingflood" in modes:
+            drainer = asyncio.create_task(_flood_pings(connection))
+        else:
+            drainer = asyncio.create_task(_drain(connection))
         try:
             await asyncio.wait({sender, drainer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -429,7 +492,9 @@ class FakeUpstream:
             stream.max_concurrent, sum(other.open for other in stream.clients)
         )
 
-    async def _send(self, client: _Client, stream: _Stream, next_seq: int) -> None:
+    async def _send(
+        self, client: _Client, stream: _Stream, next_seq: int, modes: frozenset[str] = frozenset()
+    ) -> None:
         """Send every seq from ``next_seq`` on as it becomes due, catching up in batches."""
         try:
             while True:
@@ -452,7 +517,9 @@ class FakeUpstream:
                         return  # not one more frame to a former owner
                     # send() waits for the socket to drain, so a slow client holds its own
                     # sender back instead of growing a buffer here.
-                    await client.connection.send(encode_frame(stream.stream_id, seq))
+                    text = frame_for(stream.stream_id, seq, modes)
+                    if text is not None:
+                        await client.connection.send(text)
                 next_seq = last + 1
         except ConnectionClosed:
             return
@@ -463,6 +530,15 @@ async def _drain(connection: ServerConnection) -> None:
     with contextlib.suppress(ConnectionClosed):
         async for _ in connection:
             pass
+
+
+async def _flood_pings(connection: ServerConnection) -> None:
+    """Stop reading, then flood the client with pings for as long as it stays connected."""
+    transport = connection.transport
+    transport.pause_reading()
+    while not transport.is_closing():
+        transport.write(_PING * 64)
+        await asyncio.sleep(0.001)
 
 
 def _json_response(connection: ServerConnection, status: http.HTTPStatus, body: Any) -> Response:

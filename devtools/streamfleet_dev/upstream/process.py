@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import quote
 
 import streamfleet
 import streamfleet_dev
+from streamfleet_dev.upstream.fake import stream_url
 
 START_TIMEOUT_SECONDS = 20.0
 # The fake upstream imports the dev tools and the runtime's protocol constants: both packages'
@@ -66,8 +67,8 @@ class UpstreamProcess:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
 
-    def url_for(self, stream_id: str) -> str:
-        return f"{self.url}/streams/{quote(stream_id, safe='')}"
+    def url_for(self, stream_id: str, hostile: Iterable[str] = ()) -> str:
+        return stream_url(self.url, stream_id, hostile)
 
     def stats(self) -> dict[str, Any]:
         http_url = self.url.replace("ws://", "http://", 1)
