@@ -47,6 +47,20 @@ describe('StreamCursor', () => {
     expect(cursor.onFrame(parts, 0).map((m) => m.data)).toEqual(['hello world']);
   });
 
+  it('drops an incomplete part set when a subscribe is answered (the replay brings it whole)', () => {
+    const cursor = new StreamCursor('s', 0);
+    const first: MessagesFrame = {
+      type: 'messages',
+      stream: 's',
+      source: 'live',
+      messages: [{ seq: 1, part: 0, parts: 2, data: 'hello ' }],
+    };
+    expect(cursor.onFrame(first, 0)).toEqual([]);
+    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 0, upTo: 0, more: false }, 1);
+    const second: MessagesFrame = { ...first, messages: [{ seq: 1, part: 1, parts: 2, data: 'world' }] };
+    expect(cursor.onFrame(second, 2)).toEqual([]); // part 0 from before is gone
+  });
+
   it('says which messages carry the JSON text of a value rather than a string', () => {
     const cursor = new StreamCursor('s', 0);
     const got = cursor.onFrame(

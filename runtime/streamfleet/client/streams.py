@@ -75,6 +75,9 @@ class StreamCursor:
         Returns what became deliverable (messages buffered before the start was known).
         """
         self.acknowledged = True
+        # Parts of a message still incomplete are dropped: the replay that follows brings the
+        # whole message again, and no part from before a reconnect joins one from after it.
+        self.parts.clear()
         after = reply.get("after")
         known = isinstance(after, int) and not isinstance(after, bool)
         if known and (self.position is None or after > self.position):

@@ -29,6 +29,9 @@ from .. import model
 SOURCE_REPLAY = "replay"
 SOURCE_LIVE = "live"
 FRAME_LIMIT = model.WS_MAX_FRAME_BYTES
+# Room for a Region's name in the envelope a message's parts are cut for: longer than any AWS
+# Region's, so that the cut is the same whichever Region and path (replay or live) sends it.
+REGION_ROOM = 32
 
 
 @dataclass(frozen=True, order=True)
@@ -90,6 +93,21 @@ def _slices(message: StoredMessage, room: int) -> list[str]:
     return slices or [""]
 
 
+SOURCES = (SOURCE_REPLAY, SOURCE_LIVE)
+
+
+def _envelope(stream: str, source: str, region: str) -> bytes:
+    return _dumps(
+        {
+            "type": model.WS_REPLY_MESSAGES,
+            "stream": stream,
+            "source": source,
+            "region": region,
+            "messages": [],
+        }
+    )
+
+
 def pack_frames(
     stream: str,
     messages: Iterable[StoredMessage],
@@ -98,20 +116,22 @@ def pack_frames(
     source: str,
     limit: int = FRAME_LIMIT,
 ) -> list[bytes]:
-    """The frames that carry ``messages`` (sorted by seq, one entry per seq) to a client."""
-    envelope = {
-        "type": model.WS_REPLY_MESSAGES,
-        "stream": stream,
-        "source": source,
-        "region": region,
-        "messages": [],
-    }
-    empty = _dumps(envelope)
+    """The frames that carry ``messages`` (sorted by seq, one entry per seq) to a client.
+
+    A message too big for one frame is cut for the largest envelope any path could wrap it in,
+    so the replay and the live path (and both Regions) cut it at the same points: a client may
+    join parts that came by different paths and still deliver exactly the stored message.
+    """
+    empty = _envelope(stream, source, region)
     assert empty.endswith(b"[]}")  # "messages" is the last member
     prefix = empty[:-2]
-    overhead = len(empty)  # includes the empty list's brackets
-    room = limit - overhead
-    if room < 256:
+    room = limit - len(empty)  # the overhead includes the empty list's brackets
+    widest = max(
+        (_envelope(stream, path, "r" * max(REGION_ROOM, len(region))) for path in SOURCES),
+        key=len,
+    )
+    cut_room = limit - len(widest)
+    if cut_room < 256:
         raise ValueError(f"limit: {limit} bytes leaves no room for a message")
     frames: list[bytes] = []
     entries: list[bytes] = []
@@ -125,8 +145,8 @@ def pack_frames(
 
     for message in sorted({m.seq: m for m in messages}.values()):
         encoded = _dumps(_entry(message, message.data))
-        if len(encoded) > room:
-            pieces = _slices(message, room)
+        if len(encoded) > cut_room:
+            pieces = _slices(message, cut_room)
             encoded_parts = [
                 _dumps(_entry(message, piece, (index, len(pieces))))
                 for index, piece in enumerate(pieces)

@@ -70,6 +70,9 @@ export class StreamCursor {
   /** A `subscribed` reply: where the log starts for us, and whether the replay was cut. */
   onSubscribed(reply: SubscribedReply, now: number): StreamMessage[] {
     this.acknowledged = true;
+    // Parts of a message still incomplete are dropped: the replay that follows brings the
+    // whole message again, and no part from before a reconnect joins one from after it.
+    this.parts.clear();
     const after = reply.after;
     if (typeof after === 'number' && Number.isSafeInteger(after)) {
       // No position yet: a first subscribe from the newest. Above ours: nothing exists in
