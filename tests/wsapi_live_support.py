@@ -50,8 +50,17 @@ class LiveTablesSet:
             item[model.ORIGIN_SEQ] = origin
         self.dynamodb.put_item(TableName=self.leases, Item=to_item(item))
 
-    def store(self, stream: str, seqs, *, data=None, received_at_ms: int | None = None) -> None:
-        """Store messages as the workers' sink does: ``(CONN#<id>, seq)``."""
+    def store(
+        self,
+        stream: str,
+        seqs,
+        *,
+        data=None,
+        received_at_ms: int | None = None,
+        prev: dict[int, tuple[int, int | None]] | None = None,
+    ) -> None:
+        """Store messages as the workers' sink does: ``(CONN#<id>, seq)``; ``prev`` gives some
+        seqs the ``(prev_seq, prev_expires_at)`` their writer recorded."""
         requests = []
         for seq in seqs:
             item = {
@@ -60,6 +69,11 @@ class LiveTablesSet:
                 model.MESSAGE_DATA: to_attr(data(seq) if data else f"message {seq}"),
                 model.MESSAGE_RECEIVED_AT_MS: to_attr(received_at_ms or 1_700_000_000_000 + seq),
             }
+            prev_seq, prev_expires_at = (prev or {}).get(seq, (None, None))
+            if prev_seq is not None:
+                item[model.MESSAGE_PREV_SEQ] = to_attr(prev_seq)
+            if prev_expires_at is not None:
+                item[model.MESSAGE_PREV_EXPIRES_AT] = to_attr(prev_expires_at)
             requests.append({"PutRequest": {"Item": item}})
         for start in range(0, len(requests), 25):
             pending = requests[start : start + 25]

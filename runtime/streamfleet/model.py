@@ -134,6 +134,9 @@ MESSAGE_FORMAT = "format"
 # between (a gap it left, or a frame refused), so a reader can tell a gap from a hole that a
 # partly landed batch left. Absent on items stored before it was recorded.
 MESSAGE_PREV_SEQ = "prev_seq"
+# When that previous message expires (epoch seconds, its TTL), if its writer stored it: once it
+# has, a hole before this message can never be filled (what was received earlier expired too).
+MESSAGE_PREV_EXPIRES_AT = "prev_expires_at"
 MESSAGE_FORMAT_JSON = "json"
 DYNAMODB_MAX_ITEM_BYTES = 400 * 1024
 # The largest upstream message a worker may be configured to take (MAX_MESSAGE_BYTES): a stored

@@ -215,21 +215,37 @@ async def test_a_replay_stops_at_its_budget_and_the_next_subscribe_goes_on(
     assert got == list(range(1, 251)) and rounds == 3
 
 
-async def test_seqs_that_expired_are_skipped_and_counted(live_tables: LiveTablesSet) -> None:
+async def test_only_seqs_that_can_no_longer_be_stored_are_skipped(
+    live_tables: LiveTablesSet,
+) -> None:
+    """A hole whose next message was older than 10 minutes was announced as expired, and the
+    cursor dropped the message when it landed, though messages live 7 days: a batch still
+    landing, a fleet scaled to zero or a Region behind leave such holes."""
     tables = live_tables
+    now_s = int(time.time())
+    three_days_ago_ms = (now_s - 3 * 24 * 3600) * 1000
     tables.start_stream("old", readers=("user:alice",))
-    long_ago = int(time.time() * 1000) - 3 * 24 * 3600 * 1000
-    tables.store("old", range(500, 510), received_at_ms=long_ago)
+    # Seq 499 expired an hour ago (and 1..498 before it).
+    tables.store("old", range(500, 510), prev={500: (499, now_s - 3600)})
     tables.start_stream("hole", readers=("user:alice",))
-    tables.store("hole", range(20, 30), received_at_ms=int(time.time() * 1000))
+    # Seq 19 was received and has four days to live: the hole may still be filled.
+    tables.store(
+        "hole", range(20, 30), received_at_ms=three_days_ago_ms, prev={20: (19, now_s + 4 * 86400)}
+    )
+    tables.start_stream("gap", readers=("user:alice",))
+    # The upstream sent nothing between 5 and 20: a gap, never a hole.
+    tables.store("gap", range(20, 30), prev={20: (5, None)})
+    tables.start_stream("unknown", readers=("user:alice",))
+    tables.store("unknown", range(20, 30), received_at_ms=three_days_ago_ms)  # no prev_seq
     async with live_gateway(tables) as gw, await open_ws(gw.url, alice_token()) as ws:
         reply, entries = await subscribe(ws, "old", 0)
-        # Seqs 1..499 are gone with the table's TTL: the replay starts at the oldest kept.
         assert (reply["after"], reply["skipped"], reply["replayed"]) == (499, 499, 10)
-        # A recent hole is a write still under way (or a successor's to make): not skipped.
-        reply, entries = await subscribe(ws, "hole", 0)
-        assert reply["after"] == 0 and "skipped" not in reply
-        assert [e["seq"] for e in entries] == list(range(20, 30))
+        reply, entries = await subscribe(ws, "gap", 5)
+        assert (reply["after"], reply["skipped"], reply["replayed"]) == (19, 14, 10)
+        for stream in ("hole", "unknown"):
+            reply, entries = await subscribe(ws, stream, 0)
+            assert reply["after"] == 0 and "skipped" not in reply, stream
+            assert [e["seq"] for e in entries] == list(range(20, 30))
 
 
 # --- Who may read what --------------------------------------------------------------------------

@@ -72,6 +72,7 @@ class _Pending:
     message: UpstreamMessage
     received_at_ms: int
     prev_seq: int | None
+    prev_expires_at: int | None
 
 
 class MessageSink:
@@ -119,6 +120,7 @@ class MessageSink:
         self.buffered_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
+        self._last_expiry: dict[int, int | None] = {}  # by owner: its last message's TTL
 
     def add(
         self, owner: MessageOwner, message: UpstreamMessage, prev_seq: int | None = None
@@ -127,7 +129,11 @@ class MessageSink:
         between); it is written within ``flush_every`` (sooner when 25 are queued)."""
         if id(owner) in self._closed:
             return
-        self._queue.append(_Pending(owner, message, self._session.clock.wall_ms(), prev_seq))
+        received_at_ms = self._session.clock.wall_ms()
+        # What this connection received just before (None after a resume: nothing yet).
+        prev_expires_at = self._last_expiry.get(id(owner)) if prev_seq is not None else None
+        self._last_expiry[id(owner)] = self._expires_at(received_at_ms)
+        self._queue.append(_Pending(owner, message, received_at_ms, prev_seq, prev_expires_at))
         self._buffered(message.data_bytes)
         self._queued_total += 1
         if len(self._queue) >= MAX_BATCH_WRITE_ITEMS:
@@ -153,6 +159,7 @@ class MessageSink:
         writes is in flight. Call it before giving the connection up."""
         key = id(owner)
         self._closed.add(key)
+        self._last_expiry.pop(key, None)
         self._buffered(-sum(p.message.data_bytes for p in self._queue if p.owner is owner))
         self._queue = [p for p in self._queue if p.owner is not owner]
         async with self._settled:
@@ -231,6 +238,7 @@ class MessageSink:
         message: UpstreamMessage,
         received_at_ms: int,
         prev_seq: int | None = None,
+        prev_expires_at: int | None = None,
     ) -> dict[str, Any]:
         """The messages-table item that stores ``message`` of ``pk`` (plain values)."""
         item: dict[str, Any] = {
@@ -244,9 +252,18 @@ class MessageSink:
             item[model.MESSAGE_FORMAT] = model.MESSAGE_FORMAT_JSON
         if prev_seq is not None:
             item[model.MESSAGE_PREV_SEQ] = prev_seq
-        if self._retention_seconds:
-            item[model.MESSAGE_EXPIRES_AT] = received_at_ms // 1000 + self._retention_seconds
+        if prev_expires_at is not None:
+            item[model.MESSAGE_PREV_EXPIRES_AT] = prev_expires_at
+        expires_at = self._expires_at(received_at_ms)
+        if expires_at is not None:
+            item[model.MESSAGE_EXPIRES_AT] = expires_at
         return item
+
+    def _expires_at(self, received_at_ms: int) -> int | None:
+        """The TTL of a message received at ``received_at_ms`` (``None``: kept for ever)."""
+        if not self._retention_seconds:
+            return None
+        return received_at_ms // 1000 + self._retention_seconds
 
     def fits(self, pk: str, message: UpstreamMessage) -> bool:
         """Whether ``message`` fits in one DynamoDB item: checked before it is queued, so that a
@@ -255,7 +272,11 @@ class MessageSink:
 
     def _item(self, pending: _Pending) -> dict[str, Any]:
         return self.item(
-            pending.owner.pk, pending.message, pending.received_at_ms, pending.prev_seq
+            pending.owner.pk,
+            pending.message,
+            pending.received_at_ms,
+            pending.prev_seq,
+            pending.prev_expires_at,
         )
 
     async def _write_judged(self, chunk: list[_Pending]) -> list[tuple[_Pending, BaseException]]:

@@ -42,18 +42,34 @@ class StoredMessage:
     data: str
     received_at_ms: int | None = None
     json: bool = False  # data is the JSON text of a value, not a string
+    # What its writer received just before it: that seq, and when that message expires.
+    prev_seq: int | None = None
+    prev_expires_at: int | None = None
+
+    def follows_unfillable_hole(self, after: int, now_ms: int) -> bool:
+        """Whether the seqs between ``after`` and this message can never be stored: nothing
+        was sent in between (a gap the upstream left, or frames refused), or what was sent
+        has expired (the message just before this one did, and everything before it sooner).
+        Without that knowledge (a message stored without it), never."""
+        if self.prev_seq is not None and self.prev_seq <= after:
+            return True
+        return self.prev_expires_at is not None and self.prev_expires_at * 1000 <= now_ms
 
 
 def message_from_item(item: Mapping[str, Any]) -> StoredMessage:
     """A plain messages-table item (``from_item``) as a :class:`StoredMessage`."""
     data = item.get(model.MESSAGE_DATA)
     at = item.get(model.MESSAGE_RECEIVED_AT_MS)
+    prev_seq = item.get(model.MESSAGE_PREV_SEQ)
+    prev_expires_at = item.get(model.MESSAGE_PREV_EXPIRES_AT)
     return StoredMessage(
         seq=int(item[model.SEQ]),
         data=data if isinstance(data, str) else json.dumps(data, default=str),
         received_at_ms=int(at) if isinstance(at, (int, float)) else None,
         json=item.get(model.MESSAGE_FORMAT) == model.MESSAGE_FORMAT_JSON
         or not isinstance(data, str),
+        prev_seq=int(prev_seq) if isinstance(prev_seq, (int, float)) else None,
+        prev_expires_at=int(prev_expires_at) if isinstance(prev_expires_at, (int, float)) else None,
     )
 
 

@@ -96,10 +96,6 @@ MAX_SEQ = 2**53 - 1  # JavaScript clients count in doubles
 DEFAULT_SUBSCRIBE_NEWEST = 50
 DEFAULT_REPLAY_MAX_MESSAGES = 2000
 MAX_REPLAY_MESSAGES = 10_000  # one invocation posts them all, within API Gateway's 29 s
-# A hole right after `after` below a message stored this long ago is not a write still under
-# way (a successor fills a hole within a lease; a STOP seals the log): those seqs expired with
-# the table's TTL, and the replay starts at the oldest message kept.
-EXPIRED_HOLE_AGE_MS = 10 * 60 * 1000
 QUERY_PAGE_ITEMS = 1000
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -881,11 +877,13 @@ class WsApiHandlers:
                 after = int(origin)  # nothing at or below the origin was ever stored
             messages, more = self._replay(live, stream, after)
             first = messages[0] if messages else None
+            # A hole right after `after` is skipped only once nothing can fill it any more;
+            # one that may still be filled (a batch still landing, a fleet scaled to zero, a
+            # Region behind) is waited for, however old its neighbours.
             if (
                 first is not None
                 and first.seq > after + 1
-                and first.received_at_ms is not None
-                and first.received_at_ms < now_ms - EXPIRED_HOLE_AGE_MS
+                and first.follows_unfillable_hole(after, now_ms)
             ):
                 skipped = first.seq - 1 - after
                 after = first.seq - 1

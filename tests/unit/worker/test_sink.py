@@ -284,3 +284,19 @@ async def test_what_settle_drops_no_longer_counts_against_the_bound():
     await sink.settle(owner)
 
     assert sink.room.is_set() and sink.buffered_bytes == 0
+
+
+async def test_each_item_names_the_message_before_it_and_when_that_one_expires():
+    """How a reader proves that a hole can never be filled (issue 25): the message before it
+    was sent and has expired, or nothing was sent in between."""
+    dynamo, owner = ScriptedDynamo(), Owner("CONN#a")
+    sink = make_sink(dynamo, retention_seconds=86400)
+    sink.add(owner, UpstreamMessage(5, "a"), 4)  # the first since a resume after 4
+    sink.add(owner, UpstreamMessage(9, "b"), 5)  # 6..8 never sent
+    await sink.flush()
+
+    first, second = dynamo.items
+    assert first[model.MESSAGE_PREV_SEQ] == {"N": "4"}
+    assert model.MESSAGE_PREV_EXPIRES_AT not in first  # stored by someone else, if at all
+    assert second[model.MESSAGE_PREV_SEQ] == {"N": "5"}
+    assert second[model.MESSAGE_PREV_EXPIRES_AT] == first[model.MESSAGE_EXPIRES_AT]
