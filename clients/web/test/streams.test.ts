@@ -61,6 +61,13 @@ describe('StreamCursor', () => {
     expect(cursor.onFrame(second, 2)).toEqual([]); // part 0 from before is gone
   });
 
+  it('asks again for a promised replay that never arrives, on a quiet stream too', () => {
+    const cursor = new StreamCursor('s', 0);
+    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 10, upTo: 10, more: true }, 0);
+    expect(cursor.resubscribeReason(1999, 2000)).toBeNull();
+    expect(cursor.resubscribeReason(2000, 2000)).toBe('gap');
+  });
+
   it('says which messages carry the JSON text of a value rather than a string', () => {
     const cursor = new StreamCursor('s', 0);
     const got = cursor.onFrame(

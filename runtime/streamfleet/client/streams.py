@@ -63,6 +63,9 @@ class StreamCursor:
     parts: dict[int, dict[int, str]] = field(default_factory=dict)
     gap_since: float | None = None
     more_up_to: int | None = None  # a replay was cut: subscribe again once past this seq
+    # The last seq a subscribe reply promised: its replay frames are awaited like a gap, so a
+    # replay whose frames were lost is asked for again even on a quiet or stopped stream.
+    promised_up_to: int | None = None
     in_flight: bool = False  # a subscribe request is on its way (one at a time)
     gap_attempts: int = 0  # resubscribes since the last delivery: each waits twice as long
     acknowledged: bool = False  # a subscribe of the current connection was answered
@@ -85,10 +88,9 @@ class StreamCursor:
             # has nothing in between (before its origin, or expired): nothing to wait for.
             self.position = after
         up_to = reply.get("upTo")
-        if reply.get("more") and isinstance(up_to, int):
-            self.more_up_to = up_to
-        else:
-            self.more_up_to = None
+        promised = isinstance(up_to, int) and not isinstance(up_to, bool)
+        self.more_up_to = up_to if reply.get("more") and promised else None
+        self.promised_up_to = up_to if promised else None
         return self._drain(now)
 
     def on_entries(
@@ -153,7 +155,11 @@ class StreamCursor:
         self.stats.delivered += len(ready)
         if ready:
             self.gap_attempts = 0
-        waiting = bool(self.buffer) or bool(self.parts)
+        if self.promised_up_to is not None and (
+            self.position is not None and self.position >= self.promised_up_to
+        ):
+            self.promised_up_to = None
+        waiting = bool(self.buffer) or bool(self.parts) or self.promised_up_to is not None
         if not waiting:
             self.gap_since = None
         elif self.gap_since is None or ready:
@@ -188,4 +194,5 @@ class StreamCursor:
         elif reason == "more":
             self.stats.more_resubscribes += 1
         self.more_up_to = None
+        self.promised_up_to = None  # the next reply promises anew
         self.gap_since = now if (self.buffer or self.parts) else None

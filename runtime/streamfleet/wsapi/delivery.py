@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .. import model
@@ -45,6 +46,10 @@ class StoredMessage:
     # What its writer received just before it: that seq, and when that message expires.
     prev_seq: int | None = None
     prev_expires_at: int | None = None
+
+    @cached_property
+    def data_bytes(self) -> int:
+        return len(self.data.encode("utf-8"))
 
     def follows_unfillable_hole(self, after: int, now_ms: int) -> bool:
         """Whether the seqs between ``after`` and this message can never be stored: nothing

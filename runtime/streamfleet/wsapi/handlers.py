@@ -95,7 +95,11 @@ MAX_STREAM_ID_BYTES = MAX_ID_BYTES  # a stream is a fleet connection id (validat
 MAX_SEQ = 2**53 - 1  # JavaScript clients count in doubles
 DEFAULT_SUBSCRIBE_NEWEST = 50
 DEFAULT_REPLAY_MAX_MESSAGES = 2000
-MAX_REPLAY_MESSAGES = 10_000  # one invocation posts them all, within API Gateway's 29 s
+MAX_REPLAY_MESSAGES = 10_000
+# The data one subscribe reads and posts at most, whatever the messages' sizes (at least one
+# message): about 35 frames of 32 KB, well within the handler's memory and time; the reply's
+# `more` sends the client back for the rest.
+REPLAY_MAX_BYTES = 1024 * 1024
 QUERY_PAGE_ITEMS = 1000
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -967,6 +971,7 @@ class WsApiHandlers:
             request["ExclusiveStartKey"] = last
 
     def _newest(self, live: LiveTables, stream: str) -> list[StoredMessage]:
+        """The newest messages: up to ``newest`` of them and ``REPLAY_MAX_BYTES`` of data."""
         pages = self._query(
             live.messages_table,
             stream,
@@ -974,12 +979,14 @@ class WsApiHandlers:
             ScanIndexForward=False,
             Limit=live.newest,
         )
-        return sorted(next(pages))
+        newest_first, _ = _within_budget(next(pages), REPLAY_MAX_BYTES)
+        return sorted(newest_first)
 
     def _replay(
         self, live: LiveTables, stream: str, after: int
     ) -> tuple[list[StoredMessage], bool]:
-        """Up to ``replay_max`` messages after ``after``, ascending; whether more may follow."""
+        """Messages after ``after``, ascending, up to ``replay_max`` of them and
+        ``REPLAY_MAX_BYTES`` of data (at least one); whether more may follow."""
         messages: list[StoredMessage] = []
         pages = self._query(
             live.messages_table,
@@ -988,10 +995,15 @@ class WsApiHandlers:
             ExpressionAttributeValues={":after": to_attr(after)},
             Limit=min(QUERY_PAGE_ITEMS, live.replay_max),
         )
+        budget = REPLAY_MAX_BYTES
         for page in pages:
-            messages += page
-            if len(messages) >= live.replay_max:
-                return messages[: live.replay_max], True
+            kept, cut = _within_budget(
+                page[: live.replay_max - len(messages)], budget, at_least_one=not messages
+            )
+            messages += kept
+            budget -= sum(message.data_bytes for message in kept)
+            if cut or len(messages) >= live.replay_max or budget <= 0:
+                return messages, True
         return messages, False
 
     def unsubscribe(self, user_id: str, connection_id: str, stream: str) -> dict[str, Any]:
@@ -1197,6 +1209,21 @@ class WriteOutcome:
 
 class _NotAuthorized(Exception):
     pass
+
+
+def _within_budget(
+    messages: list[StoredMessage], budget: int, *, at_least_one: bool = True
+) -> tuple[list[StoredMessage], bool]:
+    """The leading ``messages`` whose data fits in ``budget`` bytes (with ``at_least_one``, the
+    first one whatever its size, so that every subscribe makes progress), and whether any was
+    left out."""
+    kept: list[StoredMessage] = []
+    for message in messages:
+        if (kept or not at_least_one) and message.data_bytes > budget:
+            return kept, True
+        kept.append(message)
+        budget -= message.data_bytes
+    return kept, False
 
 
 class _Refused(Exception):

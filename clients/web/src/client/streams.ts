@@ -56,6 +56,9 @@ export class StreamCursor {
   private gapSince: number | null = null;
   private gapAttempts = 0;
   private moreUpTo: number | null = null;
+  /** The last seq a subscribe reply promised: awaited like a gap, so a replay whose frames were
+   * lost is asked for again even on a quiet or stopped stream. */
+  private promisedUpTo: number | null = null;
 
   constructor(stream: string, position: number | null = null, maxBuffered = DEFAULT_MAX_BUFFERED) {
     this.stream = stream;
@@ -79,7 +82,9 @@ export class StreamCursor {
       // between (before the stream's origin, or expired): nothing to wait for.
       if (this.position === null || after > this.position) this.position = after;
     }
-    this.moreUpTo = reply.more === true && typeof reply.upTo === 'number' ? reply.upTo : null;
+    const promised = typeof reply.upTo === 'number' && Number.isSafeInteger(reply.upTo);
+    this.moreUpTo = reply.more === true && promised ? reply.upTo : null;
+    this.promisedUpTo = promised ? reply.upTo : null;
     return this.drain(now);
   }
 
@@ -125,6 +130,7 @@ export class StreamCursor {
       this.stats.moreResubscribes += 1;
     }
     this.moreUpTo = null;
+    this.promisedUpTo = null; // the next reply promises anew
     this.gapSince = this.buffer.size > 0 || this.parts.size > 0 ? now : null;
   }
 
@@ -184,7 +190,10 @@ export class StreamCursor {
     }
     this.stats.delivered += ready.length;
     if (ready.length > 0) this.gapAttempts = 0;
-    const waiting = this.buffer.size > 0 || this.parts.size > 0;
+    if (this.promisedUpTo !== null && this.position !== null && this.position >= this.promisedUpTo) {
+      this.promisedUpTo = null;
+    }
+    const waiting = this.buffer.size > 0 || this.parts.size > 0 || this.promisedUpTo !== null;
     if (!waiting) this.gapSince = null;
     else if (this.gapSince === null || ready.length > 0) this.gapSince = now;
     return ready;
