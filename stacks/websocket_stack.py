@@ -136,6 +136,7 @@ class WebSocketApiStack(RegionalStack):
             props=StreamFanoutProps(
                 stream_arn=self.messages_stream.stream_arn,
                 subscriptions_table=self.subscriptions_table,
+                streams_table=live.streams_table,
                 api=self.websocket.api,
                 stage=self.websocket.stage,
                 reserved_concurrency=config.fanout_reserved_concurrency,

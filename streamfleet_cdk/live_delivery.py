@@ -64,6 +64,8 @@ FANOUT_ACTIONS = {
     "stream": ("dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"),
     "list_streams": ("dynamodb:ListStreams",),
     "subscriptions_table": ("dynamodb:Query", "dynamodb:DeleteItem"),
+    # Each stream's readers, read at every delivery (revoked readers get nothing).
+    "streams_table": ("dynamodb:GetItem",),
     "connections": ("execute-api:ManageConnections",),
     "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
     "failed_records": ("sqs:SendMessage",),
@@ -225,6 +227,8 @@ class StreamFanoutProps:
     Attributes:
         stream_arn: the messages table's stream in this Region (:class:`MessagesStream`).
         subscriptions_table: this Region's subscriptions table.
+        streams_table: the fleet's lease table (its replica here): each stream's ``readers``,
+            checked at every delivery; read only.
         api: this Region's WebSocket API; stage: its stage (the Management API endpoint).
         batch_size: records per invocation at most. A batch of one shard's records goes out in
             a few posts per subscriber and stream, so bigger batches mean fewer posts.
@@ -246,6 +250,7 @@ class StreamFanoutProps:
 
     stream_arn: str
     subscriptions_table: dynamodb.ITableV2
+    streams_table: dynamodb.ITableV2
     api: apigwv2.IWebSocketApi
     stage: apigwv2.IWebSocketStage
     batch_size: int = 100
@@ -325,6 +330,7 @@ class StreamFanout(Construct):
             log_level=props.log_level,
             environment={
                 model.ENV_SUBSCRIPTIONS_TABLE_NAME: props.subscriptions_table.table_name,
+                model.ENV_STREAMS_TABLE_NAME: props.streams_table.table_name,
                 model.ENV_APIGW_MANAGEMENT_ENDPOINT: self.management_endpoint,
                 model.ENV_FANOUT_POST_THREADS: str(props.post_threads),
             },
@@ -380,6 +386,7 @@ class StreamFanout(Construct):
             "stream": [props.stream_arn],
             "list_streams": ["*"],
             "subscriptions_table": [props.subscriptions_table.table_arn],
+            "streams_table": [props.streams_table.table_arn],
             "connections": [self.management_arn(m) for m in FANOUT_MANAGEMENT_METHODS],
             "log_group": [self.log_group.log_group_arn],
             "failed_records": [self.failed_records.queue_arn],

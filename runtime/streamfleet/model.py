@@ -452,6 +452,8 @@ WS_PRINCIPAL_USER = "user"
 # The reader tags the authorizer derives from JWT_READER_CLAIMS (a JSON array in a string:
 # API Gateway passes only strings, numbers and booleans in the context).
 WS_CONTEXT_READER_TAGS = "readerTags"
+# When the connection's token expires (epoch seconds): its authorization ends then.
+WS_CONTEXT_TOKEN_EXPIRES_AT = "tokenExpiresAt"
 # The canary's identity: a token signed by one of JWT_CANARY_KEYS (never by the identity
 # provider's keys) with ``iss`` = CANARY_TOKEN_ISSUER. The authorizer prefixes its principal with
 # CANARY_PRINCIPAL_PREFIX and the handlers allow it on the heartbeat route only.
@@ -589,6 +591,10 @@ SUB_CONNECTION = "connection_id"  # sort key of the subscriptions table
 SUB_USER_ID = "user_id"
 SUB_SUBSCRIBED_AT_MS = "subscribed_at_ms"
 SUB_EXPIRES_AT = "expires_at"  # epoch seconds: the subscriptions table's TTL attribute
+# What the fan-out checks at every delivery: the connection's reader tags (as the authorizer
+# context carries them) and when its token expires (epoch seconds).
+SUB_READER_TAGS = "reader_tags"
+SUB_TOKEN_EXPIRES_AT = "token_expires_at"
 WS_STREAMS = "streams"  # string set: a connection's streams, and a user's (SUBS#<sub>)
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 50
 
@@ -621,6 +627,7 @@ WSAPI_SUBSCRIPTIONS_TABLE = TableSpec(
 ENV_FANOUT_POST_THREADS = "FANOUT_POST_THREADS"
 FANOUT_ENV = (
     ENV_SUBSCRIPTIONS_TABLE_NAME,
+    ENV_STREAMS_TABLE_NAME,
     ENV_APIGW_MANAGEMENT_ENDPOINT,
     ENV_FANOUT_POST_THREADS,
 )
@@ -633,4 +640,6 @@ METRIC_FANOUT_POSTS = "FanoutPosts"  # Management API posts (each one frame, man
 METRIC_FANOUT_GONE = "FanoutGone"  # subscribers found gone (GoneException) and removed
 METRIC_FANOUT_FAILED_POSTS = "FanoutFailedPosts"  # posts that failed for another reason
 METRIC_FANOUT_DISCONNECTED = "FanoutDisconnected"  # subscribers closed to resume from the log
+# Subscribers closed because they may no longer read (readers changed, token expired).
+METRIC_FANOUT_REVOKED = "FanoutRevoked"
 METRIC_FANOUT_LAG_MS = "FanoutLagMs"  # worker receipt -> post, the batch's oldest message

@@ -146,6 +146,11 @@ def decode_tags(text: object) -> list[str]:
     return tags
 
 
+def claim_tags_only(tags: Iterable[str]) -> list[str]:
+    """``tags`` without the user tag (which comes from the verified ``sub`` alone)."""
+    return [tag for tag in tags if not tag.startswith(model.READER_USER_PREFIX)]
+
+
 def may_read(readers: Iterable[str] | None, tags: Iterable[str]) -> bool:
     """Whether a connection with ``tags`` may read a stream with ``readers`` (default deny)."""
     if not readers:

@@ -51,6 +51,7 @@ async def test_the_fanout_from_its_asset_delivers_the_stream_live(moto_tables, t
             fanout_process,
             stack,
             subscriptions_table=tables.subscriptions,
+            streams_table=tables.leases,
             management_endpoint=gateway.management_endpoint,
             endpoint_url=endpoint,
             log_path=tmp_path / "fanout.log",

@@ -140,12 +140,19 @@ def test_the_fanout_reads_the_regions_stream_in_order_and_records_what_it_gives_
         config = fanout_runtime.FanoutConfig.from_env(
             {
                 model.ENV_SUBSCRIPTIONS_TABLE_NAME: "t",
+                model.ENV_STREAMS_TABLE_NAME: variables[model.ENV_STREAMS_TABLE_NAME],
                 model.ENV_APIGW_MANAGEMENT_ENDPOINT: "https://a.execute-api.r.amazonaws.com/v1",
                 model.ENV_FANOUT_POST_THREADS: variables[model.ENV_FANOUT_POST_THREADS],
                 "AWS_REGION": stack.region,
             }
         )
         assert config.post_threads == fanout_runtime.DEFAULT_POST_THREADS
+        # Readers are checked at every delivery: the fleet's lease table, read only.
+        assert config.streams_table == model.DEFAULT_LEASE_TABLE_NAME
+        grants = role_grants(template, logical_id(stack, fanout.role))
+        assert grants[table_arn(stack.region, model.DEFAULT_LEASE_TABLE_NAME)] == {
+            "dynamodb:GetItem"
+        }
 
 
 def test_the_fanout_alarms_watch_lag_errors_failed_posts_and_lost_batches(built):
@@ -255,6 +262,7 @@ def test_live_props_are_validated(built):
     common = {
         "stream_arn": "arn",
         "subscriptions_table": stack.subscriptions_table,
+        "streams_table": stack.subscriptions_table,
         "api": stack.websocket.api,
         "stage": stack.websocket.stage,
     }

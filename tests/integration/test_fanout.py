@@ -27,7 +27,9 @@ from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventS
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
 from tests.wsapi_support import REGION, authorizer, user_token
 
-CONFIG = FanoutConfig("subs", "https://api.execute-api.us-east-1.amazonaws.com/v1", REGION)
+CONFIG = FanoutConfig(
+    "subs", "https://api.execute-api.us-east-1.amazonaws.com/v1", REGION, "leases"
+)
 
 
 def record(name: str, stream: str, seq: int, data: str = "x") -> dict[str, Any]:
@@ -59,12 +61,14 @@ def test_a_batch_is_grouped_by_stream_sorted_and_the_last_image_of_a_seq_wins() 
 def test_the_configuration_names_what_is_missing() -> None:
     env = {
         "SUBSCRIPTIONS_TABLE_NAME": "subs",
+        "STREAMS_TABLE_NAME": "leases",
         "APIGW_MANAGEMENT_ENDPOINT": "https://a.execute-api.us-east-1.amazonaws.com/v1",
         "AWS_REGION": REGION,
     }
     assert FanoutConfig.from_env(env).post_threads == 16
     for name, value in (
         ("SUBSCRIPTIONS_TABLE_NAME", ""),
+        ("STREAMS_TABLE_NAME", ""),
         ("APIGW_MANAGEMENT_ENDPOINT", "wss://x"),
         ("FANOUT_POST_THREADS", "0"),
     ):
@@ -73,9 +77,26 @@ def test_the_configuration_names_what_is_missing() -> None:
 
 
 class FakeDynamo:
-    def __init__(self, subscribers: dict[str, list[str]], fail: bool = False):
+    """Subscribers by stream, each user ``alice`` (or the one in ``users``) with the claim tags
+    in ``tags`` and the token expiry in ``expires``; every stream readable by ``user:alice`` (or
+    by ``readers``)."""
+
+    def __init__(
+        self,
+        subscribers: dict[str, list[str]],
+        fail: bool = False,
+        *,
+        users: dict[str, str | None] | None = None,
+        tags: dict[str, list[str]] | None = None,
+        expires: dict[str, int] | None = None,
+        readers: dict[str, list[str]] | None = None,
+    ):
         self.subscribers = subscribers
         self.fail = fail
+        self.users = users or {}
+        self.tags = tags or {}
+        self.expires = expires or {}
+        self.readers = readers or {}
         self.deleted: list[str] = []
 
     def query(self, **params: Any) -> dict[str, Any]:
@@ -84,8 +105,23 @@ class FakeDynamo:
                 {"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Query"
             )
         stream = params["ExpressionAttributeValues"][":pk"]["S"].removeprefix("STREAM#")
-        ids = self.subscribers.get(stream, [])
-        return {"Items": [{model.SUB_CONNECTION: {"S": i}} for i in ids]}
+        items = []
+        for i in self.subscribers.get(stream, []):
+            item = {
+                model.SUB_CONNECTION: {"S": i},
+                model.SUB_READER_TAGS: {"S": json.dumps(self.tags.get(i, []))},
+            }
+            user = self.users.get(i, "alice")
+            if user is not None:
+                item[model.SUB_USER_ID] = {"S": user}
+            if i in self.expires:
+                item[model.SUB_TOKEN_EXPIRES_AT] = {"N": str(self.expires[i])}
+            items.append(item)
+        return {"Items": items}
+
+    def get_item(self, **params: Any) -> dict[str, Any]:
+        stream = params["Key"][model.PK]["S"].removeprefix(model.CONNECTION_PREFIX)
+        return {"Item": {model.READERS: {"SS": self.readers.get(stream, ["user:alice"])}}}
 
     def delete_item(self, **params: Any) -> None:
         self.deleted.append(params["Key"][model.SUB_CONNECTION]["S"])
@@ -106,6 +142,28 @@ class FakeManagement:
 
     def delete_connection(self, *, ConnectionId: str) -> None:
         self.closed.append(ConnectionId)
+
+
+def test_only_subscribers_that_may_read_now_get_anything_the_others_are_closed() -> None:
+    """Readers were checked only at subscribe: a START that removed a reader, or a token that
+    expired, left existing subscriptions delivering for the connection's whole life (2 h)."""
+    dynamo = FakeDynamo(
+        {"a": ["reader", "group", "removed", "expired", "unknown"]},
+        users={"reader": "bob", "group": "dave", "expired": "carol", "unknown": None},
+        tags={"group": ["team:red"], "unknown": ["user:bob"]},  # never a user tag from a list
+        readers={"a": ["user:bob", "user:carol", "team:red"]},  # a START made these readers
+        expires={"reader": int(time.time()) + 3600, "expired": int(time.time()) - 1},
+    )
+    management = FakeManagement()
+    lines: list[str] = []
+    fanout = Fanout(CONFIG, dynamodb=dynamo, management=management, metrics_out=lines.append)
+
+    fanout({"Records": [record("INSERT", "a", 1)]})
+
+    assert set(management.posts) == {"reader", "group"}
+    assert sorted(management.closed) == ["expired", "removed", "unknown"]
+    assert sorted(dynamo.deleted) == ["expired", "removed", "unknown"]
+    assert json.loads(lines[-1])[model.METRIC_FANOUT_REVOKED] == 3
 
 
 def test_gone_subscribers_are_removed_and_failing_ones_closed_to_resume_from_the_log() -> None:
@@ -172,7 +230,7 @@ def test_a_throttled_subscriber_is_tried_twice_then_closed(monkeypatch) -> None:
     try:
         endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1"
         fanout = Fanout(
-            FanoutConfig("subs", endpoint, REGION),
+            FanoutConfig("subs", endpoint, REGION, "leases"),
             dynamodb=FakeDynamo({"a": ["slow"]}),
             metrics_out=lambda line: None,
         )
@@ -206,7 +264,7 @@ async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_table
     )
     async with gateway:
         fanout = Fanout(
-            FanoutConfig(tables.subscriptions, gateway.management_endpoint, REGION),
+            FanoutConfig(tables.subscriptions, gateway.management_endpoint, REGION, tables.leases),
             metrics_out=lambda line: None,
         )
         source = StreamEventSource(
@@ -218,11 +276,13 @@ async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_table
         )
         task = asyncio.create_task(source.run(stop))
         await source.ready()
+        bob_errors: list = []
         clients = {
             user: ReconnectingClient(
                 lambda attempt, user=user: Endpoint(gateway.url, user_token(user)),
                 ClientConfig(heartbeat_interval=5, heartbeat_timeout=5),
                 on_stream_message=received[user].append,
+                on_subscription_error=bob_errors.append if user == "bob" else None,
                 name=user,
             )
             for user in received
@@ -240,6 +300,14 @@ async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_table
             while len(received["alice"]) < 350 or len(received["bob"]) < 300:
                 assert time.monotonic() < deadline, {u: len(m) for u, m in received.items()}
                 await asyncio.sleep(0.05)
+            # A START removes bob from m1's readers: nothing stored after it reaches him, his
+            # connection is closed, and his client's subscribe again is refused.
+            tables.start_stream("m1", readers=("user:alice",))
+            tables.store("m1", range(301, 321))
+            while len(received["alice"]) < 370 or "m1" in clients["bob"].subscriptions:
+                assert time.monotonic() < deadline + 20, (len(received["alice"]), bob_errors)
+                await asyncio.sleep(0.05)
+            assert [e.reply.get("error") for e in bob_errors] == ["forbidden"]
         finally:
             for client in clients.values():
                 await client.close()
@@ -247,12 +315,12 @@ async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_table
             await task
             streams.close()
     alice = [(m.stream, m.seq) for m in received["alice"]]
-    assert [s for st, s in alice if st == "m1"] == list(range(1, 301))
+    assert [s for st, s in alice if st == "m1"] == list(range(1, 321))
     assert [s for st, s in alice if st == "m2"] == list(range(1, 51))
-    assert [m.seq for m in received["bob"]] == list(range(1, 301))
+    assert [m.seq for m in received["bob"]] == list(range(1, 301))  # none after the START
     assert {m.source for m in received["bob"]} == {"live"}
     assert all(m.received_at_ms is not None for m in received["bob"])
     # Batching: far fewer invocations than records, far fewer posts than deliveries.
-    assert source.stats.records == 350 and source.stats.invocations < 350 / 10
+    assert source.stats.records == 370 and source.stats.invocations < 370 / 10
     assert gateway.stats.posts < (350 + 300) / 10
     assert time.time() - sent < 20

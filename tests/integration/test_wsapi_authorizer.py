@@ -452,6 +452,8 @@ def test_a_valid_token_gets_an_allow_policy_with_the_sub(transport: str) -> None
         "sub": "user-1",
         "tokenTransport": transport,
         "principalKind": "user",
+        # Where the connection's authorization ends: handlers and fan-out serve nothing after.
+        "tokenExpiresAt": NOW + 300,
     }
 
 

@@ -7,6 +7,7 @@ about a second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -62,8 +63,10 @@ class Tokens:
         key: jwt.SigningKey = KEY,
         transport: TokenTransport = TokenTransport.SUBPROTOCOL,
         with_token: bool = True,
+        lifetime: int = 300,
     ):
         self.gateway = gateway
+        self.lifetime = lifetime
         self.sub = sub
         self.bad_for = bad_for  # the first N attempts get a token signed with the wrong key
         self.key = key
@@ -82,7 +85,7 @@ class Tokens:
             "iss": ISSUER,
             "aud": AUDIENCE,
             "iat": now,
-            "exp": now + 300,
+            "exp": now + self.lifetime,
             "jti": uuid.uuid4().hex,
         }
         key = WRONG_KEY if len(self.calls) <= self.bad_for else self.key
@@ -240,6 +243,23 @@ async def test_authorization_failures_are_retried_a_bounded_number_of_times(
     assert gateway.stats.rejected == {status: 3}
     with pytest.raises(AuthorizationFailed):
         await client.wait_stopped()
+
+
+async def test_an_expired_token_makes_the_client_reconnect_with_a_fresh_one(
+    gateway: LocalGateway,
+) -> None:
+    """The server answers every request on a connection whose token expired with
+    ``token_expired``: the client reconnects, asking its provider for a fresh token."""
+    tokens = Tokens(gateway, lifetime=3)  # valid at the handshake, expired a few seconds on
+    async with ReconnectingClient(tokens, FAST) as client:
+        await client.wait_ready(5)
+        deadline = time.monotonic() + 60
+        while client.connections < 2:
+            assert time.monotonic() < deadline, "never told the token expired"
+            with contextlib.suppress(Exception):
+                await client.request({"action": "getState"}, timeout=2)
+            await asyncio.sleep(0.2)
+        assert True in tokens.refreshes[1:]  # the expired token was not offered again
 
 
 async def test_an_authorization_failure_within_the_bound_recovers(gateway: LocalGateway) -> None:

@@ -468,6 +468,33 @@ class FixedClock:
         return self.ms
 
 
+def test_a_connection_whose_token_expired_is_served_nothing(tables: tuple[str, str]) -> None:
+    """The reader tags taken from the token were fixed at $connect for the connection's whole
+    life (up to 2 h): an expired token kept working."""
+    state, connections = tables
+    clock = FixedClock(1_700_000_000_000)
+    replier = RecordingReplier()
+    handlers = WsApiHandlers(
+        HandlerConfig(state, connections, REGION), replier=replier, clock=clock
+    )
+    context = {"sub": "erin", model.WS_CONTEXT_TOKEN_EXPIRES_AT: 1_700_000_060}
+    handlers(
+        {"requestContext": {"routeKey": "$connect", "connectionId": "c9", "authorizer": context}}
+    )
+    event = {
+        "requestContext": {"routeKey": "getState", "connectionId": "c9", "authorizer": context},
+        "body": json.dumps({"action": "getState", "requestId": "r1"}),
+    }
+    handlers(event)
+    assert replier.sent[-1][1]["type"] == "state"
+
+    clock.ms = 1_700_000_060_000  # the token's exp
+    handlers(event)
+
+    reply = replier.sent[-1][1]
+    assert (reply["type"], reply["error"], reply["field"]) == ("error", "token_expired", "token")
+
+
 def test_state_versions_increase_even_when_clocks_go_backwards(tables: tuple[str, str]) -> None:
     state, connections = tables
     clock = FixedClock(1_000_000)

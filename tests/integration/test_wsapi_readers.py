@@ -130,9 +130,9 @@ def test_the_authorizer_passes_on_the_configured_claims_as_reader_tags() -> None
         "tenant:acme",
         "cognito:groups:admins",
     ]
-    # Without JWT_READER_CLAIMS the context is exactly what it was.
+    # Without JWT_READER_CLAIMS the context carries no tags.
     plain = authorizer()(connect_event(token))["context"]
-    assert set(plain) == {"sub", "tokenTransport", "principalKind"}
+    assert set(plain) == {"sub", "tokenTransport", "principalKind", "tokenExpiresAt"}
 
 
 def test_reader_tags_are_bounded_so_the_answer_stays_under_api_gateways_limit() -> None:

@@ -255,6 +255,20 @@ describe('StreamFleetClient heartbeat', () => {
 });
 
 describe('StreamFleetClient providers and state', () => {
+  it('reconnects with a fresh token when the server says the token expired', async () => {
+    const { client, factory, tokenCalls } = setup();
+    client.start();
+    await settle();
+    const first = factory.last();
+    first.open();
+    first.restoreState('us-east-1');
+    first.deliver(JSON.stringify({ type: 'error', error: 'token_expired', field: 'token', message: 'x' }));
+    await vi.advanceTimersByTimeAsync(2000);
+    expect(factory.sockets.length).toBe(2);
+    expect(tokenCalls.map((c) => c.forceRefresh)).toEqual([false, true]);
+    client.close();
+  });
+
   it('asks for a URL and a token on every attempt, with forceRefresh after a pre-open failure', async () => {
     const urls = ['ws://127.0.0.1:9/east', 'ws://127.0.0.1:9/east', 'ws://127.0.0.1:9/west'];
     const { client, factory, tokenCalls, urlCalls } = setup({

@@ -69,6 +69,7 @@ def fanout_process(
     stack: Stack,
     *,
     subscriptions_table: str,
+    streams_table: str,
     management_endpoint: str,
     endpoint_url: str,
     log_path: Path,
@@ -82,7 +83,10 @@ def fanout_process(
         function.environment,
         stack,
         refs={artifact.subscriptions_table_id: subscriptions_table},
-        overrides={model.ENV_APIGW_MANAGEMENT_ENDPOINT: management_endpoint},
+        overrides={
+            model.ENV_APIGW_MANAGEMENT_ENDPOINT: management_endpoint,
+            model.ENV_STREAMS_TABLE_NAME: streams_table,  # the fleet's, by name in the template
+        },
     )
     spec = LambdaSpec.for_function(
         function, environment, region=stack.region, credentials=credentials

@@ -599,6 +599,7 @@ class LocalRegions:
             return fanout_process(
                 self._websocket_stack(region),
                 subscriptions_table=region.subscriptions_table,
+                streams_table=live.lease_table,
                 management_endpoint=management,
                 endpoint_url=str(self._dynamodb_endpoint),
                 log_path=self._log_dir / f"fanout-{region.name}.log",
@@ -610,7 +611,7 @@ class LocalRegions:
             del region.fanout_metrics[:-10_000]
 
         return Fanout(
-            FanoutConfig(region.subscriptions_table, management, region.name),
+            FanoutConfig(region.subscriptions_table, management, region.name, live.lease_table),
             dynamodb=self._boto("dynamodb", region.name),
             management=self._boto("apigatewaymanagementapi", region.name, management),
             metrics_out=collect,

@@ -238,6 +238,8 @@ class SubscriptionRefused(ClientError):
 
 # Errors after which subscribing again cannot help (the others are retried).
 FINAL_SUBSCRIBE_ERRORS = frozenset({"forbidden", "not_supported", "bad_request"})
+# The connection's token expired: the server answers every request so; the client reconnects.
+TOKEN_EXPIRED = "token_expired"
 
 
 class ClientStatus(StrEnum):
@@ -301,6 +303,7 @@ class ReconnectingClient:
         self.auth_failures = 0
         self.pongs = 0
         self.forced_refreshes = 0  # provider calls with force_refresh=True
+        self._token_expired = False  # the server said so: the next attempt asks for a new one
         self.last_delay: float | None = None
         self.delays: list[float] = []
         self._ws: ClientConnection | None = None
@@ -588,6 +591,8 @@ class ReconnectingClient:
                 failures = 0 if await self._session(ws) else failures + 1
                 # The first retry after a healthy connection waits random(0, base).
                 failures = max(failures, 1)
+                # A token the server said has expired is not offered again.
+                force_refresh, self._token_expired = self._token_expired, False
         finally:
             self._stopped.set()
 
@@ -704,6 +709,13 @@ class ReconnectingClient:
                     self._follow_server_subscriptions(message)
                 await self._emit(self.on_state, message)
             await self._emit(self.on_message, message)
+            if kind == model.WS_REPLY_ERROR and message.get("error") == TOKEN_EXPIRED:
+                # The server serves nothing more on this connection: a new one, with a token
+                # asked for anew, resubscribes every stream from its position.
+                logger.info("%s: the token expired; reconnecting", self.name)
+                self._token_expired = True
+                await ws.close()
+                return
 
     async def _on_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
         cursor = self.subscriptions.get(message.get("stream"))  # type: ignore[arg-type]

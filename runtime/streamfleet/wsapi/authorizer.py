@@ -466,6 +466,7 @@ class Principal:
     kind: str  # model.WS_PRINCIPAL_USER or model.WS_PRINCIPAL_CANARY
     transport: str
     reader_tags: tuple[str, ...] = ()  # from JWT_READER_CLAIMS (users only)
+    expires_at: int | None = None  # the token's exp (epoch seconds)
 
 
 # --- The authorizer -----------------------------------------------------------------------------
@@ -575,6 +576,8 @@ class Authorizer:
         }
         if self.config.reader_claims and principal.kind == model.WS_PRINCIPAL_USER:
             context[model.WS_CONTEXT_READER_TAGS] = readers.encode_tags(principal.reader_tags)
+        if principal.expires_at is not None:
+            context[model.WS_CONTEXT_TOKEN_EXPIRES_AT] = principal.expires_at
         return policy(principal.id, "Allow", resource, context)
 
     def authenticate(self, event: Mapping[str, Any]) -> Principal:
@@ -612,7 +615,9 @@ class Authorizer:
                 "reserved_subject", f"sub: the prefix {model.CANARY_PRINCIPAL_PREFIX!r} is reserved"
             )
         tags = readers.claim_tags(claims, self.config.reader_claims)
-        return Principal(sub, model.WS_PRINCIPAL_USER, transport, tuple(tags))
+        return Principal(
+            sub, model.WS_PRINCIPAL_USER, transport, tuple(tags), expires_at=int(claims["exp"])
+        )
 
 
 def _token_fragments(event: Mapping[str, Any]) -> list[str]:

@@ -19,6 +19,12 @@ function with a batch of records. For one batch it:
    :func:`~.delivery.pack_frames`) and posts them to each subscriber through the Management API
    at this Region's stage (``APIGW_MANAGEMENT_ENDPOINT``), subscribers in parallel
    (``FANOUT_POST_THREADS``), each subscriber's frames in order;
+   Only to subscribers that may read the stream *now*: the stream's ``readers`` are read
+   (consistently) once per stream and batch, and a subscriber whose reader tags (recorded at
+   its subscribe) no longer match, or whose token has expired, gets nothing: its subscription is
+   deleted and its connection closed, so that the client reconnects with a fresh token and
+   subscribes again (refused if it may no longer read). A message stored after the START that
+   changed ``readers`` was answered is processed after that write, so no such subscriber gets it;
 4. a ``GoneException`` (the client left without a ``$disconnect``) deletes that subscription; any
    other failure to post, after the SDK's retries, closes the connection (``DeleteConnection``):
    a subscriber that cannot take its messages now resumes from the stored log when it
@@ -34,12 +40,13 @@ Metrics (Embedded Metric Format on stdout, one document per invocation, namespac
 posts, gone subscribers, failed posts, disconnected subscribers, and the lag from the worker's
 receipt of the batch's oldest message to its post.
 
-Environment: ``SUBSCRIPTIONS_TABLE_NAME``, ``APIGW_MANAGEMENT_ENDPOINT`` (required),
-``FANOUT_POST_THREADS`` (default 16), ``AWS_REGION``.
+Environment: ``SUBSCRIPTIONS_TABLE_NAME``, ``STREAMS_TABLE_NAME``, ``APIGW_MANAGEMENT_ENDPOINT``
+(required), ``FANOUT_POST_THREADS`` (default 16), ``AWS_REGION``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,7 +61,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import emf, model
+from .. import emf, model, readers
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, to_attr
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
@@ -93,6 +100,7 @@ class FanoutConfig:
     subscriptions_table: str
     management_endpoint: str
     region: str
+    streams_table: str  # the fleet's lease table: each stream's readers
     post_threads: int = DEFAULT_POST_THREADS
 
     @classmethod
@@ -122,6 +130,7 @@ class FanoutConfig:
             subscriptions_table=required(model.ENV_SUBSCRIPTIONS_TABLE_NAME),
             management_endpoint=endpoint,
             region=required("AWS_REGION"),
+            streams_table=required(model.ENV_STREAMS_TABLE_NAME),
             post_threads=threads,
         )
 
@@ -139,6 +148,7 @@ class FanoutStats:
     gone: int = 0
     failed_posts: int = 0
     disconnected: int = 0
+    revoked: int = 0
     lag_ms: int | None = None
     by_stream: dict[str, int] = field(default_factory=dict)
 
@@ -201,10 +211,12 @@ class Fanout:
         # Every stream's subscribers at once, on the posting threads: one query after another
         # would bound a shard to about 1 / (query latency) streams per second, below the
         # record rate of a hundred busy streams. A failed read still fails the whole batch.
-        readers = dict(zip(batches, self._pool.map(self.subscribers, batches), strict=True))
+        audiences = dict(zip(batches, self._pool.map(self.audience, batches), strict=True))
+        revoked = [(stream, c) for stream, (_, gone) in audiences.items() for c in gone]
+        stats.revoked = sum(self._pool.map(lambda item: self._revoke(*item), revoked))
         for stream, messages in batches.items():
             stats.messages += len(messages)
-            subscribers = readers[stream]
+            subscribers, _ = audiences[stream]
             if not subscribers:
                 continue
             frames = pack_frames(stream, messages, region=self.config.region, source=SOURCE_LIVE)
@@ -227,23 +239,78 @@ class Fanout:
         self._emit(stats)
         return {"batchItemFailures": []}
 
-    def subscribers(self, stream: str) -> list[str]:
-        """The connection ids subscribed to ``stream`` in this Region (a consistent read)."""
+    def audience(self, stream: str) -> tuple[list[str], list[str]]:
+        """The connection ids subscribed to ``stream`` in this Region that may read it now, and
+        those that may not any more (readers changed, or their token expired)."""
+        allowed_readers = self.readers(stream)
+        now_s = self.clock.wall_ms() // 1000
+        allowed: list[str] = []
+        revoked: list[str] = []
+        for subscriber in self.subscribers(stream):
+            expires_at = subscriber.get(model.SUB_TOKEN_EXPIRES_AT)
+            user = subscriber.get(model.SUB_USER_ID)
+            tags = [
+                *([readers.user_tag(user)] if isinstance(user, str) and user else []),
+                *readers.decode_tags(subscriber.get(model.SUB_READER_TAGS)),
+            ]
+            may = readers.may_read(allowed_readers, tags) and (
+                expires_at is None or int(expires_at) > now_s
+            )
+            (allowed if may else revoked).append(str(subscriber[model.SUB_CONNECTION]))
+        return allowed, revoked
+
+    def readers(self, stream: str) -> Any:
+        """The stream's ``readers`` as its START left them (a consistent read)."""
+        response = self.dynamodb.get_item(
+            TableName=self.config.streams_table,
+            Key={model.PK: to_attr(model.connection_pk(stream))},
+            ProjectionExpression="#readers",
+            ExpressionAttributeNames={"#readers": model.READERS},
+            ConsistentRead=True,
+        )
+        return (from_item(response.get("Item")) or {}).get(model.READERS)
+
+    def subscribers(self, stream: str) -> list[dict[str, Any]]:
+        """The subscriptions to ``stream`` in this Region (a consistent read): connection id,
+        user, the claim tags of its token, token expiry."""
         params: dict[str, Any] = {
             "TableName": self.config.subscriptions_table,
             "KeyConditionExpression": "#pk = :pk",
-            "ExpressionAttributeNames": {"#pk": model.PK, "#c": model.SUB_CONNECTION},
+            "ExpressionAttributeNames": {
+                "#pk": model.PK,
+                "#c": model.SUB_CONNECTION,
+                "#user": model.SUB_USER_ID,
+                "#tags": model.SUB_READER_TAGS,
+                "#exp": model.SUB_TOKEN_EXPIRES_AT,
+            },
             "ExpressionAttributeValues": {":pk": to_attr(model.stream_subscribers_pk(stream))},
-            "ProjectionExpression": "#c",
+            "ProjectionExpression": "#c, #user, #tags, #exp",
             "ConsistentRead": True,
         }
-        found: list[str] = []
+        found: list[dict[str, Any]] = []
         while True:
             response = self.dynamodb.query(**params)
-            found += [item[model.SUB_CONNECTION]["S"] for item in response.get("Items", [])]
+            found += [from_item(item) or {} for item in response.get("Items", [])]
             if "LastEvaluatedKey" not in response:
                 return found
             params["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def _revoke(self, stream: str, connection_id: str) -> int:
+        """A subscriber that may no longer read: forget its subscription and close its
+        connection (the client reconnects with a fresh token and is refused or served anew)."""
+        log_event(
+            logger,
+            logging.INFO,
+            "fanout_revoke",
+            decision="disconnect",
+            stream=stream,
+            connectionId=connection_id,
+        )
+        self._forget(stream, connection_id)
+        # Gone already, or not closable now: it gets nothing either way, its subscription is gone.
+        with contextlib.suppress(BotoCoreError, ClientError):
+            self.management.delete_connection(ConnectionId=connection_id)
+        return 1
 
     def _deliver(self, stream: str, connection_id: str, frames: list[bytes]) -> _Outcome:
         outcome = _Outcome()
@@ -315,6 +382,7 @@ class Fanout:
             model.METRIC_FANOUT_GONE: (stats.gone, emf.COUNT),
             model.METRIC_FANOUT_FAILED_POSTS: (stats.failed_posts, emf.COUNT),
             model.METRIC_FANOUT_DISCONNECTED: (stats.disconnected, emf.COUNT),
+            model.METRIC_FANOUT_REVOKED: (stats.revoked, emf.COUNT),
         }
         if stats.lag_ms is not None:
             values[model.METRIC_FANOUT_LAG_MS] = (stats.lag_ms, emf.MILLISECONDS)

@@ -59,6 +59,7 @@ Decisions and errors are logged as structured records (:mod:`.logs`) at INFO/WAR
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -622,9 +623,20 @@ class WsApiHandlers:
                 # Checked before anything is read: the canary's identity owns no state.
                 raise _NotAuthorized("the canary identity may send heartbeat only")
             user_id = self._user_of(request_context, connection_id)
+            token_expires_at = _token_expires_at(request_context)
+            if token_expires_at is not None and token_expires_at <= self.clock.wall_ms() // 1000:
+                # Its authorization ended with its token: nothing more is served on it, and the
+                # fan-out closes it at its next delivery. The client reconnects with a new token.
+                raise _Refused(
+                    "token_expired",
+                    "token",
+                    "token: expired; reconnect with a fresh one",
+                )
             if isinstance(message, Subscribe):
                 tags = _reader_tags(request_context, user_id)
-                reply, frames = self.subscribe(user_id, tags, connection_id, message)
+                reply, frames = self.subscribe(
+                    user_id, tags, connection_id, message, token_expires_at=token_expires_at
+                )
                 if self.reply(request_context, connection_id, reply, request_id):
                     for frame in frames:
                         if not self._post(connection_id, request_context, frame):
@@ -826,42 +838,46 @@ class WsApiHandlers:
         return self.config.live
 
     def subscribe(
-        self, user_id: str, tags: list[str], connection_id: str, message: Subscribe
+        self,
+        user_id: str,
+        tags: list[str],
+        connection_id: str,
+        message: Subscribe,
+        *,
+        token_expires_at: int | None = None,
     ) -> tuple[dict[str, Any], list[bytes]]:
         """Check the reader, register the subscriber, read the replay: the ``subscribed``
         reply and the ``messages`` frames to post after it, in this order."""
         live = self._live()
         stream = message.stream
-        row = from_item(
-            self.dynamodb.get_item(
-                TableName=live.streams_table,
-                Key={model.PK: to_attr(model.connection_pk(stream))},
-                ProjectionExpression="#readers, #origin",
-                ExpressionAttributeNames={"#readers": model.READERS, "#origin": model.ORIGIN_SEQ},
-                ConsistentRead=True,
-            ).get("Item")
-        )
-        if row is None or not readers.may_read(row.get(model.READERS), tags):
-            # The same answer whether the stream exists or not: no probing for stream ids.
-            raise _Refused(
-                "forbidden",
-                "stream",
-                f"stream: {stream!r} does not exist or you are not one of its readers",
-            )
+        try:
+            row = self._readable_row(live, stream, tags)
+        except _Refused:
+            # A stream the user may no longer read leaves their subscriptions too: a reconnect
+            # (which resubscribes what getState lists) must not ask for it again and again.
+            with contextlib.suppress(BotoCoreError, ClientError, StateWriteConflict):
+                pk = model.user_subscriptions_pk(user_id)
+                listed = (self._get_state_item(pk) or {}).get(model.WS_STREAMS) or ()
+                if stream in listed:
+                    self.write_state(pk, sets={}, deletes={model.WS_STREAMS: {stream}})
+            raise
         now_ms = self.clock.wall_ms()
         self._add_connection_stream(live, connection_id, stream, now_ms)
         # Registered BEFORE the replay is read: a message stored after the read below reaches
         # the fan-out, whose (consistent) query of this table then sees this subscriber.
-        self.dynamodb.put_item(
-            TableName=live.subscriptions_table,
-            Item={
-                model.PK: to_attr(model.stream_subscribers_pk(stream)),
-                model.SUB_CONNECTION: to_attr(connection_id),
-                model.SUB_USER_ID: to_attr(user_id),
-                model.SUB_SUBSCRIBED_AT_MS: to_attr(now_ms),
-                model.SUB_EXPIRES_AT: to_attr(now_ms // 1000 + self.config.connection_ttl_seconds),
-            },
-        )
+        subscription = {
+            model.PK: to_attr(model.stream_subscribers_pk(stream)),
+            model.SUB_CONNECTION: to_attr(connection_id),
+            model.SUB_USER_ID: to_attr(user_id),
+            model.SUB_SUBSCRIBED_AT_MS: to_attr(now_ms),
+            model.SUB_EXPIRES_AT: to_attr(now_ms // 1000 + self.config.connection_ttl_seconds),
+            # What the fan-out checks at every delivery against the stream's readers then (with
+            # the user tag, which it takes from the user id, never from a list).
+            model.SUB_READER_TAGS: to_attr(readers.encode_tags(readers.claim_tags_only(tags))),
+        }
+        if token_expires_at is not None:
+            subscription[model.SUB_TOKEN_EXPIRES_AT] = to_attr(token_expires_at)
+        self.dynamodb.put_item(TableName=live.subscriptions_table, Item=subscription)
         try:
             self.write_state(
                 model.user_subscriptions_pk(user_id), sets={}, adds={model.WS_STREAMS: {stream}}
@@ -891,6 +907,13 @@ class WsApiHandlers:
             ):
                 skipped = first.seq - 1 - after
                 after = first.seq - 1
+        # The replay may hold messages stored after a START that changed the readers in the
+        # meantime: read them again, so nothing stored after that START was answered is served.
+        try:
+            self._readable_row(live, stream, tags)
+        except _Refused:
+            self.unsubscribe(user_id, connection_id, stream)
+            raise
         reply: dict[str, Any] = {
             "type": model.WS_REPLY_SUBSCRIBED,
             "stream": stream,
@@ -916,6 +939,27 @@ class WsApiHandlers:
             more=more,
         )
         return reply, frames
+
+    def _readable_row(self, live: LiveTables, stream: str, tags: list[str]) -> dict[str, Any]:
+        """The stream's row (readers, origin), read consistently; ``forbidden`` unless ``tags``
+        may read it."""
+        row = from_item(
+            self.dynamodb.get_item(
+                TableName=live.streams_table,
+                Key={model.PK: to_attr(model.connection_pk(stream))},
+                ProjectionExpression="#readers, #origin",
+                ExpressionAttributeNames={"#readers": model.READERS, "#origin": model.ORIGIN_SEQ},
+                ConsistentRead=True,
+            ).get("Item")
+        )
+        if row is None or not readers.may_read(row.get(model.READERS), tags):
+            # The same answer whether the stream exists or not: no probing for stream ids.
+            raise _Refused(
+                "forbidden",
+                "stream",
+                f"stream: {stream!r} does not exist or you are not one of its readers",
+            )
+        return row
 
     def _add_connection_stream(
         self, live: LiveTables, connection_id: str, stream: str, now_ms: int
@@ -1265,6 +1309,19 @@ def _authorized_sub(request_context: Mapping[str, Any]) -> str | None:
     authorizer = request_context.get("authorizer") or {}
     sub = authorizer.get(model.WS_CONTEXT_SUB) or authorizer.get("principalId")
     return sub if isinstance(sub, str) and sub else None
+
+
+def _token_expires_at(request_context: Mapping[str, Any]) -> int | None:
+    """When the connection's token expires (epoch seconds), as the authorizer passed it on;
+    ``None`` for a connection authorized before it did."""
+    value = (request_context.get("authorizer") or {}).get(model.WS_CONTEXT_TOKEN_EXPIRES_AT)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 def _reader_tags(request_context: Mapping[str, Any], user_id: str) -> list[str]:

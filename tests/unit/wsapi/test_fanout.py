@@ -21,7 +21,9 @@ from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi.fanout import DEFAULT_POST_THREADS, Fanout, FanoutConfig
 
 REGION = "us-east-1"
-CONFIG = FanoutConfig("subs", "https://api.execute-api.us-east-1.amazonaws.com/v1", REGION)
+CONFIG = FanoutConfig(
+    "subs", "https://api.execute-api.us-east-1.amazonaws.com/v1", REGION, "leases"
+)
 STREAMS = 20
 # Every posting thread reading at once (the default pool is 16 threads).
 AT_ONCE = DEFAULT_POST_THREADS
@@ -56,10 +58,21 @@ class SlowDynamo:
         try:
             if stream == self.fail_stream:
                 raise ClientError({"Error": {"Code": "InternalServerError"}}, "Query")
-            return {"Items": [{model.SUB_CONNECTION: {"S": f"{stream}-c{i}"}} for i in range(3)]}
+            return {
+                "Items": [
+                    {
+                        model.SUB_CONNECTION: {"S": f"{stream}-c{i}"},
+                        model.SUB_USER_ID: {"S": "alice"},
+                    }
+                    for i in range(3)
+                ]
+            }
         finally:
             with self.changed:
                 self.running -= 1
+
+    def get_item(self, **params: Any) -> dict[str, Any]:
+        return {"Item": {model.READERS: {"SS": ["user:alice"]}}}
 
 
 class Management:

@@ -95,6 +95,8 @@ export function storagePositions(storage: Storage, prefix = 'streamfleet.positio
 
 /** Errors after which subscribing again cannot help (the others are retried). */
 const FINAL_SUBSCRIBE_ERRORS = new Set(['forbidden', 'not_supported', 'bad_request']);
+/** The connection's token expired: the server answers every request so; the client reconnects. */
+const TOKEN_EXPIRED = 'token_expired';
 
 /** Where the client is in its connection loop. */
 export type ConnectionStatus = 'idle' | 'connecting' | 'open' | 'backing-off' | 'closed';
@@ -352,6 +354,8 @@ export class StreamFleetClient {
   /** Consecutive attempts that did not give a healthy connection. */
   private failures = 0;
   private failedBeforeOpen = false;
+  /** The server said the token expired: the next attempt asks the provider for a fresh one. */
+  private tokenExpired = false;
   private ws: WebSocketLike | null = null;
   private opened = false;
   private healthy = false;
@@ -760,7 +764,11 @@ export class StreamFleetClient {
   private async attempt(): Promise<void> {
     this.generation += 1;
     const generation = this.generation;
-    const context: AttemptContext = { attempt: this.failures, forceRefresh: this.failedBeforeOpen };
+    const context: AttemptContext = {
+      attempt: this.failures,
+      forceRefresh: this.failedBeforeOpen || this.tokenExpired,
+    };
+    this.tokenExpired = false;
     this.attempts += 1;
     this.nextAttemptAt = null;
     this.setStatus('connecting');
@@ -890,6 +898,12 @@ export class StreamFleetClient {
     }
     this.emit('message', reply);
     if (changed) this.emitChange();
+    if (isErrorReply(reply) && reply.error === TOKEN_EXPIRED) {
+      // The server serves nothing more on this connection: a new one, with a token asked for
+      // anew, resubscribes every stream from its position.
+      this.tokenExpired = true;
+      this.endConnection(generation, { code: null, reason: 'the token expired', forced: true });
+    }
   }
 
   private scheduleHeartbeat(generation: number): void {
