@@ -3,6 +3,7 @@ resumes and what the sealer of a stopped stream keeps."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -118,3 +119,72 @@ async def test_a_hole_a_partly_landed_batch_left_still_ends_the_run(sink: Messag
 async def test_items_stored_without_prev_seq_are_contiguous_only_seq_by_seq(sink: MessageSink):
     await store(sink, Owner(), (1, None), (2, None), (4, None))
     assert await sink.contiguous_end(PK, 0) == 2
+
+
+@dataclass
+class Leases:
+    """The lease store as a sealer needs it: a live session; checkpoints recorded."""
+
+    session: Session
+    checkpoints: list[int] = field(default_factory=list)
+
+    async def checkpoint(self, lease, seq, *, origin=False) -> None:
+        self.checkpoints.append(seq)
+
+    async def release(self, lease, *, sealed=False) -> bool:
+        return False
+
+
+async def test_the_sealer_refills_a_hole_from_the_upstream_instead_of_deleting_what_follows(
+    sink: MessageSink, table_names
+):
+    """A batch landed only in part before its owner died, then the stream was STOPPED: the
+    sealer removed everything past the hole. It now has the upstream replay the hole, and the
+    log keeps every message it had, exactly once."""
+    from streamfleet.lease import Lease
+    from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
+    from streamfleet.worker.observability import Counters
+    from streamfleet.worker.protocol import JsonSeqProtocol
+    from streamfleet.worker.upstream_policy import UpstreamPolicy
+    from streamfleet_dev.upstream.fake import FakeUpstream, message_data
+
+    async with FakeUpstream(rate=200) as upstream:
+        upstream.ensure_stream("s")
+        owner = Owner()
+        data = lambda seq: UpstreamMessage(seq, message_data("s", seq))  # noqa: E731
+        for seq in (1, 2, 3, 5, 6, 7, 8):  # 4 was received and never stored
+            sink.add(owner, data(seq), seq - 1)
+        await sink.flush()
+        events: list = []
+        leases = Leases(sink._session)  # type: ignore[arg-type]
+        context = ConnectionContext(
+            leases=leases,  # type: ignore[arg-type]
+            sink=sink,
+            notifier=None,  # type: ignore[arg-type]
+            desired_state=None,  # type: ignore[arg-type]
+            policy=UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "ws://127.0.0.1"),
+            protocol=JsonSeqProtocol(),
+            log=lambda event, **fields: events.append((event, fields)),
+            counters=Counters(),
+            max_message_bytes=65536,
+            max_buffered_messages=100,
+            max_buffered_bytes=1 << 20,
+            reconnect_base_seconds=0.01,
+            reconnect_cap_seconds=0.05,
+        )
+        lease = Lease(
+            pk=PK,
+            ws_url=upstream.url_for("s"),
+            last_seq=2,
+            lease_version=2,
+            owner="w2",
+            session_version=1,
+            desired_state="STOPPED",
+        )
+        sealer = Connection(lease, context, acquired_at=0, on_finished=lambda c: None)
+        await asyncio.wait_for(sealer.task, 30)
+
+    assert sealer.end_reason is EndReason.SEALED
+    assert stored_seqs(table_names[1]) == list(range(1, 9))
+    assert ("log_sealed", {"pk": PK, "last_seq": 8, "removed": 0}) in events
+    assert leases.checkpoints[-1] == 8

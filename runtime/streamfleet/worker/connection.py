@@ -31,6 +31,8 @@ from .upstream_policy import UpstreamPolicy, UpstreamRefused
 CLOSE_TIMEOUT_SECONDS = 0.2
 OPEN_TIMEOUT_SECONDS = 5.0
 PING_INTERVAL_SECONDS = 20.0
+# How long the sealer of a stopped stream may spend having a hole replayed by the upstream.
+REFILL_SECONDS = 10.0
 
 
 class BoundedConnection(ClientConnection):
@@ -364,19 +366,66 @@ class Connection:
         self.checkpointed_seq = max(self.checkpointed_seq, seq)
 
     async def _seal_log(self) -> None:
-        """Leave the stored log without a hole: keep the run stored after the checkpoint and
-        remove whatever lies past its first hole (a batch that landed only in part before an
-        owner failed), then checkpoint the end of the run. Only an owner does this, so nobody
-        writes the stream meanwhile."""
+        """Leave the stored log without a hole, then checkpoint its end. A hole (a message
+        received and never stored: a batch that landed only in part before its owner failed) is
+        refilled from the upstream, which replays from the end of the run stored before it;
+        only what the upstream can no longer replay is removed, so that the log stays exactly
+        ``origin + 1 .. end``. Only an owner does this, so nobody writes the stream meanwhile."""
         if self.lease.last_seq is None and not self.stored_seq:
             return  # never checkpointed: nothing of it is stored
         sink = self._context.sink
         end = await sink.contiguous_end(self.pk, self.stored_seq)
-        removed = await sink.remove_after(self.pk, end)
+        newest = await sink.newest_stored(self.pk)
+        removed = 0
+        if newest is not None and newest > end:
+            end = await self._refill(end, newest)
+            if newest > end:
+                removed = await sink.remove_after(self.pk, end)
         if end > self.checkpointed_seq:
             await self._context.leases.checkpoint(self.lease, end)
         self.checkpointed_seq = self.stored_seq = end
         self._context.log("log_sealed", pk=self.pk, last_seq=end, removed=removed)
+
+    async def _refill(self, end: int, newest: int) -> int:
+        """Receive ``end + 1 .. newest`` from the upstream again and store it, within
+        ``REFILL_SECONDS``; returns the end of the run stored without a hole now."""
+        context = self._context
+        context.leases.session.require_live()
+        self.stored_seq = self.last_received_seq = end
+        try:
+            async with asyncio.timeout(REFILL_SECONDS):
+                host, port = await context.policy.resolve(self.lease.ws_url)
+                url = context.protocol.dial_url(
+                    self.lease.ws_url, resume_after=end, epoch=self.lease.lease_version
+                )
+                async with connect(
+                    url,
+                    host=host,
+                    port=port,
+                    open_timeout=OPEN_TIMEOUT_SECONDS,
+                    close_timeout=CLOSE_TIMEOUT_SECONDS,
+                    max_size=context.max_message_bytes,
+                    max_queue=buffering.MAX_QUEUED_FRAMES,
+                    write_limit=buffering.MAX_OUTGOING_BYTES,
+                    create_connection=BoundedConnection,
+                    proxy=None,
+                ) as upstream:
+                    try:
+                        async for frame in upstream:
+                            message = self._judge(frame)
+                            if message is not None:
+                                self._receive(message)
+                                await self._backpressure()
+                            if self.last_received_seq >= newest:
+                                break
+                    finally:
+                        await close_within(upstream, CLOSE_TIMEOUT_SECONDS)
+        except (OSError, TimeoutError, WebSocketException, UpstreamRefused) as exc:
+            context.log("log_refill_failed", pk=self.pk, after=end, error=type(exc).__name__)
+        await context.sink.flush()
+        if self._storage_failed:
+            return end
+        return await context.sink.contiguous_end(self.pk, end)
 
     async def _finish(self) -> None:
         reason = self.end_reason

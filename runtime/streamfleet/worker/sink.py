@@ -381,6 +381,27 @@ class MessageSink:
                 return
             params["ExclusiveStartKey"] = last
 
+    async def newest_stored(self, pk: str) -> int | None:
+        """The highest seq stored for ``pk`` (``None``: nothing)."""
+        response = await retry_until(
+            lambda: self._dynamodb.call(
+                "query",
+                TableName=self._table,
+                KeyConditionExpression="#pk = :pk",
+                ExpressionAttributeNames={"#pk": model.PK, "#seq": model.SEQ},
+                ExpressionAttributeValues={":pk": to_attr(pk)},
+                ProjectionExpression="#seq",
+                ScanIndexForward=False,
+                Limit=1,
+                ConsistentRead=True,
+            ),
+            deadline=self._session.deadline,
+            clock=self._session.clock,
+            what=f"newest stored seq of {pk}",
+        )
+        items = response.get("Items", [])
+        return int(items[0][model.SEQ]["N"]) if items else None
+
     async def contiguous_end(self, pk: str, after: int) -> int:
         """The last seq of the run stored without a hole right after ``after`` (``after`` itself
         if the next message is missing): where a new owner resumes, however rarely the checkpoint
