@@ -34,13 +34,15 @@ class ControlPlane:
     ) -> ControlPlane:
         return cls(DesiredStateWriter(dynamodb=dynamodb, table_name=table_name), sqs, queue_url)
 
-    async def start(self, connection_id: str, ws_url: str) -> tuple[Result, bool]:
+    async def start(
+        self, connection_id: str, ws_url: str, readers: tuple[str, ...] | None = None
+    ) -> tuple[Result, bool]:
         """Ask for the connection to run. Returns the result and whether the fleet was told.
 
         A notification that keeps failing is not an error: the row is the truth, and the
         workers' orphan discovery finds it, only later than a notification would.
         """
-        result = await self.writer.start(connection_id, ws_url)
+        result = await self.writer.start(connection_id, ws_url, readers)
         notified = result.notify and await self._notify(model.connection_pk(connection_id))
         return result, notified
 

@@ -3,6 +3,12 @@
 START never disturbs a running lease (a conditional write, not the seed's overwriting
 ``put_item``); STOP flags the row for its current owner through the sparse ``stop-requested``
 index, so each worker finds its stopped connections with one query instead of polling each one.
+
+A START's ``ws_url`` and ``readers`` land in one conditional write, so a readers change applies
+only to the START that made it. A START naming another ``ws_url`` than the stream's is refused
+(``CONFLICT``) unless the stream never had a source to speak of: stopped, unowned, and nothing
+of it ever stored (no origin, no checkpoint). A stream's log never mixes two sources, and no
+answer names a URL that nobody is dialling; a new source takes a new connection id.
 """
 
 from __future__ import annotations
@@ -43,6 +49,34 @@ class Result:
     outcome: Outcome
     item: dict[str, Any] | None
     notify: bool = False
+    detail: str = ""  # why, for a CONFLICT
+
+
+RUNNING_ELSEWHERE = "the connection is running with another ws_url; STOP it"
+ANOTHER_SOURCE = (
+    "the connection has a log from another ws_url, or is still closing; a new source needs a "
+    "new connection id"
+)
+
+
+def _has_history(item: dict[str, Any]) -> bool:
+    """Whether anything of the stream was ever stored, or may still be (its log has a source)."""
+    return any(
+        name in item
+        for name in (model.ORIGIN_SEQ, model.LAST_SEQ, model.UNSEALED, model.LEASE_OWNER)
+    )
+
+
+def _readers_update(
+    readers: tuple[str, ...] | None,
+) -> tuple[str, str, dict[str, Any]]:
+    """The SET and REMOVE clauses (each with a leading comma, or empty) and the values that
+    write ``readers`` (``None``: leave them; ``()``: nobody)."""
+    if readers is None:
+        return "", "", {}
+    if readers:
+        return ", #readers = :readers", "", {":readers": to_attr(set(readers))}
+    return "", ", #readers", {}  # DynamoDB has no empty set: no attribute is no reader
 
 
 class DesiredStateWriter:
@@ -53,9 +87,13 @@ class DesiredStateWriter:
         self._table = table_name
         self._clock = clock
 
-    async def start(self, connection_id: str, ws_url: str) -> Result:
-        """Ask for the connection to run. ``notify``: a worker should claim it now."""
+    async def start(
+        self, connection_id: str, ws_url: str, readers: tuple[str, ...] | None = None
+    ) -> Result:
+        """Ask for the connection to run, with ``readers`` if given (``()``: nobody) in the same
+        write. ``notify``: a worker should claim it now."""
         pk = model.connection_pk(connection_id)
+        set_readers, remove_readers, reader_values = _readers_update(readers)
         current = None
         for _ in range(MAX_ROUNDS):
             if current is None:
@@ -65,42 +103,71 @@ class DesiredStateWriter:
                     # records where it began (origin_seq) before storing anything.
                     update=(
                         "SET #desired_state = :started, #ws_url = :url, "
-                        "#lease_version = :zero, #awaiting_owner = :awaiting, #updated_at_ms = :now"
+                        "#lease_version = :zero, #awaiting_owner = :awaiting, "
+                        f"#updated_at_ms = :now{set_readers}"
+                        + (f" REMOVE {remove_readers[2:]}" if remove_readers else "")
                     ),
                     condition="attribute_not_exists(#pk)",
-                    values={":zero": to_attr(0), ":url": to_attr(ws_url)},
+                    values={":zero": to_attr(0), ":url": to_attr(ws_url), **reader_values},
                 )
                 if written is not None:
                     return Result(Outcome.CREATED, written, notify=True)
+            elif current.get(model.WS_URL) != ws_url and (
+                current.get(model.DESIRED_STATE) == STARTED or _has_history(current)
+            ):
+                detail = (
+                    RUNNING_ELSEWHERE
+                    if current.get(model.DESIRED_STATE) == STARTED
+                    else ANOTHER_SOURCE
+                )
+                return Result(Outcome.CONFLICT, current, detail=detail)
             elif current.get(model.DESIRED_STATE) == STARTED:
-                if current.get(model.WS_URL) != ws_url:
-                    return Result(Outcome.CONFLICT, current)
-                return Result(Outcome.UNCHANGED, current)
+                if readers is None:
+                    return Result(Outcome.UNCHANGED, current)
+                written = await self._write(
+                    pk,
+                    update=f"SET #updated_at_ms = :now{set_readers}"
+                    + (f" REMOVE {remove_readers[2:]}" if remove_readers else ""),
+                    condition="#desired_state = :started AND #ws_url = :url",
+                    values={":url": to_attr(ws_url), **reader_values},
+                )
+                if written is not None:
+                    return Result(Outcome.UNCHANGED, written)
             elif current.get(model.LEASE_OWNER) is None:
                 written = await self._write(
                     pk,
                     update=(
                         "SET #desired_state = :started, #ws_url = :url, "
-                        "#awaiting_owner = :awaiting, #updated_at_ms = :now REMOVE #refused_reason"
+                        f"#awaiting_owner = :awaiting, #updated_at_ms = :now{set_readers} "
+                        f"REMOVE #refused_reason{remove_readers}"
                     ),
-                    condition=("#desired_state = :stopped AND attribute_not_exists(#lease_owner)"),
-                    values={":url": to_attr(ws_url), ":stopped": to_attr(STOPPED)},
+                    # The URL it was stopped with, or none ever stored: see _has_history.
+                    condition=(
+                        "#desired_state = :stopped AND attribute_not_exists(#lease_owner) AND "
+                        "(#ws_url = :url OR (attribute_not_exists(#origin_seq) AND "
+                        "attribute_not_exists(#last_seq) AND attribute_not_exists(#unsealed)))"
+                    ),
+                    values={":url": to_attr(ws_url), ":stopped": to_attr(STOPPED), **reader_values},
                 )
                 if written is not None:
                     return Result(Outcome.RESTARTED, written, notify=True)
             else:
-                # Still owned: its owner has not closed it yet, so it simply keeps running.
+                # Still owned: its owner has not closed it yet, so it simply keeps running (on
+                # the same URL: another one was refused above).
                 written = await self._write(
                     pk,
                     update=(
-                        "SET #desired_state = :started, #ws_url = :url, #updated_at_ms = :now "
-                        "REMOVE #stop_requested_for"
+                        f"SET #desired_state = :started, #updated_at_ms = :now{set_readers} "
+                        f"REMOVE #stop_requested_for{remove_readers}"
                     ),
-                    condition="#desired_state = :stopped AND #lease_owner = :owner",
+                    condition=(
+                        "#desired_state = :stopped AND #lease_owner = :owner AND #ws_url = :url"
+                    ),
                     values={
                         ":url": to_attr(ws_url),
                         ":stopped": to_attr(STOPPED),
                         ":owner": to_attr(current[model.LEASE_OWNER]),
+                        **reader_values,
                     },
                 )
                 if written is not None:
@@ -149,22 +216,6 @@ class DesiredStateWriter:
                 return Result(Outcome.STOPPED, written)
             current = await self.read(pk)
         raise RuntimeError(f"{pk}: STOP kept racing with other writers")
-
-    async def set_readers(
-        self, connection_id: str, readers: tuple[str, ...]
-    ) -> dict[str, Any] | None:
-        """Replace who may subscribe to the stream (``()``: nobody). Touches nothing a lease
-        depends on; ``None`` if the connection does not exist."""
-        pk = model.connection_pk(connection_id)
-        if readers:
-            update = "SET #readers = :readers, #updated_at_ms = :now"
-            values = {":readers": to_attr(set(readers))}
-        else:  # DynamoDB has no empty set: no attribute is no reader
-            update = "SET #updated_at_ms = :now REMOVE #readers"
-            values = {}
-        return await self._write(
-            pk, update=update, condition="attribute_exists(#pk)", values=values
-        )
 
     async def refuse(self, lease: Lease, reason: str) -> None:
         """Mark a connection its owner will not dial (its URL is not allowed), and stop it.
@@ -222,6 +273,7 @@ class DesiredStateWriter:
                 model.REFUSED_REASON,
                 model.UNSEALED,
                 model.READERS,
+                model.ORIGIN_SEQ,
             ).items()
             if key in expression
         }

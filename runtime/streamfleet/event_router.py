@@ -29,7 +29,7 @@ import sys
 import time
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -381,13 +381,10 @@ class EventRouter:
         """Run a START or STOP; the status, the response payload and the outcome."""
         notified = None
         if isinstance(event, StartEvent):
-            result, notified = await self.control.start(event.connection_id, event.ws_url)
-            if event.readers is not None and result.outcome is not Outcome.CONFLICT:
-                # A second write, after the row exists: until it lands the stream has its old
-                # readers (none for a new one), so a subscribe in between is refused, never
-                # let through.
-                item = await self.control.writer.set_readers(event.connection_id, event.readers)
-                result = replace(result, item=item or result.item)
+            # The readers go in the START's own write: they apply to this START alone.
+            result, notified = await self.control.start(
+                event.connection_id, event.ws_url, event.readers
+            )
         else:
             result = await self.control.stop(event.connection_id)
         payload: dict[str, Any] = {
@@ -398,7 +395,7 @@ class EventRouter:
         if notified is not None:
             payload["notified"] = notified
         if result.outcome is Outcome.CONFLICT:
-            payload["error"] = f"{WS_URL}: the connection is running with another ws_url; STOP it"
+            payload["error"] = f"{WS_URL}: {result.detail}"
             payload["field"] = WS_URL
         elif result.outcome is Outcome.NOT_FOUND:
             payload["error"] = f"{CONNECTION_ID}: no such connection"

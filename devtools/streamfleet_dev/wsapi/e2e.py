@@ -264,17 +264,16 @@ class LiveWorld:
         self.workers[worker_id].process.wait(5)
 
     async def start_streams(self, stream_ids: list[str]) -> None:
-        """START each stream (the row and the notification, as the event router does), then
-        name its readers (the router's second write)."""
+        """START each stream with its readers (the row and the notification, as the event
+        router does)."""
         assert self._control is not None and self.upstream is not None
         for stream in stream_ids:
-            await self._control.start(stream, self.upstream.url_for(stream))
-            await self._control.writer.set_readers(stream, self.settings.readers)
+            await self._control.start(stream, self.upstream.url_for(stream), self.settings.readers)
 
     async def set_readers(self, stream: str, readers: tuple[str, ...]) -> None:
-        """Replace a stream's readers (what a START naming them does)."""
-        assert self._control is not None
-        await self._control.writer.set_readers(stream, readers)
+        """Replace a stream's readers: a START naming them, with its own URL."""
+        assert self._control is not None and self.upstream is not None
+        await self._control.start(stream, self.upstream.url_for(stream), readers)
 
     async def stop_streams(self, stream_ids: list[str]) -> None:
         assert self._control is not None
