@@ -22,6 +22,7 @@ from .aws import AsyncClient
 from .clock import SYSTEM_CLOCK, Clock
 from .lease.connections import Lease
 from .lease.dynamo import from_item, is_condition_failure, names, retry_until, to_attr
+from .validation import check_ws_url
 
 STARTED = model.DesiredState.STARTED.value
 STOPPED = model.DesiredState.STOPPED.value
@@ -92,6 +93,9 @@ class DesiredStateWriter:
     ) -> Result:
         """Ask for the connection to run, with ``readers`` if given (``()``: nobody) in the same
         write. ``notify``: a worker should claim it now."""
+        # Every path that writes a START row checks the URL the same way (the allow-list is the
+        # caller's: the router's and the CLI's configuration).
+        check_ws_url(model.WS_URL, ws_url)
         pk = model.connection_pk(connection_id)
         set_readers, remove_readers, reader_values = _readers_update(readers)
         current = None

@@ -6,8 +6,10 @@ an HTTP handler can turn it into a 400 and a worker can refuse to start with a c
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+import unicodedata
 from urllib.parse import urlsplit
 
 MAX_ID_BYTES = 512
@@ -32,8 +34,12 @@ def check_id(field: str, value: object) -> str:
     return value
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
 def check_ws_url(field: str, value: object) -> str:
-    """A ``ws://`` or ``wss://`` URL with a host, at most ``MAX_URL_BYTES`` long."""
+    """A ``ws://`` or ``wss://`` URL with a valid host (:func:`canonical_host`), at most
+    ``MAX_URL_BYTES`` long, without whitespace or control characters."""
     if not isinstance(value, str):
         raise ValueError(f"{field}: expected a string, got {type(value).__name__}")
     if len(value.encode()) > MAX_URL_BYTES:
@@ -50,7 +56,38 @@ def check_ws_url(field: str, value: object) -> str:
         raise ValueError(f"{field}: has no host")
     if any(ch.isspace() for ch in value):
         raise ValueError(f"{field}: must not contain whitespace")
+    # A NUL or another control character is no whitespace: no worker could dial it, and it
+    # would reach logs and dashboards verbatim.
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError(f"{field}: must not contain control characters")
+    canonical_host(field, hostname)
     return value
+
+
+def canonical_host(field: str, host: str) -> str:
+    """``host`` as the one ASCII string that is matched, resolved and dialled: an IP literal in
+    its compressed form, or a DNS name IDNA-encoded, lower-case, without a trailing dot, of
+    labels of letters, digits and inner hyphens (1 to 63 each, 253 in all; the last not all
+    digits). Anything else (a
+    NUL or another control character, an empty label, ``_``, a second trailing dot) is refused:
+    the C resolver would stop at a NUL and resolve what precedes it."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    try:
+        ascii_name = name.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise ValueError(f"{field}: host {host!r} is not a valid DNS name") from None
+    labels = ascii_name.split(".")
+    if len(ascii_name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(f"{field}: host {host!r} is not a valid DNS name")
+    if labels[-1].isdigit():
+        # No top-level domain is numeric: the resolver would read it as an IPv4 address in
+        # another spelling (127.000.0.1, 2130706433, 0x7f.1).
+        raise ValueError(f"{field}: host {host!r} is neither an IP address nor a DNS name")
+    return ascii_name
 
 
 def check_positive_seconds(field: str, value: object) -> float:

@@ -960,6 +960,9 @@ def fleet_props(**overrides: Any) -> WorkerFleetProps:
         ({"allowed_upstreams": "wss://a.example.com"}, "^allowed_upstreams: expected a tuple"),
         ({"allowed_upstreams": ("https://a.example.com",)}, "^allowed_upstreams: "),
         ({"allowed_upstreams": ("wss://a,wss://b",)}, "^allowed_upstreams: "),
+        # An empty-domain wildcard allowed every host written with a trailing dot.
+        ({"allowed_upstreams": ("wss://*.",)}, "^allowed_upstreams: .*wildcard|valid host"),
+        ({"allowed_upstreams": ("wss://user@*.example.com",)}, "^allowed_upstreams: "),
         ({"stop_timeout": cdk.Duration.seconds(10)}, "^stop_timeout: .*shutdown budget"),
         ({"stop_timeout": cdk.Duration.seconds(121)}, "^stop_timeout: .*at most 120"),
         ({"cpu": 300}, "^cpu: "),

@@ -159,3 +159,13 @@ async def test_a_start_delayed_after_its_write_cannot_change_a_later_starts_read
     row = router.row("s6")
     assert (row[model.WS_URL], row.get(model.READERS)) == (B, {"user:bob"})
     assert status == 200 and payload["state"]["ws_url"] == A  # what its own write stored
+
+
+async def test_every_path_that_writes_a_start_checks_the_url(router: Router, containers):
+    """The router refused a NUL in the host, but DesiredStateWriter.start and ControlPlane.start
+    wrote START rows with no check at all."""
+    first, _ = containers
+    for url in ("wss://127.0.0.2\x00.example.com/", "wss://.example.com/", "ws://a b/"):
+        with pytest.raises(ValueError, match=r"^ws_url: "):
+            await first.control.start("s7", url)
+    assert router.row("s7") is None

@@ -7,9 +7,13 @@ server under an allow-listed wildcard could return for ``feed.example.com``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from streamfleet.validation import canonical_host
 from streamfleet.worker.upstream_policy import UpstreamPolicy, UpstreamRefused
 
 POLICY = UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "wss://*.example.com,ws://127.0.0.1:8765")
@@ -141,3 +145,105 @@ async def test_a_name_resolving_to_a_link_local_address_is_refused():
 
 async def test_an_allowed_name_resolves_to_the_address_to_dial():
     assert await FEEDS.resolve("ws://127.0.0.1:8765/streams/a") == ("127.0.0.1", 8765)
+
+
+# --- Issue 36: one canonical host, only global addresses, wildcards that name a domain ------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "wss://127.0.0.2\x00.example.com/",  # the C resolver stopped at the NUL: 127.0.0.2
+        "wss://.example.com/",  # an empty label (IDNA raised UnicodeError in the worker)
+        "wss://a..example.com/",
+        "wss://under_score.example.com/",
+        "wss://example.com\x7f/",
+    ],
+)
+def test_a_host_that_is_no_valid_name_is_refused_before_anything_resolves(url):
+    with pytest.raises(UpstreamRefused):
+        POLICY.check(url)
+
+
+def test_the_host_is_matched_and_resolved_in_one_canonical_spelling():
+    assert POLICY.check("wss://Feed.Example.COM./s") == ("feed.example.com", 443)
+    idna = UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "wss://*.xn--bcher-kva.de")
+    assert idna.check("wss://live.bücher.de/") == ("live.xn--bcher-kva.de", 443)
+    with pytest.raises(UpstreamRefused, match="not allow-listed"):
+        POLICY.check("wss://db.internal.corp./")  # a trailing dot names no other domain
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        ("127.0.0.1", "not globally routable"),
+        ("10.1.2.3", "not globally routable"),
+        ("172.16.0.1", "not globally routable"),
+        ("192.168.1.1", "not globally routable"),
+        ("100.64.0.1", "not globally routable"),  # shared address space
+        ("198.18.0.1", "not globally routable"),  # benchmarking
+        ("::1", "not globally routable"),
+        ("fc00::1", "not globally routable"),
+        ("::ffff:10.1.2.3", "not globally routable"),
+        ("fd00:ec2::1", "a metadata service"),  # the whole of EC2's IPv6 metadata network
+    ],
+)
+async def test_a_name_that_resolves_to_an_internal_address_is_refused(answer, reason):
+    """An allow-listed name resolving to loopback was dialled, and the worker stored what an
+    internal WebSocket service sent."""
+    with pytest.raises(UpstreamRefused, match=rf"\({reason}\)$"):
+        await POLICY.resolve(URL, resolver=FakeResolver(answer))
+
+
+async def test_an_entry_naming_an_ip_literal_opens_that_literal_only():
+    """Local mode's ws://127.0.0.1:8765: the exact literal, never a name that resolves to it."""
+    assert await POLICY.resolve("ws://127.0.0.1:8765/s", resolver=FakeResolver("127.0.0.1")) == (
+        "127.0.0.1",
+        8765,
+    )
+    loopback_name = UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "ws://local.example.com:8765")
+    with pytest.raises(UpstreamRefused, match="not globally routable"):
+        await loopback_name.resolve(
+            "ws://local.example.com:8765/s", resolver=FakeResolver("127.0.0.1")
+        )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "wss://*.",  # allowed every host written with a trailing dot
+        "wss://*.com",  # one label: a whole top-level domain
+        "wss://*.example.com/path",
+        "wss://user@*.example.com",
+        "wss://*.example.com?x",
+        "wss://*.example.com#x",
+        "wss://*.exa\\mple.com",
+        "wss://*.1.2.3.4",
+    ],
+)
+def test_an_entry_that_names_no_real_domain_is_refused_naming_the_field(entry):
+    with pytest.raises(ValueError, match=r"^ALLOWED_UPSTREAMS: "):
+        UpstreamPolicy.parse("ALLOWED_UPSTREAMS", entry)
+
+
+# Labels from pieces a hostile START could combine: letters, digits, dots, hyphens, an
+# underscore, a NUL, DEL, a space, non-ASCII letters, IDNA prefixes.
+hosts = st.lists(
+    st.sampled_from([*"abcXYZ019-._.", "\x00", "\x7f", " ", "ü", "Ä", "xn--", "xn--bcher-kva"]),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hosts)
+async def test_the_matched_host_is_the_resolved_host_for_every_accepted_url(label):
+    url = f"wss://{label}.example.com/s"
+    try:
+        host, port = POLICY.check(url)
+    except UpstreamRefused:
+        return
+    resolver = FakeResolver("93.184.216.34")
+    await POLICY.resolve(url, resolver=resolver)
+    assert resolver.asked == [(host, port)]
+    assert host == canonical_host("ws_url", urlsplit(url).hostname or "")
+    assert host.endswith(".example.com") and host.isascii() and "\x00" not in host
