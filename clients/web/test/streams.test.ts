@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 
 import {
+  MAX_PART_CHARS,
   StreamCursor,
   StreamFleetClient,
   SubscriptionRefusedError,
@@ -59,6 +60,45 @@ describe('StreamCursor', () => {
     cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 0, upTo: 0, more: false }, 1);
     const second: MessagesFrame = { ...first, messages: [{ seq: 1, part: 1, parts: 2, data: 'world' }] };
     expect(cursor.onFrame(second, 2)).toEqual([]); // part 0 from before is gone
+  });
+
+  it('never joins parts of different cuts, and bounds incomplete parts', () => {
+    const cursor = new StreamCursor('s', 4);
+    const parts = (entries: [number, number, string][]): MessagesFrame => ({
+      type: 'messages',
+      stream: 's',
+      source: 'live',
+      messages: entries.map(([total, part, data]) => ({ seq: 5, part, parts: total, data })),
+    });
+    expect(
+      cursor.onFrame(
+        parts([
+          [2, 0, 'he'],
+          [3, 1, 'XX'],
+          [2, 1, 'llo'],
+        ]),
+        0,
+      ),
+    ).toEqual([]);
+    expect(cursor.onFrame(parts([[2, 0, 'he']]), 1).map((m) => m.data)).toEqual(['hello']);
+    const big = 'p'.repeat(65536);
+    for (let seq = 7; seq < 200; seq += 1) {
+      cursor.onFrame(
+        { type: 'messages', stream: 's', source: 'live', messages: [{ seq, part: 0, parts: 2, data: big }] },
+        2,
+      );
+    }
+    expect(cursor.partChars).toBeLessThanOrEqual(MAX_PART_CHARS);
+    cursor.onFrame(
+      {
+        type: 'messages',
+        stream: 's',
+        source: 'live',
+        messages: [{ seq: 6, part: 0, parts: 1e9, data: 'x' }],
+      },
+      3,
+    );
+    expect(cursor.partChars).toBeLessThanOrEqual(MAX_PART_CHARS);
   });
 
   it('asks again for a promised replay that never arrives, on a quiet stream too', () => {
@@ -191,6 +231,30 @@ describe('StreamFleetClient subscriptions', () => {
     second.deliver(frame('m1', [4, 5, 6], 'replay'));
     expect(delivered.map((m) => m.seq)).toEqual([1, 2, 3, 4, 5, 6]);
     expect(client.position('m1')).toBe(6);
+    client.close();
+  });
+
+  it('moves nothing on a subscribed reply it did not ask for', async () => {
+    const { client, factory, delivered } = setup();
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    socket.restoreState('us-east-1');
+    void client.subscribe('m1', { after: 3 });
+    acknowledge(socket, 'm1', 3);
+    // An unsolicited reply would have skipped seqs 4 to 1000.
+    socket.deliver({
+      type: 'subscribed',
+      stream: 'm1',
+      after: 1000,
+      replayed: 0,
+      upTo: 1000,
+      more: false,
+      requestId: 'x',
+    });
+    socket.deliver(frame('m1', [4]));
+    expect(delivered.map((m) => m.seq)).toEqual([4]);
     client.close();
   });
 

@@ -439,13 +439,15 @@ class ReconnectingClient:
         self, cursor: StreamCursor, reason: str, *, raise_refusal: bool = False
     ) -> dict[str, Any] | None:
         cursor.in_flight = True
+        cursor.request_id = self._next_request_id()
         try:
             reply = await self.request(
                 {
                     "action": model.WS_ROUTE_SUBSCRIBE,
                     "stream": cursor.stream,
                     "after": cursor.position,
-                }
+                },
+                request_id=cursor.request_id,
             )
         except (NotConnected, ConnectionLost, TimeoutError) as exc:
             # The next connection subscribes again; on this one, retry after a gap timeout.
@@ -456,7 +458,8 @@ class ReconnectingClient:
         finally:
             cursor.in_flight = False
         if reply.get("type") == model.WS_REPLY_ERROR:
-            if reply.get("error") in FINAL_SUBSCRIBE_ERRORS:
+            error = reply.get("error")
+            if isinstance(error, str) and error in FINAL_SUBSCRIBE_ERRORS:
                 if self.subscriptions.get(cursor.stream) is cursor:
                     del self.subscriptions[cursor.stream]
                 refusal = SubscriptionRefused(cursor.stream, reply)
@@ -507,7 +510,11 @@ class ReconnectingClient:
             raise NotConnected("the connection just closed") from None
 
     async def request(
-        self, message: Mapping[str, Any], *, timeout: float | None = None
+        self,
+        message: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
         """Send ``message`` with a fresh ``requestId`` and wait for the reply that echoes it.
 
@@ -517,7 +524,7 @@ class ReconnectingClient:
         before the reply (the request may or may not have been applied), ``TimeoutError`` if no
         reply comes within ``timeout`` (default ``request_timeout``).
         """
-        request_id = f"{self.name}-{next(self._ids)}"
+        request_id = request_id or self._next_request_id()
         text = _frame({**message, "requestId": request_id})
         ws = self._ws
         if ws is None:
@@ -533,6 +540,9 @@ class ReconnectingClient:
                 return await future
         finally:
             self._pending.pop(request_id, None)
+
+    def _next_request_id(self) -> str:
+        return f"{self.name}-{next(self._ids)}"
 
     def _fail_pending(self, error: Exception) -> None:
         for future in self._pending.values():
@@ -718,10 +728,13 @@ class ReconnectingClient:
                 return
 
     async def _on_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
-        cursor = self.subscriptions.get(message.get("stream"))  # type: ignore[arg-type]
+        stream = message.get("stream")
+        cursor = self.subscriptions.get(stream) if isinstance(stream, str) else None
         if cursor is None:
-            return  # unsubscribed, or never asked for: ignored
+            return  # unsubscribed, never asked for, or no stream at all: ignored
         if kind == model.WS_REPLY_SUBSCRIBED:
+            if message.get("requestId") != cursor.request_id:
+                return  # not the answer to this cursor's own subscribe: it moves nothing
             ready = cursor.on_subscribed(message, now)
         else:
             entries = message.get("messages")

@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_MAX_BUFFERED = 10_000
+# A message's parts: at most this many per message (a 384 KiB message takes about 13 frames of
+# 32 KB), and at most this many bytes of incomplete parts per stream, the highest seqs evicted
+# first (the next replay brings them back).
+MAX_PARTS = 64
+MAX_PART_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,13 +65,16 @@ class StreamCursor:
     max_buffered: int = DEFAULT_MAX_BUFFERED
     stats: CursorStats = field(default_factory=CursorStats)
     buffer: dict[int, StreamMessage] = field(default_factory=dict)
-    parts: dict[int, dict[int, str]] = field(default_factory=dict)
+    # seq -> (how many parts its cut has, the parts received so far by index)
+    parts: dict[int, tuple[int, dict[int, str]]] = field(default_factory=dict)
+    part_bytes: int = 0  # held in incomplete parts
     gap_since: float | None = None
     more_up_to: int | None = None  # a replay was cut: subscribe again once past this seq
     # The last seq a subscribe reply promised: its replay frames are awaited like a gap, so a
     # replay whose frames were lost is asked for again even on a quiet or stopped stream.
     promised_up_to: int | None = None
     in_flight: bool = False  # a subscribe request is on its way (one at a time)
+    request_id: str | None = None  # that request's id: only its reply moves the cursor
     gap_attempts: int = 0  # resubscribes since the last delivery: each waits twice as long
     acknowledged: bool = False  # a subscribe of the current connection was answered
 
@@ -81,6 +89,7 @@ class StreamCursor:
         # Parts of a message still incomplete are dropped: the replay that follows brings the
         # whole message again, and no part from before a reconnect joins one from after it.
         self.parts.clear()
+        self.part_bytes = 0
         after = reply.get("after")
         known = isinstance(after, int) and not isinstance(after, bool)
         if known and (self.position is None or after > self.position):
@@ -128,17 +137,36 @@ class StreamCursor:
         is_json = entry.get("format") == "json"
         if "parts" in entry:
             part, parts = entry.get("part"), entry.get("parts")
-            if not (isinstance(part, int) and isinstance(parts, int) and 0 <= part < parts):
+            if not (
+                _whole(part) and _whole(parts) and 0 <= part < parts <= MAX_PARTS  # type: ignore[operator]
+            ):
                 return None
             if self.position is not None and seq <= self.position:
                 return StreamMessage(self.stream, seq, "", received, source, region)  # dup
-            pieces = self.parts.setdefault(seq, {})
+            total, pieces = self.parts.get(seq, (parts, {}))
+            if total != parts:
+                # Another cut of the same message: its parts never join this one's.
+                self._drop_parts(seq)
+                total, pieces = parts, {}
+            self.part_bytes += len(data) - len(pieces.get(part, ""))
             pieces[part] = data
-            if len(pieces) < parts:
+            self.parts[seq] = (total, pieces)
+            if len(pieces) < total:
+                self._bound_parts()
                 return None
-            data = "".join(pieces[index] for index in range(parts))
-            del self.parts[seq]
+            data = "".join(pieces[index] for index in range(total))
+            self._drop_parts(seq)
         return StreamMessage(self.stream, seq, data, received, source, region, is_json)
+
+    def _drop_parts(self, seq: int) -> None:
+        held = self.parts.pop(seq, None)
+        if held is not None:
+            self.part_bytes -= sum(len(piece) for piece in held[1].values())
+
+    def _bound_parts(self) -> None:
+        while self.part_bytes > MAX_PART_BYTES and self.parts:
+            self._drop_parts(max(self.parts))
+            self.stats.dropped_for_space += 1
 
     def _drain(self, now: float) -> list[StreamMessage]:
         ready: list[StreamMessage] = []
@@ -151,7 +179,7 @@ class StreamCursor:
                 del self.buffer[seq]
                 self.stats.duplicates += 1
             for seq in [s for s in self.parts if s <= self.position]:
-                del self.parts[seq]
+                self._drop_parts(seq)
         self.stats.delivered += len(ready)
         if ready:
             self.gap_attempts = 0
@@ -196,3 +224,7 @@ class StreamCursor:
         self.more_up_to = None
         self.promised_up_to = None  # the next reply promises anew
         self.gap_since = now if (self.buffer or self.parts) else None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -35,3 +35,60 @@ def test_a_promised_replay_that_arrives_asks_for_more_and_nothing_else():
     cursor.count_resubscribe("more", 0.2)
     subscribed(cursor, after=2, up_to=2, more=False, now=0.3)  # caught up
     assert cursor.resubscribe_reason(100, GAP_TIMEOUT) is None
+
+
+def parts(seq: int, total: int, index: int, data: str) -> dict:
+    return {"seq": seq, "part": index, "parts": total, "data": data}
+
+
+def test_parts_of_different_cuts_never_join():
+    """A lost live part refilled by a replay cut differently was joined: 59,998 of 60,000
+    characters delivered."""
+    cursor = StreamCursor("s", position=4)
+    got = cursor.on_entries(
+        [parts(5, 2, 0, "he"), parts(5, 3, 1, "XX"), parts(5, 2, 1, "llo")],
+        source="live",
+        region="r",
+        now=0,
+    )
+    assert got == []  # no set was ever complete in one cut
+    got = cursor.on_entries([parts(5, 2, 0, "he")], source="replay", region="r", now=1)
+    assert [(m.seq, m.data) for m in got] == [(5, "hello")]
+
+
+def test_incomplete_parts_are_bounded_in_bytes_and_in_count():
+    """45 MB were held with max_buffered 100, from many seqs or one seq claiming 10**9 parts."""
+    from streamfleet.client.streams import MAX_PART_BYTES
+
+    cursor = StreamCursor("s", position=0)
+    big = "p" * 65_536
+    cursor.on_entries(
+        [parts(seq, 2, 0, big) for seq in range(2, 200)], source="live", region="r", now=0
+    )
+    assert cursor.part_bytes <= MAX_PART_BYTES
+    assert sum(len(p) for _, held in cursor.parts.values() for p in held.values()) == (
+        cursor.part_bytes
+    )
+    cursor.on_entries([parts(1, 10**9, 0, "x")], source="live", region="r", now=0)
+    assert 1 not in cursor.parts
+
+
+async def test_frames_of_the_wrong_shape_or_not_asked_for_move_nothing():
+    """A stream of the wrong type raised TypeError and ended the connection; an unsolicited
+    ``subscribed`` with ``after: 1000`` silently skipped seqs 4 to 1000."""
+    from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient
+
+    client = ReconnectingClient(lambda attempt: Endpoint("ws://127.0.0.1:9", None), ClientConfig())
+    cursor = StreamCursor("s", position=3)
+    cursor.request_id = "mine"
+    client.subscriptions["s"] = cursor
+
+    await client._on_stream_frame("messages", {"stream": [], "messages": "no"}, now=0)
+    await client._on_stream_frame(
+        "subscribed", {"stream": "s", "after": 1000, "requestId": "not-mine"}, now=0
+    )
+    assert cursor.position == 3
+    await client._on_stream_frame(
+        "subscribed", {"stream": "s", "after": 3, "upTo": 3, "requestId": "mine"}, now=0
+    )
+    assert cursor.acknowledged

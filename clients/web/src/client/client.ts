@@ -584,6 +584,7 @@ export class StreamFleetClient {
     cursor.inFlight = true;
     let reply: Reply;
     try {
+      cursor.requestId = this.peekNextId();
       reply = await this.request({ action: ROUTE_SUBSCRIBE, stream: cursor.stream, after: cursor.position });
     } catch {
       cursor.inFlight = false;
@@ -610,6 +611,8 @@ export class StreamFleetClient {
     const cursor = this.cursors.get(stream);
     if (cursor === undefined) return; // unsubscribed, or never asked for
     const now = this.timers.now();
+    // A `subscribed` that does not answer this cursor's own subscribe moves nothing.
+    if (reply.type === 'subscribed' && reply.requestId !== cursor.requestId) return;
     const ready =
       reply.type === 'subscribed'
         ? cursor.onSubscribed(reply as SubscribedReply, now)
@@ -757,6 +760,11 @@ export class StreamFleetClient {
   private nextId(): string {
     this.ids += 1;
     return `${this.name}-${this.ids}`;
+  }
+
+  /** The id the next request() will carry (taken with no await in between). */
+  private peekNextId(): string {
+    return `${this.name}-${this.ids + 1}`;
   }
 
   // --- The connection loop ----------------------------------------------------------------

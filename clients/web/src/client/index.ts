@@ -32,6 +32,8 @@ export {
 export {
   DEFAULT_GAP_TIMEOUT_MS,
   DEFAULT_MAX_BUFFERED,
+  MAX_PART_CHARS,
+  MAX_PARTS,
   StreamCursor,
   type CursorStats,
   type ResubscribeReason,

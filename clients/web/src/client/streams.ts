@@ -35,6 +35,11 @@ export interface CursorStats {
   moreResubscribes: number;
 }
 
+/** Parts of one message at most (a 384 KiB message takes about 13 frames of 32 KB). */
+export const MAX_PARTS = 64;
+/** Characters of incomplete parts held per stream at most; the highest seqs are evicted first. */
+export const MAX_PART_CHARS = 4 * 1024 * 1024;
+
 export class StreamCursor {
   readonly stream: string;
   position: number | null;
@@ -52,7 +57,12 @@ export class StreamCursor {
   /** A subscribe of the current connection was answered. */
   acknowledged = false;
   private readonly buffer = new Map<number, StreamMessage>();
-  private readonly parts = new Map<number, Map<number, string>>();
+  /** seq -> the number of parts its cut has, and the parts received so far by index. */
+  private readonly parts = new Map<number, { total: number; pieces: Map<number, string> }>();
+  /** Characters held in incomplete parts (bounded: the highest seqs are evicted first). */
+  partChars = 0;
+  /** The id of this cursor's own subscribe in flight: only its reply moves the cursor. */
+  requestId: string | null = null;
   private gapSince: number | null = null;
   private gapAttempts = 0;
   private moreUpTo: number | null = null;
@@ -76,6 +86,7 @@ export class StreamCursor {
     // Parts of a message still incomplete are dropped: the replay that follows brings the
     // whole message again, and no part from before a reconnect joins one from after it.
     this.parts.clear();
+    this.partChars = 0;
     const after = reply.after;
     if (typeof after === 'number' && Number.isSafeInteger(after)) {
       // No position yet: a first subscribe from the newest. Above ours: nothing exists in
@@ -156,18 +167,41 @@ export class StreamCursor {
     if (entry.parts === undefined) return { ...base, data };
     const { part, parts } = entry;
     if (!Number.isInteger(part) || !Number.isInteger(parts) || part! < 0 || part! >= parts!) return null;
+    if (parts! > MAX_PARTS) return null;
     if (this.position !== null && seq <= this.position) return { ...base, data: '' }; // a duplicate
-    let pieces = this.parts.get(seq);
-    if (pieces === undefined) {
-      pieces = new Map();
-      this.parts.set(seq, pieces);
+    let held = this.parts.get(seq);
+    if (held !== undefined && held.total !== parts) {
+      this.dropParts(seq); // another cut of the same message: never joined with this one
+      held = undefined;
     }
-    pieces.set(part!, data);
-    if (pieces.size < parts!) return null;
+    if (held === undefined) {
+      held = { total: parts!, pieces: new Map() };
+      this.parts.set(seq, held);
+    }
+    this.partChars += data.length - (held.pieces.get(part!)?.length ?? 0);
+    held.pieces.set(part!, data);
+    if (held.pieces.size < held.total) {
+      this.boundParts();
+      return null;
+    }
     let joined = '';
-    for (let index = 0; index < parts!; index += 1) joined += pieces.get(index) ?? '';
-    this.parts.delete(seq);
+    for (let index = 0; index < held.total; index += 1) joined += held.pieces.get(index)!;
+    this.dropParts(seq);
     return { ...base, data: joined };
+  }
+
+  private dropParts(seq: number): void {
+    const held = this.parts.get(seq);
+    if (held === undefined) return;
+    for (const piece of held.pieces.values()) this.partChars -= piece.length;
+    this.parts.delete(seq);
+  }
+
+  private boundParts(): void {
+    while (this.partChars > MAX_PART_CHARS && this.parts.size > 0) {
+      this.dropParts(Math.max(...this.parts.keys()));
+      this.stats.droppedForSpace += 1;
+    }
   }
 
   private drain(now: number): StreamMessage[] {
@@ -186,7 +220,7 @@ export class StreamCursor {
           this.stats.duplicates += 1;
         }
       }
-      for (const seq of [...this.parts.keys()]) if (seq <= this.position) this.parts.delete(seq);
+      for (const seq of [...this.parts.keys()]) if (seq <= this.position) this.dropParts(seq);
     }
     this.stats.delivered += ready.length;
     if (ready.length > 0) this.gapAttempts = 0;
