@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
@@ -236,20 +237,7 @@ class Connection:
             received_before = self.last_received_seq
             dialled: BoundedConnection | None = None
             try:
-                host, port = await context.policy.resolve(self.lease.ws_url)
-                async with connect(
-                    url,
-                    host=host,
-                    port=port,
-                    open_timeout=OPEN_TIMEOUT_SECONDS,
-                    close_timeout=CLOSE_TIMEOUT_SECONDS,
-                    ping_interval=PING_INTERVAL_SECONDS,
-                    max_size=context.max_message_bytes,
-                    max_queue=buffering.MAX_QUEUED_FRAMES,
-                    write_limit=buffering.MAX_OUTGOING_BYTES,
-                    create_connection=BoundedConnection,
-                    proxy=None,  # dial exactly the checked address, never via an ambient proxy
-                ) as upstream:
+                async with await self._dial(url) as upstream:
                     dialled = upstream
                     try:
                         self.connected = True
@@ -279,6 +267,25 @@ class Connection:
                 full_jitter(attempt, context.reconnect_base_seconds, context.reconnect_cap_seconds)
             )
             attempt += 1
+
+    async def _dial(self, url: str) -> Any:
+        """The upstream connection to open for ``url`` (``async with`` it): the checked address
+        of the lease's URL, its frames, queue and unsent bytes bounded."""
+        context = self._context
+        host, port = await context.policy.resolve(self.lease.ws_url)
+        return connect(
+            url,
+            host=host,
+            port=port,
+            open_timeout=OPEN_TIMEOUT_SECONDS,
+            close_timeout=CLOSE_TIMEOUT_SECONDS,
+            ping_interval=PING_INTERVAL_SECONDS,
+            max_size=context.max_message_bytes,
+            max_queue=buffering.MAX_QUEUED_FRAMES,
+            write_limit=buffering.MAX_OUTGOING_BYTES,
+            create_connection=BoundedConnection,
+            proxy=None,  # dial exactly the checked address, never via an ambient proxy
+        )
 
     async def _backpressure(self) -> None:
         """Stop reading while too much of this connection, or of the whole worker, is unstored:
@@ -394,22 +401,10 @@ class Connection:
         self.stored_seq = self.last_received_seq = end
         try:
             async with asyncio.timeout(REFILL_SECONDS):
-                host, port = await context.policy.resolve(self.lease.ws_url)
                 url = context.protocol.dial_url(
                     self.lease.ws_url, resume_after=end, epoch=self.lease.lease_version
                 )
-                async with connect(
-                    url,
-                    host=host,
-                    port=port,
-                    open_timeout=OPEN_TIMEOUT_SECONDS,
-                    close_timeout=CLOSE_TIMEOUT_SECONDS,
-                    max_size=context.max_message_bytes,
-                    max_queue=buffering.MAX_QUEUED_FRAMES,
-                    write_limit=buffering.MAX_OUTGOING_BYTES,
-                    create_connection=BoundedConnection,
-                    proxy=None,
-                ) as upstream:
+                async with await self._dial(url) as upstream:
                     try:
                         async for frame in upstream:
                             message = self._judge(frame)
