@@ -234,6 +234,67 @@ describe('StreamFleetClient subscriptions', () => {
     client.close();
   });
 
+  it('sends a first subscribe again when it was answered with an error', async () => {
+    const { client, factory } = setup();
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    socket.restoreState('us-east-1');
+    void client.subscribe('m1');
+    const first = subscribes(socket)[0]!;
+    socket.deliver({ type: 'error', error: 'unavailable', requestId: first.requestId, region: 'us-east-1' });
+    await vi.advanceTimersByTimeAsync(1500); // past the gap timeout
+    expect(subscribes(socket).length).toBe(2);
+    client.close();
+  });
+
+  it('asks getState again until it is answered', async () => {
+    const { client, factory } = setup({ requestTimeoutMs: 1000 });
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    const first = socket.getStateRequest();
+    socket.deliver({ type: 'error', error: 'unavailable', requestId: first.requestId, region: 'us-east-1' });
+    await vi.advanceTimersByTimeAsync(100);
+    const states = () => socket.sentJson().filter((m) => m.action === 'getState');
+    expect(states().length).toBe(2);
+    await vi.advanceTimersByTimeAsync(1100); // the second is lost: no answer within the timeout
+    expect(states().length).toBe(3);
+    socket.deliver({ type: 'state', region: 'us-east-1', requestId: states()[2]!.requestId, state: {} });
+    expect(client.ready).toBe(true);
+    client.close();
+  });
+
+  it('remembers an unsubscribe made while disconnected and never follows the stream again', async () => {
+    const { client, factory } = setup();
+    client.start();
+    await settle();
+    const first = factory.last();
+    first.open();
+    first.restoreState('us-east-1');
+    void client.subscribe('m1', { after: 0 });
+    acknowledge(first, 'm1', 0);
+    first.drop();
+    await client.unsubscribe('m1'); // while disconnected
+    await vi.advanceTimersByTimeAsync(10);
+    const second = factory.last();
+    second.open();
+    const request = second.getStateRequest();
+    second.deliver({
+      type: 'state',
+      region: 'us-east-1',
+      requestId: request.requestId,
+      subscriptions: ['m1'],
+      state: {},
+    });
+    await settle();
+    expect(subscribes(second)).toEqual([]);
+    expect(second.sentJson().filter((m) => m.action === 'unsubscribe')).toMatchObject([{ stream: 'm1' }]);
+    client.close();
+  });
+
   it('moves nothing on a subscribed reply it did not ask for', async () => {
     const { client, factory, delivered } = setup();
     client.start();

@@ -240,6 +240,8 @@ class SubscriptionRefused(ClientError):
 FINAL_SUBSCRIBE_ERRORS = frozenset({"forbidden", "not_supported", "bad_request"})
 # The connection's token expired: the server answers every request so; the client reconnects.
 TOKEN_EXPIRED = "token_expired"
+# getState attempts on one connection before it is dropped for another.
+STATE_ATTEMPTS = 5
 
 
 class ClientStatus(StrEnum):
@@ -304,6 +306,11 @@ class ReconnectingClient:
         self.pongs = 0
         self.forced_refreshes = 0  # provider calls with force_refresh=True
         self._token_expired = False  # the server said so: the next attempt asks for a new one
+        self._state_failed = asyncio.Event()  # the current getState was answered with an error
+        # Streams the application unsubscribed from: never followed from getState again; and
+        # those the server has not acknowledged yet (told again on every connection).
+        self._unsubscribed: set[str] = set()
+        self._pending_unsubscribes: set[str] = set()
         self.last_delay: float | None = None
         self.delays: list[float] = []
         self._ws: ClientConnection | None = None
@@ -407,6 +414,8 @@ class ReconnectingClient:
         (the stream is then not subscribed). Not connected: returns ``None``; the subscribe is
         sent with the next connection, as after every reconnect.
         """
+        self._unsubscribed.discard(stream)  # the application asks for it again
+        self._pending_unsubscribes.discard(stream)
         cursor = self.subscriptions.get(stream)
         if cursor is None:
             position = after if after is not None else self.positions.get(stream)
@@ -421,12 +430,21 @@ class ReconnectingClient:
         return await self._send_subscribe(cursor, "request", raise_refusal=True)
 
     async def unsubscribe(self, stream: str) -> None:
-        """Stop receiving ``stream`` (here at once; on the server if connected)."""
-        if self.subscriptions.pop(stream, None) is None:
-            return
+        """Stop receiving ``stream``: here at once, and on the server as soon as it can be told.
+
+        Remembered until the server acknowledges it (sent again on every connection until
+        then), and a stream unsubscribed from is never followed from ``getState`` again."""
+        self.subscriptions.pop(stream, None)
+        self._unsubscribed.add(stream)
+        self._pending_unsubscribes.add(stream)
         if self._ws is not None:
-            with contextlib.suppress(NotConnected, ConnectionLost, TimeoutError):
-                await self.request({"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream})
+            await self._send_unsubscribe(stream)
+
+    async def _send_unsubscribe(self, stream: str) -> None:
+        with contextlib.suppress(NotConnected, ConnectionLost, TimeoutError):
+            reply = await self.request({"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream})
+            if reply.get("type") == model.WS_REPLY_UNSUBSCRIBED:
+                self._pending_unsubscribes.discard(stream)
 
     def position(self, stream: str) -> int | None:
         """The last seq of ``stream`` delivered to the application."""
@@ -637,18 +655,8 @@ class ReconnectingClient:
         await self._set_status(ClientStatus.OPEN)
         tasks: list[asyncio.Task[Any]] = []
         try:
-            self._state_request_id = f"{self.name}-state-{next(self._ids)}"
-            await ws.send(
-                json.dumps(
-                    {
-                        "action": model.WS_ROUTE_GET_STATE,
-                        **dict(self.config.get_state_fields),
-                        "requestId": self._state_request_id,
-                    },
-                    separators=(",", ":"),
-                )
-            )
             loop = asyncio.get_running_loop()
+            self._spawn(self._restore_state(ws), "restore-state")
             tasks = [
                 loop.create_task(self._receive(ws), name=f"{self.name}-receive"),
                 loop.create_task(self._heartbeat(ws), name=f"{self.name}-heartbeat"),
@@ -661,6 +669,8 @@ class ReconnectingClient:
                 cursor.acknowledged = False
                 cursor.in_flight = True
                 self._spawn(self._send_subscribe(cursor, "reconnect"), "subscribe-reconnect")
+            for stream in list(self._pending_unsubscribes):
+                self._spawn(self._send_unsubscribe(stream), "unsubscribe-pending")
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
@@ -683,6 +693,43 @@ class ReconnectingClient:
                 async with asyncio.timeout(self.config.close_timeout):
                     await ws.close()
         return self._session_healthy
+
+    async def _restore_state(self, ws: ClientConnection) -> None:
+        """``getState`` until it is answered: an error reply (``unavailable``, a reply too
+        large) or none within the request timeout sends it again, with backoff; a connection
+        that never answers it within ``STATE_ATTEMPTS`` is dropped (the next one may)."""
+        for attempt in range(STATE_ATTEMPTS):
+            self._state_request_id = f"{self.name}-state-{next(self._ids)}"
+            self._state_failed.clear()
+            await ws.send(
+                json.dumps(
+                    {
+                        "action": model.WS_ROUTE_GET_STATE,
+                        **dict(self.config.get_state_fields),
+                        "requestId": self._state_request_id,
+                    },
+                    separators=(",", ":"),
+                )
+            )
+            answered = asyncio.ensure_future(self._ready.wait())
+            failed = asyncio.ensure_future(self._state_failed.wait())
+            try:
+                await asyncio.wait(
+                    {answered, failed},
+                    timeout=self.config.request_timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                answered.cancel()
+                failed.cancel()
+            if self._ready.is_set():
+                return
+            logger.info("%s: getState not answered (attempt %d)", self.name, attempt + 1)
+            await asyncio.sleep(
+                backoff_delay(attempt, self.config.backoff_base, self.config.backoff_cap, self._rng)
+            )
+        logger.info("%s: getState never answered; reconnecting", self.name)
+        await ws.close()
 
     async def _receive(self, ws: ClientConnection) -> None:
         loop = asyncio.get_running_loop()
@@ -719,6 +766,8 @@ class ReconnectingClient:
                     self._follow_server_subscriptions(message)
                 await self._emit(self.on_state, message)
             await self._emit(self.on_message, message)
+            if kind == model.WS_REPLY_ERROR and request_id == self._state_request_id:
+                self._state_failed.set()  # sent again by _restore_state
             if kind == model.WS_REPLY_ERROR and message.get("error") == TOKEN_EXPIRED:
                 # The server serves nothing more on this connection: a new one, with a token
                 # asked for anew, resubscribes every stream from its position.
@@ -752,7 +801,11 @@ class ReconnectingClient:
         if not self.config.follow_server_subscriptions or not isinstance(listed, list):
             return
         for stream in listed:
-            if isinstance(stream, str) and stream not in self.subscriptions:
+            if (
+                isinstance(stream, str)
+                and stream not in self.subscriptions
+                and stream not in self._unsubscribed
+            ):
                 cursor = StreamCursor(
                     stream,
                     self.positions.get(stream),

@@ -203,8 +203,12 @@ class StreamCursor:
             return None
         if self.position is None:
             # Subscribed before the stream had stored anything: the first message tells us the
-            # log exists now, and a subscribe from the newest tells us where it starts.
-            return "start" if self.buffer or self.parts else None
+            # log exists now, and a subscribe from the newest tells us where it starts. A first
+            # subscribe that failed (no answer, or an error) is sent again after the timeout.
+            if self.buffer or self.parts:
+                return "start"
+            failed = self.gap_since is not None and now - self.gap_since >= gap_timeout
+            return "start" if failed else None
         if self.more_up_to is not None and self.position >= self.more_up_to:
             return "more"
         # A gap the log cannot fill (the unsealed tail of a stopped stream) must not cost a

@@ -97,6 +97,8 @@ export function storagePositions(storage: Storage, prefix = 'streamfleet.positio
 const FINAL_SUBSCRIBE_ERRORS = new Set(['forbidden', 'not_supported', 'bad_request']);
 /** The connection's token expired: the server answers every request so; the client reconnects. */
 const TOKEN_EXPIRED = 'token_expired';
+/** getState attempts on one connection before it is dropped for another. */
+const STATE_ATTEMPTS = 5;
 
 /** Where the client is in its connection loop. */
 export type ConnectionStatus = 'idle' | 'connecting' | 'open' | 'backing-off' | 'closed';
@@ -360,6 +362,13 @@ export class StreamFleetClient {
   private opened = false;
   private healthy = false;
   private stateRequestId: string | null = null;
+  /** getState attempts on this connection; its timer sends it again when unanswered. */
+  private stateAttempts = 0;
+  private stateTimer: unknown = null;
+  /** Streams the application unsubscribed from (never followed from getState again), and
+   * those the server has not acknowledged yet (told again on every connection). */
+  private readonly unsubscribed = new Set<string>();
+  private readonly pendingUnsubscribes = new Set<string>();
   private ids = 0;
   private readonly pending = new Map<string, Pending>();
   private retryTimer: unknown = null;
@@ -553,6 +562,8 @@ export class StreamFleetClient {
     if (after !== null && (!Number.isSafeInteger(after) || after < 0)) {
       throw new RangeError(`after: expected a seq (a whole number >= 0) or null, got ${String(after)}`);
     }
+    this.unsubscribed.delete(stream); // the application asks for it again
+    this.pendingUnsubscribes.delete(stream);
     let cursor = this.cursors.get(stream);
     if (cursor === undefined) {
       cursor = new StreamCursor(
@@ -569,14 +580,22 @@ export class StreamFleetClient {
     return this.sendSubscribe(cursor, true);
   }
 
-  /** Stop receiving `stream` (here at once; on the server when connected). */
+  /** Stop receiving `stream`: here at once, and on the server as soon as it can be told
+   * (remembered until it acknowledges; never followed from getState again). */
   async unsubscribe(stream: string): Promise<void> {
-    if (!this.cursors.delete(stream)) return;
+    this.cursors.delete(stream);
+    this.unsubscribed.add(stream);
+    this.pendingUnsubscribes.add(stream);
     if (this.ws === null || !this.opened) return;
+    await this.sendUnsubscribe(stream);
+  }
+
+  private async sendUnsubscribe(stream: string): Promise<void> {
     try {
-      await this.request({ action: ROUTE_UNSUBSCRIBE, stream });
+      const reply = await this.request({ action: ROUTE_UNSUBSCRIBE, stream });
+      if (reply.type === 'unsubscribed') this.pendingUnsubscribes.delete(stream);
     } catch {
-      // Not connected any more: the server forgets this connection's subscriptions with it.
+      // Not connected any more: told again with the next connection.
     }
   }
 
@@ -634,7 +653,7 @@ export class StreamFleetClient {
   private followSubscriptions(state: StateReply): void {
     if (!this.followServerSubscriptions || !Array.isArray(state.subscriptions)) return;
     for (const stream of state.subscriptions) {
-      if (typeof stream !== 'string' || this.cursors.has(stream)) continue;
+      if (typeof stream !== 'string' || this.cursors.has(stream) || this.unsubscribed.has(stream)) continue;
       const cursor = new StreamCursor(stream, this.positions.get(stream) ?? null, this.maxBufferedPerStream);
       this.cursors.set(stream, cursor);
       void this.sendSubscribe(cursor);
@@ -839,6 +858,24 @@ export class StreamFleetClient {
     this.missed = 0;
     this.lastPongAt = -Infinity;
     this.nextHeartbeatAt = this.timers.now() + this.options.heartbeatIntervalMs;
+    this.stateAttempts = 0;
+    if (!this.sendStateRequest(generation)) return;
+    this.scheduleHeartbeat(generation);
+    // Resume every subscription from the last seq delivered, without waiting for the state.
+    this.resubscribeAll();
+    for (const stream of this.pendingUnsubscribes) void this.sendUnsubscribe(stream);
+    this.ensureGapCheck();
+  }
+
+  /** getState, sent again (with backoff) until answered: an error reply or none within the
+   * request timeout; a connection that never answers it within STATE_ATTEMPTS is dropped. */
+  private sendStateRequest(generation: number): boolean {
+    this.clearTimer('stateTimer');
+    if (this.stateAttempts >= STATE_ATTEMPTS) {
+      this.endConnection(generation, { code: null, reason: 'getState never answered', forced: true });
+      return false;
+    }
+    this.stateAttempts += 1;
     this.stateRequestId = `${this.name}-state-${++this.ids}`;
     const fields = typeof this.getStateFields === 'function' ? this.getStateFields() : this.getStateFields;
     try {
@@ -849,12 +886,27 @@ export class StreamFleetClient {
         reason: `getState failed: ${String(error)}`,
         forced: true,
       });
-      return;
+      return false;
     }
-    this.scheduleHeartbeat(generation);
-    // Resume every subscription from the last seq delivered, without waiting for the state.
-    this.resubscribeAll();
-    this.ensureGapCheck();
+    this.stateTimer = this.timers.setTimeout(() => {
+      this.stateTimer = null;
+      if (generation === this.generation && !this._ready) this.retryStateRequest(generation);
+    }, this.options.requestTimeoutMs);
+    return true;
+  }
+
+  private retryStateRequest(generation: number): void {
+    this.clearTimer('stateTimer');
+    const delay = fullJitterBackoff(
+      this.stateAttempts - 1,
+      this.random,
+      this.options.backoffBaseMs,
+      this.options.backoffCapMs,
+    );
+    this.stateTimer = this.timers.setTimeout(() => {
+      this.stateTimer = null;
+      if (generation === this.generation && !this._ready) this.sendStateRequest(generation);
+    }, delay);
   }
 
   private onMessage(generation: number, data: unknown): void {
@@ -897,6 +949,7 @@ export class StreamFleetClient {
       if (requestId !== null && requestId === this.stateRequestId && generation === this.generation) {
         this.healthy = true;
         this._ready = true;
+        this.clearTimer('stateTimer');
         this.failures = 0;
         this.failedBeforeOpen = false;
         this.emit('ready', state);
@@ -906,6 +959,9 @@ export class StreamFleetClient {
     }
     this.emit('message', reply);
     if (changed) this.emitChange();
+    if (isErrorReply(reply) && requestId !== null && requestId === this.stateRequestId && !this._ready) {
+      this.retryStateRequest(generation); // unavailable, too large...: asked again
+    }
     if (isErrorReply(reply) && reply.error === TOKEN_EXPIRED) {
       // The server serves nothing more on this connection: a new one, with a token asked for
       // anew, resubscribes every stream from its position.
@@ -1033,11 +1089,12 @@ export class StreamFleetClient {
     this.clearTimer('openTimer');
     this.clearTimer('heartbeatTimer');
     this.clearTimer('gapTimer');
+    this.clearTimer('stateTimer');
     this.outstanding = [];
     for (const cursor of this.cursors.values()) cursor.inFlight = false;
   }
 
-  private clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer'): void {
+  private clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer' | 'stateTimer'): void {
     if (this[which] !== null) {
       this.timers.clearTimeout(this[which]);
       this[which] = null;

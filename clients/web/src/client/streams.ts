@@ -123,7 +123,11 @@ export class StreamCursor {
   /** Whether a subscribe from `position` should be sent now (never while one is in flight). */
   resubscribeReason(now: number, gapTimeoutMs: number): ResubscribeReason | null {
     if (this.inFlight || !this.acknowledged) return null;
-    if (this.position === null) return this.buffer.size > 0 || this.parts.size > 0 ? 'start' : null;
+    if (this.position === null) {
+      if (this.buffer.size > 0 || this.parts.size > 0) return 'start';
+      // A first subscribe that failed (no answer, or an error) is sent again after the timeout.
+      return this.gapSince !== null && now - this.gapSince >= gapTimeoutMs ? 'start' : null;
+    }
     if (this.moreUpTo !== null && this.position >= this.moreUpTo) return 'more';
     // A gap the log cannot fill (a stopped stream's unsealed tail) must not cost a subscribe
     // every timeout for ever: each unproductive retry waits twice as long.
