@@ -99,6 +99,8 @@ class WebSocketApiStack(RegionalStack):
             ),
             messages_table=messages_table,
             subscriptions_table=self.subscriptions_table,
+            max_subscribers_per_stream=config.max_subscribers_per_stream,
+            max_user_connections_per_stream=config.max_user_connections_per_stream,
         )
         self.websocket = WebSocketApi(
             self,

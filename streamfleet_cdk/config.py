@@ -196,6 +196,10 @@ class AppConfig:
         fanout_batching_window_seconds: how long the fan-out's event source may wait to fill
             a batch (0 to 300; Lambda takes whole seconds): fewer posts per delivered message
             on slow streams, each message later by up to that long. 0: every poll.
+        max_subscribers_per_stream: subscribers of one stream per Region at most (1 to
+            10,000): each costs the fan-out a post per message, and its batch waits for all.
+        max_user_connections_per_stream: connections of one user subscribed to one stream at
+            most (1 to 100).
         api_gateway_cloudwatch_role: create each Region's API Gateway CloudWatch role (the
             account setting every stage's logs go through) in that Region's fleet stack. Turn
             off where the account baseline sets it.
@@ -266,6 +270,8 @@ class AppConfig:
     jwt_reader_claims: tuple[str, ...] = ()
     fanout_reserved_concurrency: int | None = 10
     fanout_batching_window_seconds: int = 0
+    max_subscribers_per_stream: int = model.DEFAULT_MAX_SUBSCRIBERS_PER_STREAM
+    max_user_connections_per_stream: int = model.DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM
     api_gateway_cloudwatch_role: bool = True
     invoke_principals: tuple[str, ...] = ()
     router_reserved_concurrency: int | None = 100
@@ -533,6 +539,25 @@ class AppConfig:
         _check_number(
             "fanout_batching_window_seconds", self.fanout_batching_window_seconds, whole=True
         )
+        _check_number(
+            "max_subscribers_per_stream", self.max_subscribers_per_stream, whole=True, minimum=1
+        )
+        if self.max_subscribers_per_stream > 10_000:
+            raise ValueError(
+                f"{context_key('max_subscribers_per_stream')}: at most 10000, "
+                f"got {self.max_subscribers_per_stream}"
+            )
+        _check_number(
+            "max_user_connections_per_stream",
+            self.max_user_connections_per_stream,
+            whole=True,
+            minimum=1,
+        )
+        if self.max_user_connections_per_stream > 100:
+            raise ValueError(
+                f"{context_key('max_user_connections_per_stream')}: at most 100, "
+                f"got {self.max_user_connections_per_stream}"
+            )
         if self.fanout_batching_window_seconds > 300:
             raise ValueError(
                 f"{context_key('fanout_batching_window_seconds')}: at most 300 (Lambda's "

@@ -79,6 +79,7 @@ HANDLER_LIVE_ACTIONS = {
     "streams_table": ("dynamodb:GetItem",),
     "messages_table": ("dynamodb:Query",),
     "subscriptions_table": (
+        "dynamodb:Query",  # a stream's subscribers counted against its bounds
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
         "dynamodb:DeleteItem",
@@ -101,6 +102,10 @@ class LiveDeliveryTables:
         newest_messages: replayed to a subscribe with ``after`` null.
         replay_max_messages: replayed by one subscribe at most (the reply's ``more`` tells the
             client to continue); every message of a replay is posted within API Gateway's 29 s.
+        max_subscribers_per_stream: subscribers of one stream in this Region, at most (a
+            subscribe past it is refused with ``too_many_subscribers``).
+        max_user_connections_per_stream: connections of one user subscribed to one stream, at
+            most (``too_many_connections``).
     """
 
     streams_table: dynamodb.ITableV2
@@ -108,11 +113,25 @@ class LiveDeliveryTables:
     subscriptions_table: dynamodb.ITableV2
     newest_messages: int = handlers_runtime.DEFAULT_SUBSCRIBE_NEWEST
     replay_max_messages: int = handlers_runtime.DEFAULT_REPLAY_MAX_MESSAGES
+    max_subscribers_per_stream: int = model.DEFAULT_MAX_SUBSCRIBERS_PER_STREAM
+    max_user_connections_per_stream: int = model.DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM
 
     def __post_init__(self) -> None:
         maximum = handlers_runtime.MAX_REPLAY_MESSAGES
         _check_whole("replay_max_messages", self.replay_max_messages, 1, maximum)
         _check_whole("newest_messages", self.newest_messages, 1, self.replay_max_messages)
+        _check_whole(
+            "max_subscribers_per_stream",
+            self.max_subscribers_per_stream,
+            1,
+            handlers_runtime.MAX_SUBSCRIBERS_PER_STREAM,
+        )
+        _check_whole(
+            "max_user_connections_per_stream",
+            self.max_user_connections_per_stream,
+            1,
+            handlers_runtime.MAX_USER_CONNECTIONS_PER_STREAM,
+        )
 
     def environment(self) -> dict[str, str]:
         """The handler's live-delivery variables (what ``HandlerConfig.from_env`` reads)."""
@@ -122,6 +141,8 @@ class LiveDeliveryTables:
             model.ENV_SUBSCRIPTIONS_TABLE_NAME: self.subscriptions_table.table_name,
             model.ENV_SUBSCRIBE_NEWEST_MESSAGES: str(self.newest_messages),
             model.ENV_REPLAY_MAX_MESSAGES: str(self.replay_max_messages),
+            model.ENV_MAX_SUBSCRIBERS_PER_STREAM: str(self.max_subscribers_per_stream),
+            model.ENV_MAX_USER_CONNECTIONS_PER_STREAM: str(self.max_user_connections_per_stream),
         }
 
     def grant(self, role: iam.IRole) -> None:

@@ -37,6 +37,7 @@ class LiveTablesSet:
     stream_enabled: bool = False  # the messages table's change stream, where the server has one
 
     def live(self, **settings: int) -> LiveTables:
+        """Live delivery over these tables (``settings``: LiveTables' bounds by name)."""
         return LiveTables(self.leases, self.messages, self.subscriptions, **settings)
 
     def start_stream(

@@ -515,6 +515,12 @@ ENV_MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"  # the fleet's messages table (t
 ENV_SUBSCRIPTIONS_TABLE_NAME = "SUBSCRIPTIONS_TABLE_NAME"  # this Region's subscribers
 ENV_SUBSCRIBE_NEWEST_MESSAGES = "SUBSCRIBE_NEWEST_MESSAGES"  # replay for after=null
 ENV_REPLAY_MAX_MESSAGES = "REPLAY_MAX_MESSAGES"  # replayed per subscribe, at most
+# Subscribers of one stream in one Region, and connections of one user to one stream, at most:
+# every message costs a post per subscriber, and the fan-out's batch waits for all of them.
+ENV_MAX_SUBSCRIBERS_PER_STREAM = "MAX_SUBSCRIBERS_PER_STREAM"
+ENV_MAX_USER_CONNECTIONS_PER_STREAM = "MAX_USER_CONNECTIONS_PER_STREAM"
+DEFAULT_MAX_SUBSCRIBERS_PER_STREAM = 1000
+DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM = 5
 HANDLERS_ENV = (
     ENV_STATE_TABLE_NAME,
     ENV_CONNECTIONS_TABLE_NAME,
@@ -525,6 +531,8 @@ HANDLERS_ENV = (
     ENV_SUBSCRIPTIONS_TABLE_NAME,
     ENV_SUBSCRIBE_NEWEST_MESSAGES,
     ENV_REPLAY_MAX_MESSAGES,
+    ENV_MAX_SUBSCRIBERS_PER_STREAM,
+    ENV_MAX_USER_CONNECTIONS_PER_STREAM,
 )
 
 # Environment of the canary (runtime/streamfleet/wsapi/canary.py).

@@ -237,6 +237,9 @@ def test_reader_claims_reach_the_authorizer_and_settings_are_validated():
         ("fanout_reserved_concurrency", 0, "at least 1"),
         ("fanout_batching_window_seconds", -1, "at least 0"),
         ("fanout_batching_window_seconds", 301, "at most 300"),
+        ("max_subscribers_per_stream", 0, "at least 1"),
+        ("max_subscribers_per_stream", 10_001, "at most 10000"),
+        ("max_user_connections_per_stream", 101, "at most 100"),
     ):
         with pytest.raises(ValueError, match=f"{context_key(key)}.*{message}"):
             AppConfig(

@@ -8,6 +8,7 @@ tables are on dynalite. Messages are stored here the way the workers' sink store
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -395,3 +396,27 @@ async def test_a_connection_may_hold_a_bounded_number_of_subscriptions(
         over, _ = await subscribe(ws, f"s{limit}", None, "over")
     assert (over["error"], over["field"]) == ("bad_request", "stream")
     assert str(limit) in over["message"] and tables.subscribers(f"s{limit}") == []
+
+
+async def test_subscribers_are_bounded_per_stream_and_per_user(live_tables: LiveTablesSet) -> None:
+    """The only limit was 50 subscriptions per connection: one reader with 120 connections made
+    every message of the stream cost 120 posts, and a few hundred subscribers held the shard."""
+    tables = live_tables
+    tables.start_stream("hot", readers=("user:alice", "user:bob", "user:carol"))
+    gateway = live_gateway(tables, max_subscribers=3, max_user_connections=2)
+    async with gateway as gw, contextlib.AsyncExitStack() as sockets:
+        alice = [
+            await sockets.enter_async_context(await open_ws(gw.url, alice_token()))
+            for _ in range(3)
+        ]
+        replies = [(await subscribe(ws, "hot", 0, f"a{n}"))[0] for n, ws in enumerate(alice)]
+        assert [r["type"] for r in replies] == ["subscribed", "subscribed", "error"]
+        assert (replies[2]["error"], replies[2]["field"]) == ("too_many_connections", "stream")
+        # A connection already subscribed subscribes again (a resume) within its bound.
+        assert (await subscribe(alice[0], "hot", 0, "again"))[0]["type"] == "subscribed"
+        bob = await sockets.enter_async_context(await open_ws(gw.url, user_token("bob")))
+        assert (await subscribe(bob, "hot", 0, "b"))[0]["type"] == "subscribed"
+        carol = await sockets.enter_async_context(await open_ws(gw.url, user_token("carol")))
+        reply, _ = await subscribe(carol, "hot", 0, "c")
+        assert (reply["type"], reply["error"]) == ("error", "too_many_subscribers")
+        assert len(tables.subscribers("hot")) == 3  # nothing written for a refusal

@@ -101,6 +101,9 @@ MAX_REPLAY_MESSAGES = 10_000
 # message): about 35 frames of 32 KB, well within the handler's memory and time; the reply's
 # `more` sends the client back for the rest.
 REPLAY_MAX_BYTES = 1024 * 1024
+# The most a deployment may allow per stream and Region (one consistent query counts them).
+MAX_SUBSCRIBERS_PER_STREAM = 10_000
+MAX_USER_CONNECTIONS_PER_STREAM = 100
 QUERY_PAGE_ITEMS = 1000
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -187,6 +190,16 @@ class HandlerConfig:
                     1000,
                 ),
                 replay_max=replay_max,
+                max_subscribers=whole(
+                    model.ENV_MAX_SUBSCRIBERS_PER_STREAM,
+                    model.DEFAULT_MAX_SUBSCRIBERS_PER_STREAM,
+                    MAX_SUBSCRIBERS_PER_STREAM,
+                ),
+                max_user_connections=whole(
+                    model.ENV_MAX_USER_CONNECTIONS_PER_STREAM,
+                    model.DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM,
+                    MAX_USER_CONNECTIONS_PER_STREAM,
+                ),
             )
         return cls(
             state_table=required(model.ENV_STATE_TABLE_NAME),
@@ -208,6 +221,8 @@ class LiveTables:
     subscriptions_table: str
     newest: int = DEFAULT_SUBSCRIBE_NEWEST
     replay_max: int = DEFAULT_REPLAY_MAX_MESSAGES
+    max_subscribers: int = model.DEFAULT_MAX_SUBSCRIBERS_PER_STREAM
+    max_user_connections: int = model.DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM
 
     def __post_init__(self) -> None:
         if not 1 <= self.newest <= self.replay_max:
@@ -862,6 +877,7 @@ class WsApiHandlers:
                     self.write_state(pk, sets={}, deletes={model.WS_STREAMS: {stream}})
             raise
         now_ms = self.clock.wall_ms()
+        self._check_audience(live, stream, user_id, connection_id)
         self._add_connection_stream(live, connection_id, stream, now_ms)
         # Registered BEFORE the replay is read: a message stored after the read below reaches
         # the fan-out, whose (consistent) query of this table then sees this subscriber.
@@ -939,6 +955,49 @@ class WsApiHandlers:
             more=more,
         )
         return reply, frames
+
+    def _check_audience(
+        self, live: LiveTables, stream: str, user_id: str, connection_id: str
+    ) -> None:
+        """Refuse a new subscriber past the stream's bounds (every message costs the fan-out a
+        post per subscriber, and its batch waits for all of them). A connection already
+        subscribed counts once. Checked here, so concurrent subscribes may pass it by their
+        number."""
+        params: dict[str, Any] = {
+            "TableName": live.subscriptions_table,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {
+                "#pk": model.PK,
+                "#c": model.SUB_CONNECTION,
+                "#u": model.SUB_USER_ID,
+            },
+            "ExpressionAttributeValues": {":pk": to_attr(model.stream_subscribers_pk(stream))},
+            "ProjectionExpression": "#c, #u",
+            "ConsistentRead": True,
+        }
+        total = mine = 0
+        while True:
+            response = self.dynamodb.query(**params)
+            for item in response.get("Items", []):
+                if item[model.SUB_CONNECTION]["S"] == connection_id:
+                    return
+                total += 1
+                mine += item.get(model.SUB_USER_ID, {}).get("S") == user_id
+            if "LastEvaluatedKey" not in response:
+                break
+            params["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        if total >= live.max_subscribers:
+            raise _Refused(
+                "too_many_subscribers",
+                "stream",
+                f"stream: {stream!r} has {total} subscribers here, its most; try later",
+            )
+        if mine >= live.max_user_connections:
+            raise _Refused(
+                "too_many_connections",
+                "stream",
+                f"stream: you read {stream!r} on {mine} connections, the most for one user",
+            )
 
     def _readable_row(self, live: LiveTables, stream: str, tags: list[str]) -> dict[str, Any]:
         """The stream's row (readers, origin), read consistently; ``forbidden`` unless ``tags``
