@@ -15,9 +15,14 @@ import pytest
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.clock import SYSTEM_CLOCK
+from streamfleet.lease import Lease
 from streamfleet.lease.errors import SessionLost
-from streamfleet.worker.protocol import UpstreamMessage
+from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
+from streamfleet.worker.observability import Counters
+from streamfleet.worker.protocol import JsonSeqProtocol, UpstreamMessage
 from streamfleet.worker.sink import MessageSink
+from streamfleet.worker.upstream_policy import UpstreamPolicy
+from streamfleet_dev.upstream.fake import FakeUpstream, message_data
 
 PK = "CONN#s"
 
@@ -127,11 +132,13 @@ class Leases:
 
     session: Session
     checkpoints: list[int] = field(default_factory=list)
+    released: list[bool] = field(default_factory=list)  # sealed or not, each time
 
     async def checkpoint(self, lease, seq, *, origin=False) -> None:
         self.checkpoints.append(seq)
 
     async def release(self, lease, *, sealed=False) -> bool:
+        self.released.append(sealed)
         return False
 
 
@@ -141,50 +148,65 @@ async def test_the_sealer_refills_a_hole_from_the_upstream_instead_of_deleting_w
     """A batch landed only in part before its owner died, then the stream was STOPPED: the
     sealer removed everything past the hole. It now has the upstream replay the hole, and the
     log keeps every message it had, exactly once."""
-    from streamfleet.lease import Lease
-    from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
-    from streamfleet.worker.observability import Counters
-    from streamfleet.worker.protocol import JsonSeqProtocol
-    from streamfleet.worker.upstream_policy import UpstreamPolicy
-    from streamfleet_dev.upstream.fake import FakeUpstream, message_data
-
     async with FakeUpstream(rate=200) as upstream:
         upstream.ensure_stream("s")
-        owner = Owner()
-        data = lambda seq: UpstreamMessage(seq, message_data("s", seq))  # noqa: E731
-        for seq in (1, 2, 3, 5, 6, 7, 8):  # 4 was received and never stored
-            sink.add(owner, data(seq), seq - 1)
-        await sink.flush()
-        events: list = []
-        leases = Leases(sink._session)  # type: ignore[arg-type]
-        context = ConnectionContext(
-            leases=leases,  # type: ignore[arg-type]
-            sink=sink,
-            notifier=None,  # type: ignore[arg-type]
-            desired_state=None,  # type: ignore[arg-type]
-            policy=UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "ws://127.0.0.1"),
-            protocol=JsonSeqProtocol(),
-            log=lambda event, **fields: events.append((event, fields)),
-            counters=Counters(),
-            max_message_bytes=65536,
-            max_buffered_messages=100,
-            max_buffered_bytes=1 << 20,
-            reconnect_base_seconds=0.01,
-            reconnect_cap_seconds=0.05,
-        )
-        lease = Lease(
-            pk=PK,
-            ws_url=upstream.url_for("s"),
-            last_seq=2,
-            lease_version=2,
-            owner="w2",
-            session_version=1,
-            desired_state="STOPPED",
-        )
-        sealer = Connection(lease, context, acquired_at=0, on_finished=lambda c: None)
-        await asyncio.wait_for(sealer.task, 30)
+        await store_with_a_hole(sink)
+        sealer, events, leases = await run_sealer(sink, upstream.url_for("s"))
 
     assert sealer.end_reason is EndReason.SEALED
     assert stored_seqs(table_names[1]) == list(range(1, 9))
     assert ("log_sealed", {"pk": PK, "last_seq": 8, "removed": 0}) in events
     assert leases.checkpoints[-1] == 8
+
+
+async def test_a_sealer_that_cannot_reach_the_upstream_deletes_nothing_and_leaves_it_unsealed(
+    sink: MessageSink, table_names
+):
+    """A refill that failed for a passing reason (DNS, a timeout, an upstream down) was
+    followed by the removal of everything past the hole, already delivered to subscribers."""
+    await store_with_a_hole(sink)
+    sealer, events, leases = await run_sealer(sink, "ws://127.0.0.1:9/s")  # nothing listens
+
+    assert sealer.end_reason is EndReason.FAILED and leases.released == [False]
+    assert stored_seqs(table_names[1]) == [1, 2, 3, 5, 6, 7, 8]
+    assert not [e for e, _ in events if e == "log_sealed"]
+
+
+async def store_with_a_hole(sink: MessageSink) -> None:
+    owner = Owner()
+    for seq in (1, 2, 3, 5, 6, 7, 8):  # 4 was received and never stored
+        sink.add(owner, UpstreamMessage(seq, message_data("s", seq)), seq - 1)
+    await sink.flush()
+
+
+async def run_sealer(sink: MessageSink, url: str):
+    """A worker that claimed the stopped stream to seal it, run to its end."""
+    events: list = []
+    leases = Leases(sink._session)  # type: ignore[arg-type]
+    context = ConnectionContext(
+        leases=leases,  # type: ignore[arg-type]
+        sink=sink,
+        notifier=None,  # type: ignore[arg-type]
+        desired_state=None,  # type: ignore[arg-type]
+        policy=UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "ws://127.0.0.1"),
+        protocol=JsonSeqProtocol(),
+        log=lambda event, **fields: events.append((event, fields)),
+        counters=Counters(),
+        max_message_bytes=65536,
+        max_buffered_messages=100,
+        max_buffered_bytes=1 << 20,
+        reconnect_base_seconds=0.01,
+        reconnect_cap_seconds=0.05,
+    )
+    lease = Lease(
+        pk=PK,
+        ws_url=url,
+        last_seq=2,
+        lease_version=2,
+        owner="w2",
+        session_version=1,
+        desired_state="STOPPED",
+    )
+    sealer = Connection(lease, context, acquired_at=0, on_finished=lambda c: None)
+    await asyncio.wait_for(sealer.task, 30)
+    return sealer, events, leases

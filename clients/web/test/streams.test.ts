@@ -57,9 +57,26 @@ describe('StreamCursor', () => {
       messages: [{ seq: 1, part: 0, parts: 2, data: 'hello ' }],
     };
     expect(cursor.onFrame(first, 0)).toEqual([]);
-    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 0, upTo: 0, more: false }, 1);
+    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 0, upTo: 1, more: false }, 1);
     const second: MessagesFrame = { ...first, messages: [{ seq: 1, part: 1, parts: 2, data: 'world' }] };
     expect(cursor.onFrame(second, 2)).toEqual([]); // part 0 from before is gone
+  });
+
+  it('keeps the parts of a live message past the replay a subscribe answer promises', () => {
+    const cursor = new StreamCursor('s', 0);
+    const part = (index: number, data: string): MessagesFrame => ({
+      type: 'messages',
+      stream: 's',
+      source: 'live',
+      messages: [{ seq: 2, part: index, parts: 2, data }],
+    });
+    cursor.onFrame(part(0, 'hello '), 0);
+    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 1, upTo: 1, more: false }, 1);
+    cursor.onFrame(
+      { type: 'messages', stream: 's', source: 'replay', messages: [{ seq: 1, data: 'one' }] },
+      2,
+    );
+    expect(cursor.onFrame(part(1, 'world'), 3).map((m) => m.data)).toEqual(['hello world']);
   });
 
   it('never joins parts of different cuts, and bounds incomplete parts', () => {

@@ -86,10 +86,13 @@ class StreamCursor:
         Returns what became deliverable (messages buffered before the start was known).
         """
         self.acknowledged = True
-        # Parts of a message still incomplete are dropped: the replay that follows brings the
-        # whole message again, and no part from before a reconnect joins one from after it.
-        self.parts.clear()
-        self.part_bytes = 0
+        # Parts of a message the replay that follows brings whole are dropped: no part from
+        # before a reconnect joins one from after it. Parts past the replay are kept: a live
+        # message stored after the replay's read may have posted its first parts already.
+        replay_end = reply.get("upTo")
+        for seq in list(self.parts):
+            if not isinstance(replay_end, int) or seq <= replay_end:
+                self._drop_parts(seq)
         after = reply.get("after")
         known = isinstance(after, int) and not isinstance(after, bool)
         if known and (self.position is None or after > self.position):
@@ -207,7 +210,8 @@ class StreamCursor:
             # subscribe that failed (no answer, or an error) is sent again after the timeout.
             if self.buffer or self.parts:
                 return "start"
-            failed = self.gap_since is not None and now - self.gap_since >= gap_timeout
+            wait = gap_timeout * 2 ** min(self.gap_attempts, 6)  # refused again: more patient
+            failed = self.gap_since is not None and now - self.gap_since >= wait
             return "start" if failed else None
         if self.more_up_to is not None and self.position >= self.more_up_to:
             return "more"
@@ -223,6 +227,8 @@ class StreamCursor:
         if reason == "gap":
             self.stats.gap_resubscribes += 1
             self.gap_attempts += 1
+        elif reason == "start":
+            self.gap_attempts += 1  # until something is delivered
         elif reason == "more":
             self.stats.more_resubscribes += 1
         self.more_up_to = None

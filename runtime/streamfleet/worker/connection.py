@@ -191,8 +191,10 @@ class Connection:
         try:
             if self.end_reason is None:
                 if self.lease.desired_state == model.DesiredState.STOPPED.value:
-                    await self._seal_log()
-                    self.end_reason = EndReason.SEALED
+                    # Not sealed (the upstream could not be reached to refill a hole): released
+                    # unsealed, for a later attempt.
+                    sealed = await self._seal_log()
+                    self.end_reason = EndReason.SEALED if sealed else EndReason.FAILED
                 else:
                     await self._stream()
         except asyncio.CancelledError:
@@ -372,33 +374,40 @@ class Connection:
             return
         self.checkpointed_seq = max(self.checkpointed_seq, seq)
 
-    async def _seal_log(self) -> None:
-        """Leave the stored log without a hole, then checkpoint its end. A hole (a message
-        received and never stored: a batch that landed only in part before its owner failed) is
-        refilled from the upstream, which replays from the end of the run stored before it;
-        only what the upstream can no longer replay is removed, so that the log stays exactly
-        ``origin + 1 .. end``. Only an owner does this, so nobody writes the stream meanwhile."""
+    async def _seal_log(self) -> bool:
+        """Leave the stored log without a hole, then checkpoint its end; ``False`` if it could
+        not be sealed now. A hole (a message received and never stored: a batch that landed
+        only in part before its owner failed) is refilled from the upstream, which replays from
+        the end of the run stored before it. Only what the upstream, once reached, can no longer
+        replay is removed, so that the log stays exactly ``origin + 1 .. end``; while it cannot
+        be reached nothing is removed, and the stream stays unsealed for a later attempt. Only
+        an owner does this, so nobody writes the stream meanwhile."""
         if self.lease.last_seq is None and not self.stored_seq:
-            return  # never checkpointed: nothing of it is stored
+            return True  # never checkpointed: nothing of it is stored
         sink = self._context.sink
         end = await sink.contiguous_end(self.pk, self.stored_seq)
         newest = await sink.newest_stored(self.pk)
         removed = 0
         if newest is not None and newest > end:
-            end = await self._refill(end, newest)
+            end, replayed = await self._refill(end, newest)
             if newest > end:
+                if not replayed:
+                    return False
                 removed = await sink.remove_after(self.pk, end)
         if end > self.checkpointed_seq:
             await self._context.leases.checkpoint(self.lease, end)
         self.checkpointed_seq = self.stored_seq = end
         self._context.log("log_sealed", pk=self.pk, last_seq=end, removed=removed)
+        return True
 
-    async def _refill(self, end: int, newest: int) -> int:
+    async def _refill(self, end: int, newest: int) -> tuple[int, bool]:
         """Receive ``end + 1 .. newest`` from the upstream again and store it, within
-        ``REFILL_SECONDS``; returns the end of the run stored without a hole now."""
+        ``REFILL_SECONDS``; returns the end of the run stored without a hole now, and whether
+        the upstream was reached and replayed what it still has."""
         context = self._context
         context.leases.session.require_live()
         self.stored_seq = self.last_received_seq = end
+        replayed = True
         try:
             async with asyncio.timeout(REFILL_SECONDS):
                 url = context.protocol.dial_url(
@@ -415,12 +424,16 @@ class Connection:
                                 break
                     finally:
                         await close_within(upstream, CLOSE_TIMEOUT_SECONDS)
-        except (OSError, TimeoutError, WebSocketException, UpstreamRefused) as exc:
+        except UpstreamRefused as exc:
+            # Its URL is no longer allowed: it can never be replayed, now or later.
+            context.log("log_refill_failed", pk=self.pk, after=end, error=str(exc))
+        except (OSError, TimeoutError, WebSocketException) as exc:
             context.log("log_refill_failed", pk=self.pk, after=end, error=type(exc).__name__)
+            replayed = False
         await context.sink.flush()
         if self._storage_failed:
-            return end
-        return await context.sink.contiguous_end(self.pk, end)
+            return end, False
+        return await context.sink.contiguous_end(self.pk, end), replayed
 
     async def _finish(self) -> None:
         reason = self.end_reason
@@ -436,8 +449,7 @@ class Connection:
                             await context.leases.checkpoint(self.lease, stored)
                             self.checkpointed_seq = stored
                         if reason is EndReason.STOPPED:
-                            await self._seal_log()
-                            sealed = True
+                            sealed = await self._seal_log()
                 except (SessionLost, StoreUnavailable) as exc:
                     # Not stored or not checkpointed: still released (fenced, safe late), so a
                     # peer resumes at once from what is stored instead of after a whole lease.

@@ -9,7 +9,8 @@ socket open cannot keep receiving once its successor has dialled. Another upstre
 own :class:`UpstreamProtocol`.
 
 Every frame is judged alone and strictly: it is one JSON object (text, or UTF-8 in a binary
-frame) with one ``seq`` of 1 to 38 digits (what a DynamoDB number holds exactly) and at most one
+frame) with one ``seq`` from 1 to 2**53 - 1 (what every client counts exactly: JavaScript's
+safe integers; the API refuses a position past it) and at most one
 ``data``. The message keeps ``data`` exactly as sent: a JSON string as the string it encodes, any
 other value as its own text, byte for byte (``1e400``, long decimals and repeated members are
 stored as written, never rounded or re-serialised), marked as JSON so that the string
@@ -98,8 +99,8 @@ class JsonSeqProtocol:
                 raise ProtocolError("frame is not UTF-8 text") from None
         members = _top_level_members(frame)
         raw_seq = members.get("seq")
-        if raw_seq is None or not _SEQ.fullmatch(raw_seq[0]):
-            raise ProtocolError("frame has no seq of 1 to 38 digits")
+        if raw_seq is None or not _SEQ.fullmatch(raw_seq[0]) or int(raw_seq[0]) > MAX_SEQ:
+            raise ProtocolError(f"frame has no seq from 1 to {MAX_SEQ}")
         seq = int(raw_seq[0])
         if "data" not in members:
             return UpstreamMessage(seq=seq, data="null", json=True)
@@ -120,8 +121,10 @@ class JsonSeqProtocol:
         return False
 
 
-# A seq is a positive integer that a DynamoDB number holds exactly (38 significant digits).
-_SEQ = re.compile(r"[1-9][0-9]{0,37}")
+# A seq is a positive integer every client counts exactly (JavaScript's safe integers; a
+# DynamoDB number holds it too).
+MAX_SEQ = 2**53 - 1
+_SEQ = re.compile(r"[1-9][0-9]{0,15}")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 

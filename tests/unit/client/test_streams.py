@@ -92,3 +92,25 @@ async def test_frames_of_the_wrong_shape_or_not_asked_for_move_nothing():
         "subscribed", {"stream": "s", "after": 3, "upTo": 3, "requestId": "mine"}, now=0
     )
     assert cursor.acknowledged
+
+
+def test_a_refused_first_subscribe_is_asked_again_ever_more_patiently():
+    """It was retried every gap timeout, each retry a full count of the stream's subscribers."""
+    cursor = StreamCursor("s")
+    cursor.acknowledged, cursor.gap_since = True, 0.0  # answered too_many_subscribers at 0
+    assert cursor.resubscribe_reason(GAP_TIMEOUT, GAP_TIMEOUT) == "start"
+    cursor.count_resubscribe("start", GAP_TIMEOUT)
+    cursor.gap_since = GAP_TIMEOUT  # refused again
+    assert cursor.resubscribe_reason(GAP_TIMEOUT * 2.5, GAP_TIMEOUT) is None
+    assert cursor.resubscribe_reason(GAP_TIMEOUT * 3, GAP_TIMEOUT) == "start"
+
+
+def test_the_parts_of_a_live_message_past_the_promised_replay_are_kept():
+    """A live message stored after the replay's read posted its first part before the reply;
+    dropping it left the message to a gap timeout."""
+    cursor = StreamCursor("s", position=0)
+    cursor.on_entries([parts(2, 2, 0, "hello ")], source="live", region="r", now=0)
+    subscribed(cursor, after=0, up_to=1, more=False, now=1)
+    cursor.on_entries([{"seq": 1, "data": "one"}], source="replay", region="r", now=2)
+    got = cursor.on_entries([parts(2, 2, 1, "world")], source="live", region="r", now=3)
+    assert [(m.seq, m.data) for m in got] == [(2, "hello world")]

@@ -88,5 +88,9 @@ def test_a_binary_frame_is_read_as_utf8_text():
     assert message.data_bytes == len("caf\u00e9 \u2603".encode())
 
 
-def test_the_largest_seq_a_dynamodb_number_holds_is_accepted():
-    assert JsonSeqProtocol().parse('{"seq": ' + "9" * 38 + "}").seq == 10**38 - 1
+def test_the_largest_seq_every_client_counts_exactly_is_the_limit():
+    """9007199254740993 was stored; a client's next subscribe from there got bad_request (the
+    API takes positions up to 2**53 - 1), and the subscription was dropped for good."""
+    assert JsonSeqProtocol().parse('{"seq": 9007199254740991}').seq == 2**53 - 1
+    with pytest.raises(ProtocolError):
+        JsonSeqProtocol().parse('{"seq": 9007199254740992}')

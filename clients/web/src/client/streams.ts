@@ -83,10 +83,13 @@ export class StreamCursor {
   /** A `subscribed` reply: where the log starts for us, and whether the replay was cut. */
   onSubscribed(reply: SubscribedReply, now: number): StreamMessage[] {
     this.acknowledged = true;
-    // Parts of a message still incomplete are dropped: the replay that follows brings the
-    // whole message again, and no part from before a reconnect joins one from after it.
-    this.parts.clear();
-    this.partChars = 0;
+    // Parts of a message the replay that follows brings whole are dropped: no part from before
+    // a reconnect joins one from after it. Parts past the replay are kept: a live message
+    // stored after the replay's read may have posted its first parts already.
+    const replayEnd = typeof reply.upTo === 'number' ? reply.upTo : null;
+    for (const seq of [...this.parts.keys()]) {
+      if (replayEnd === null || seq <= replayEnd) this.dropParts(seq);
+    }
     const after = reply.after;
     if (typeof after === 'number' && Number.isSafeInteger(after)) {
       // No position yet: a first subscribe from the newest. Above ours: nothing exists in
@@ -125,8 +128,10 @@ export class StreamCursor {
     if (this.inFlight || !this.acknowledged) return null;
     if (this.position === null) {
       if (this.buffer.size > 0 || this.parts.size > 0) return 'start';
-      // A first subscribe that failed (no answer, or an error) is sent again after the timeout.
-      return this.gapSince !== null && now - this.gapSince >= gapTimeoutMs ? 'start' : null;
+      // A first subscribe that failed (no answer, or an error) is sent again after the timeout,
+      // each time more patiently.
+      const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
+      return this.gapSince !== null && now - this.gapSince >= wait ? 'start' : null;
     }
     if (this.moreUpTo !== null && this.position >= this.moreUpTo) return 'more';
     // A gap the log cannot fill (a stopped stream's unsealed tail) must not cost a subscribe
@@ -141,6 +146,8 @@ export class StreamCursor {
     if (reason === 'gap') {
       this.stats.gapResubscribes += 1;
       this.gapAttempts += 1;
+    } else if (reason === 'start') {
+      this.gapAttempts += 1; // until something is delivered
     } else if (reason === 'more') {
       this.stats.moreResubscribes += 1;
     }
