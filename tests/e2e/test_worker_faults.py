@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import math
 import random
+import threading
 import time
 from typing import Any
 
@@ -125,13 +126,21 @@ async def test_the_audit_and_a_redelivered_notification_never_both_act_on_one_ro
     await on_thread(worker, real.sink.settle(connection))
     real.connections.pop(pk)
     connection.task.cancel()
-    delay = on("update_item", where=lambda p: p["UpdateExpression"].startswith("REMOVE #lease"))
-    # Long enough that intake's claim below always falls inside the delayed release.
-    release_delayed = script.add(Rule(delay, Decision(Fault.DELAY, 3.0)))
+    release = on("update_item", where=lambda p: p["UpdateExpression"].startswith("REMOVE #lease"))
+    # The release is held until intake's claim below has run: a fixed delay was outrun by a
+    # loaded machine (the claim then came after the release, and rightly succeeded).
+    held, go = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        held.set()
+        await asyncio.to_thread(go.wait, 30)
+
+    script.add(Rule(release, Decision(Fault.PASS, before=hold)))
 
     audit = on_thread(worker, real._audit_own_rows())
-    assert await eventually(lambda: release_delayed.used, timeout=10), "the audit never released"
+    assert await asyncio.to_thread(held.wait, 10), "the audit never released"
     claimed = await on_thread(worker, real._claim(Claimable(pk), "intake"))
+    go.set()
     await audit
 
     row = world.rows()[stream]
