@@ -2,11 +2,12 @@
 worker's configuration and by the construct that sizes its task.
 
 Per connection, the WebSocket library holds at most ``MAX_QUEUED_FRAMES`` received frames and
-one being read, each at most ``MAX_MESSAGE_BYTES``, and at most ``MAX_OUTGOING_BYTES`` not yet
-sent (an upstream that stops reading while it pings is cut off there). Messages received and not
-yet stored are bounded per connection (``MAX_BUFFERED_BYTES``, for fairness) and for the whole
-worker (``MAX_WORKER_BUFFERED_BYTES``): past either, the connections stop reading their sockets
-until the sink has caught up, and the upstreams' TCP windows hold the rest.
+one being read, each at most ``MAX_MESSAGE_BYTES`` (and a connection may queue one message in
+the sink past the worker's bound before it stops reading), and at most ``MAX_OUTGOING_BYTES``
+not yet sent (an upstream that stops reading while it pings is cut off there). Messages received
+and not yet stored are bounded per connection (``MAX_BUFFERED_BYTES``, for fairness) and for the
+whole worker (``MAX_WORKER_BUFFERED_BYTES``): past either, the connections stop reading their
+sockets until the sink has caught up, and the upstreams' TCP windows hold the rest.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ MEMORY_SHARE = 0.75
 def worst_case_bytes(
     *, max_connections: int, max_message_bytes: int, max_worker_buffered_bytes: int
 ) -> int:
-    """The most a worker can hold for its upstreams at these settings."""
-    per_connection = (MAX_QUEUED_FRAMES + 1) * max_message_bytes + MAX_OUTGOING_BYTES
+    """The most a worker can hold for its upstreams at these settings. Per connection: the
+    frames the WebSocket library queues and the one it is reading, one more message that the
+    connection queued in the sink just before it found the worker's bound reached, and the
+    unsent bytes."""
+    per_connection = (MAX_QUEUED_FRAMES + 2) * max_message_bytes + MAX_OUTGOING_BYTES
     return max_connections * per_connection + max_worker_buffered_bytes
 
 
