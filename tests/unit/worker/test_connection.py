@@ -314,20 +314,11 @@ async def test_a_handshake_alone_does_not_reset_the_backoff(monkeypatch):
     """An upstream that accepts and closes at once, or replays a message over the limit, was
     redialled about 10 times a second for ever: each handshake reset the backoff. It resets
     only after a message was received."""
-    attempts: list[int] = []
-
-    def recording(attempt: int, base: float, cap: float) -> float:
-        attempts.append(attempt)
-        return 0.001
-
-    monkeypatch.setattr(connection_module, "full_jitter", recording)
+    attempts = record_backoff(monkeypatch)
     script = [frame(4, "x" * 70_000)]  # over the 65,536 bytes the context allows
     async with scripted_upstream(script) as url:
         connection, ctx, events, _ = start_connection(url, Sink())
-        deadline = time.monotonic() + 30
-        while len(attempts) < 5:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await redials(attempts, 5)
         await shut_down(connection)
 
     assert attempts[:5] == [0, 1, 2, 3, 4]
@@ -338,13 +329,7 @@ async def test_a_handshake_alone_does_not_reset_the_backoff(monkeypatch):
 
 
 async def test_progress_resets_the_backoff(monkeypatch):
-    attempts: list[int] = []
-
-    def recording(attempt: int, base: float, cap: float) -> float:
-        attempts.append(attempt)
-        return 0.001
-
-    monkeypatch.setattr(connection_module, "full_jitter", recording)
+    attempts = record_backoff(monkeypatch)
     seqs = iter(range(4, 1000))
 
     async def one_message_then_close(websocket) -> None:
@@ -354,10 +339,7 @@ async def test_progress_resets_the_backoff(monkeypatch):
     async with serve(one_message_then_close, "127.0.0.1", 0) as server:
         url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/s"
         connection, _, _, _ = start_connection(url, Sink())
-        deadline = time.monotonic() + 30
-        while len(attempts) < 5:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await redials(attempts, 5)
         await shut_down(connection)
 
     assert attempts[:5] == [0, 0, 0, 0, 0]
@@ -377,3 +359,22 @@ async def test_reading_pauses_at_the_connections_bound_in_bytes():
 
         assert len(sink.added) == 3  # 12,000 bytes unstored: it stopped reading there
         await shut_down(connection)
+
+
+def record_backoff(monkeypatch) -> list[int]:
+    """The attempt number of every backoff the connection waits (each wait made 1 ms)."""
+    attempts: list[int] = []
+
+    def recording(attempt: int, base: float, cap: float) -> float:
+        attempts.append(attempt)
+        return 0.001
+
+    monkeypatch.setattr(connection_module, "full_jitter", recording)
+    return attempts
+
+
+async def redials(attempts: list[int], count: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(attempts) < count:
+        assert time.monotonic() < deadline, attempts
+        await asyncio.sleep(0.01)
