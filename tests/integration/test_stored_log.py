@@ -121,6 +121,17 @@ async def test_a_hole_a_partly_landed_batch_left_still_ends_the_run(sink: Messag
     assert await sink.contiguous_end(PK, 4) == 6  # the checkpoint was past the hole already
 
 
+async def test_what_a_writer_left_before_a_gap_its_successor_was_given_ends_no_run(
+    sink: MessageSink,
+):
+    """10 landed without 9 (a batch that landed in part); the successor resumed after 5 and its
+    upstream went on at 15. Nothing can fill 6..9 any more: the run went on to 16, where the
+    successor's sealer and readers waited for 9 until it expired (up to the retention)."""
+    await store(sink, Owner(), (1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (10, 9), (15, 5), (16, 15))
+    assert await sink.contiguous_end(PK, 5) == 16
+    assert await sink.contiguous_end(PK, 0) == 16
+
+
 async def test_items_stored_without_prev_seq_are_contiguous_only_seq_by_seq(sink: MessageSink):
     await store(sink, Owner(), (1, None), (2, None), (4, None))
     assert await sink.contiguous_end(PK, 0) == 2

@@ -259,6 +259,14 @@ async def test_only_seqs_that_can_no_longer_be_stored_are_skipped(
     tables.start_stream("gap", readers=("user:alice",))
     # The upstream sent nothing between 5 and 20: a gap, never a hole.
     tables.store("gap", range(20, 30), prev={20: (5, None)})
+    tables.start_stream("leftover", readers=("user:alice",))
+    # 10 was stored before a hole at 9 (a batch that landed in part); its successor resumed
+    # after 5 and its upstream went on at 15: 6..9 and 11..14 can never be stored.
+    tables.store(
+        "leftover",
+        (10, *range(15, 20)),
+        prev={10: (9, now_s + 4 * 86400), 15: (5, now_s + 4 * 86400)},
+    )
     tables.start_stream("unknown", readers=("user:alice",))
     tables.store("unknown", range(20, 30), received_at_ms=three_days_ago_ms)  # no prev_seq
     async with live_gateway(tables) as gw, await open_ws(gw.url, alice_token()) as ws:
@@ -266,6 +274,9 @@ async def test_only_seqs_that_can_no_longer_be_stored_are_skipped(
         assert (reply["after"], reply["skipped"], reply["replayed"]) == (499, 499, 10)
         reply, entries = await subscribe(ws, "gap", 5)
         assert (reply["after"], reply["skipped"], reply["replayed"]) == (19, 14, 10)
+        reply, entries = await subscribe(ws, "leftover", 5)
+        assert (reply["after"], reply["skipped"], reply["replayed"]) == (9, 4, 6)
+        assert [e["seq"] for e in entries] == [10, 15, 16, 17, 18, 19]
         for stream in ("hole", "unknown"):
             reply, entries = await subscribe(ws, stream, 0)
             assert reply["after"] == 0 and "skipped" not in reply, stream

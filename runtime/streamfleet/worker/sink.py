@@ -49,6 +49,25 @@ def item_bytes(item: dict[str, Any]) -> int:
     return size
 
 
+def run_end(stored: list[tuple[int, int | None]], after: int) -> int:
+    """The end of the run that continues ``after`` through ``stored`` (``(seq, prev_seq)``
+    ascending, all above ``after``): see :meth:`MessageSink.contiguous_end`."""
+    # The lowest prev_seq at or after each position: a later message that follows the end
+    # vouches for everything stored before it.
+    lowest_prev: list[int | None] = [None] * (len(stored) + 1)
+    for index in range(len(stored) - 1, -1, -1):
+        prev, later = stored[index][1], lowest_prev[index + 1]
+        lowest_prev[index] = prev if later is None else later if prev is None else min(prev, later)
+    end = after
+    for index, (seq, prev_seq) in enumerate(stored):
+        follows = seq == end + 1 if prev_seq is None else prev_seq <= end
+        vouched = lowest_prev[index] is not None and lowest_prev[index] <= end
+        if not (follows or vouched):
+            return end
+        end = seq
+    return end
+
+
 def _refused(error: BaseException) -> bool:
     """DynamoDB's definite "no" to a request (an item too big, a number out of range): a
     ``BatchWriteItem`` fails whole for one such item."""
@@ -409,17 +428,14 @@ class MessageSink:
 
         A message follows the run when its writer received nothing after the run's end and
         before it (its ``prev_seq`` is at most the end): a gap the upstream left, or a frame that
-        was refused, is part of the log, not a hole. Only a message that was received and is not
-        stored (a batch that landed in part) ends the run.
+        was refused, is part of the log, not a hole. So does a message stored before one that
+        follows the end: what a writer left before a gap its successor's upstream then declared
+        (a partly landed batch, then a resume that skipped past it) can never be filled. Only a
+        message that was received and may still be stored (a batch that landed in part, nothing
+        past it vouched for) ends the run.
         """
-        end = after
-        async for stored in self._stored_after(pk, after):
-            for seq, prev_seq in stored:
-                follows = seq == end + 1 if prev_seq is None else prev_seq <= end
-                if not follows:
-                    return end
-                end = seq
-        return end
+        stored = [item async for page in self._stored_after(pk, after) for item in page]
+        return run_end(stored, after)
 
     async def remove_after(self, pk: str, after: int) -> int:
         """Delete every stored message of ``pk`` above ``after``; returns how many. Only the

@@ -61,6 +61,17 @@ class StoredMessage:
         return self.prev_expires_at is not None and self.prev_expires_at * 1000 <= now_ms
 
 
+def hole_is_unfillable(after: int, replay: list[StoredMessage], now_ms: int) -> bool:
+    """Whether the seqs between ``after`` and the first message of ``replay`` (ascending, all
+    above ``after``) can never be stored: the first message says so itself, or a later one was
+    received right after ``after`` (its writer's upstream went on past the hole, so what an
+    earlier writer left stored before that is all the log will ever hold there)."""
+    return bool(replay) and (
+        replay[0].follows_unfillable_hole(after, now_ms)
+        or any(m.prev_seq is not None and m.prev_seq <= after for m in replay[1:])
+    )
+
+
 def message_from_item(item: Mapping[str, Any]) -> StoredMessage:
     """A plain messages-table item (``from_item``) as a :class:`StoredMessage`."""
     data = item.get(model.MESSAGE_DATA)

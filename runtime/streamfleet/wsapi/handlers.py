@@ -77,7 +77,13 @@ from .. import model, readers, strict_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
 from ..validation import ID_CHARSET_DOC, ID_PATTERN, MAX_ID_BYTES
-from .delivery import SOURCE_REPLAY, StoredMessage, message_from_item, pack_frames
+from .delivery import (
+    SOURCE_REPLAY,
+    StoredMessage,
+    hole_is_unfillable,
+    message_from_item,
+    pack_frames,
+)
 from .logs import log_event
 
 logger = logging.getLogger(__name__)
@@ -919,7 +925,7 @@ class WsApiHandlers:
             if (
                 first is not None
                 and first.seq > after + 1
-                and first.follows_unfillable_hole(after, now_ms)
+                and hole_is_unfillable(after, messages, now_ms)
             ):
                 skipped = first.seq - 1 - after
                 after = first.seq - 1
