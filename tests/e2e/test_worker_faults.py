@@ -100,8 +100,14 @@ def handed_over(world: World, streams: list[str], stopped: str) -> bool:
 async def all_live(world: World, streams: list[str], timeout: float) -> float:
     began = time.monotonic()
     ok = await eventually(lambda: asyncio.to_thread(live, world, streams), timeout=timeout)
-    assert ok, f"not live within {timeout} s: {world.rows()}"
+    assert ok, f"not live within {timeout} s ({churn(world)}): {world.rows()}"
     return time.monotonic() - began
+
+
+def churn(world: World) -> str:
+    """What moves streams besides the test: a failure message's first clue."""
+    names = ("deadline_passed", "session_reopened", "rebalancing", "lease_lost")
+    return ", ".join(f"{name}: {len(events(world, name))}" for name in names)
 
 
 def events(world: World, name: str, worker: str | None = None) -> list[tuple]:
@@ -272,9 +278,14 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
     It also deleted those whose connection was still ending when the poll returned (found by
     the handoff bench's 1.3 s outliers): a stopping worker deletes none of its own handoff
     notifications."""
-    # A handoff that waited out its own 20 s long poll, or a peer's 30 s reconcile, would not
-    # be done within the poll's 10 s below.
-    world = make_world(sqs_wait_seconds=20, reconcile_every=30.0)
+    # What catches the defect is the outcome below: no handoff notification of its own deleted
+    # by the stopping worker (a peer's reconcile, one lease after its last listing, would still
+    # hand the stream over within the 10 s poll). The lease is roomy and nothing is rebalanced:
+    # with 30 streams on a loaded machine the simulation's 0.6 s lease lapsed about once a
+    # second, every lapse moving every stream of its worker, so the fleet was never live at once.
+    world = make_world(
+        sqs_wait_seconds=20, reconcile_every=30.0, rebalance_every=3600, **ROOMY_LEASE
+    )
     for n in range(3):
         world.start_worker(f"w{n}")
     await serving(world, 3)
@@ -292,7 +303,7 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
         assert await eventually(
             lambda: asyncio.to_thread(handed_over, world, held, worker.worker_id),  # noqa: B023
             timeout=10,
-        ), f"not handed over within 10 s: {world.rows()}"
+        ), f"not handed over within 10 s ({churn(world)}): {world.rows()}"
         assert await eventually(worker.finished.is_set, timeout=15)
         # Its last long poll brought back its own handoff notifications while those connections
         # were still ending (their sends not yet answered): each must go back to the queue, not
