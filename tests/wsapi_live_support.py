@@ -82,6 +82,17 @@ class LiveTablesSet:
                 response = self.dynamodb.batch_write_item(RequestItems={self.messages: pending})
                 pending = response.get("UnprocessedItems", {}).get(self.messages, [])
 
+    def store_restarted(self, stream: str, *, old: int, new: int, data=None) -> None:
+        """Seqs 1..``old`` of epoch 0, then 1..``new`` of epoch 1 (the upstream numbered from 1
+        again), chained as the worker stores them: epoch 1's first follows epoch 0's last."""
+        first = model.log_position(1, 1)
+        self.store(
+            stream,
+            [*range(1, old + 1), *range(first, first + new)],
+            data=data,
+            prev={1: (0, None), first: (old, None)},
+        )
+
     def subscribers(self, stream: str) -> list[str]:
         response = self.dynamodb.query(
             TableName=self.subscriptions,

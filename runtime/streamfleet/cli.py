@@ -203,6 +203,10 @@ def checkpoint_of(item: dict[str, Any]) -> int | None:
     return None
 
 
+def _seq(position: Any) -> int | None:
+    return None if position is None else model.seq_of(int(position))
+
+
 def connection_rows(
     items: list[dict[str, Any]], now_ms: int, stored: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
@@ -219,15 +223,21 @@ def connection_rows(
             continue
         checkpoint = checkpoint_of(item)
         newest = (stored or {}).get(item[model.PK])
-        lag = newest - checkpoint if newest is not None and checkpoint is not None else None
+        lag = None
+        if newest is not None and checkpoint is not None:
+            # Positions: within one epoch the difference counts messages; a newer epoch's
+            # messages are counted from its start.
+            same = model.epoch_of(newest) == model.epoch_of(checkpoint)
+            lag = newest - checkpoint if same else model.seq_of(newest)
         rows.append(
             {
                 "connection_id": model.connection_id_of(item[model.PK]),
                 "desired_state": item.get(model.DESIRED_STATE),
                 "owner": item.get(model.LEASE_OWNER),
                 "lease_version": item.get(model.LEASE_VERSION),
-                "last_seq": item.get(model.LAST_SEQ),
-                "stored_seq": newest,
+                "epoch": None if checkpoint is None else model.epoch_of(checkpoint),
+                "last_seq": _seq(item.get(model.LAST_SEQ)),
+                "stored_seq": _seq(newest),
                 "lag": max(lag, 0) if lag is not None else None,
                 "updated_ago_s": round((now_ms - item.get(model.UPDATED_AT_MS, now_ms)) / 1000, 1),
                 "refused": item.get(model.REFUSED_REASON),

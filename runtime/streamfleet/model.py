@@ -31,7 +31,36 @@ DEFAULT_QUEUE_NAME = "streamfleet-intake"
 # --- Keys ---
 
 PK = "pk"
-SEQ = "seq"  # sort key of the messages table
+SEQ = "seq"  # sort key of the messages table: a log position (see below)
+
+# --- Log positions: (epoch, seq) in one sort key ---
+#
+# A stream's stored log is a sequence of *epochs*: an upstream that restarts its numbering (or
+# resends a seq with other content) begins the next epoch, so its new messages are neither taken
+# for duplicates nor written over the old ones. A message is stored at the *position*
+# ``epoch * EPOCH_STRIDE + seq``: positions order the whole log, epoch by epoch, and epoch 0's
+# positions are its seqs. Positions stay inside the worker and the tables; the wire carries the
+# epoch and the seq apart (both at most MAX_SEQ, which JavaScript clients count exactly).
+MAX_SEQ = 2**53 - 1
+EPOCH_STRIDE = 2**53
+MAX_EPOCH = 2**53 - 1  # a position then has 32 digits: a DynamoDB number holds 38
+
+
+API_EPOCH = "epoch"  # the epoch beside a seq, in the REST API's and the WebSocket's answers
+
+
+def log_position(epoch: int, seq: int) -> int:
+    """Where message ``seq`` of ``epoch`` is stored (the messages table's sort key)."""
+    return epoch * EPOCH_STRIDE + seq
+
+
+def epoch_of(position: int) -> int:
+    return position // EPOCH_STRIDE
+
+
+def seq_of(position: int) -> int:
+    return position % EPOCH_STRIDE
+
 
 CONNECTION_PREFIX = "CONN#"
 SESSION_PREFIX = "SESSION#"
@@ -58,8 +87,9 @@ def session_pk(worker_id: str, session_version: int) -> str:
 
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
-# The checkpoint: every seq up to it is stored. ABSENT means "never checkpointed" (nothing stored
-# yet, the next owner joins the stream live); 0 is a real checkpoint (replay from seq 1).
+# The checkpoint (a log position): every message up to it is stored. ABSENT means "never
+# checkpointed" (nothing stored yet, the next owner joins the stream live); 0 is a real
+# checkpoint (replay from seq 1).
 LAST_SEQ = "last_seq"
 # The checkpoint the first owner recorded when it joined the stream live, before storing
 # anything: the stored log of the stream is exactly ORIGIN_SEQ + 1 .. the newest seq. Set once.
@@ -280,7 +310,10 @@ METRIC_LEASES_LOST = "LeasesLost"
 METRIC_HANDOFFS = "Handoffs"
 METRIC_FRAMES_REFUSED = "FramesRefused"  # upstream frames judged unreadable or unstorable
 METRIC_UPSTREAM_GAPS = "UpstreamGaps"  # a seq past the next one (some skipped)
-METRIC_UPSTREAM_SEQ_BACKWARDS = "UpstreamSeqBackwards"  # a seq at or below one received already
+# A seq received again with the same content (dropped as a duplicate).
+METRIC_UPSTREAM_SEQ_BACKWARDS = "UpstreamSeqBackwards"
+# The upstream's numbering restarted (a seq received again with other content): a new epoch.
+METRIC_LOG_EPOCHS = "LogEpochsBegun"
 METRIC_UPSTREAM_DROPS = "UpstreamDrops"  # upstream connections that ended (then redialled)
 
 

@@ -23,6 +23,7 @@ from streamfleet.worker.protocol import JsonSeqProtocol, UpstreamMessage
 from streamfleet.worker.sink import MessageSink
 from streamfleet.worker.upstream_policy import UpstreamPolicy
 from streamfleet_dev.upstream.fake import FakeUpstream, message_data
+from tests.support import ShiftableClock
 
 PK = "CONN#s"
 
@@ -75,15 +76,18 @@ async def store(sink: MessageSink, owner: Owner, *received: tuple[int, int | Non
     assert not owner.failures
 
 
-def stored_seqs(table: str) -> list[int]:
-    items = boto3.client("dynamodb").query(
+def stored_items(table: str) -> list[dict[str, Any]]:
+    return boto3.client("dynamodb").query(
         TableName=table,
         KeyConditionExpression="#pk = :pk",
         ExpressionAttributeNames={"#pk": model.PK},
         ExpressionAttributeValues={":pk": {"S": PK}},
         ConsistentRead=True,
     )["Items"]
-    return [int(item[model.SEQ]["N"]) for item in items]
+
+
+def stored_seqs(table: str) -> list[int]:
+    return [int(item[model.SEQ]["N"]) for item in stored_items(table)]
 
 
 async def test_a_gap_the_upstream_left_is_part_of_the_log_and_sealing_keeps_what_follows(
@@ -102,9 +106,9 @@ async def test_a_gap_the_upstream_left_is_part_of_the_log_and_sealing_keeps_what
     )
 
     end = await sink.contiguous_end(PK, 0)
-    removed = await sink.remove_after(PK, end)
+    closed = await sink.close_holes(PK, end)
 
-    assert end == 59 and removed == 0
+    assert end == 59 and closed == (59, 0)
     assert stored_seqs(table_names[1]) == [1, 2, 3, *range(5, 60)]
 
 
@@ -137,6 +141,32 @@ async def test_items_stored_without_prev_seq_are_contiguous_only_seq_by_seq(sink
     assert await sink.contiguous_end(PK, 0) == 2
 
 
+async def test_a_hole_nothing_can_fill_is_recorded_as_a_gap_and_what_follows_is_kept(
+    sink: MessageSink, table_names
+):
+    """The sealer deleted everything past a hole the upstream could no longer replay, though
+    subscribers may have received it; a message later written at one of those seqs was then
+    dropped by every client as a duplicate it was not."""
+    await store(sink, Owner(), (1, 0), (2, 1), (3, 2), (5, 4), (6, 5), (9, 8), (10, 9))
+
+    assert await sink.close_holes(PK, 1) == (10, 2)
+
+    assert stored_seqs(table_names[1]) == [1, 2, 3, 5, 6, 9, 10]
+    assert prev_seqs(table_names[1]) == {5: 3, 9: 6}
+    assert await sink.contiguous_end(PK, 0) == 10
+    assert await sink.close_holes(PK, 0) == (10, 0)  # again: nothing more to record
+
+
+def prev_seqs(table: str) -> dict[int, int]:
+    """``prev_seq`` of the items whose predecessor is not the seq just before."""
+    return {
+        int(item[model.SEQ]["N"]): int(item[model.MESSAGE_PREV_SEQ]["N"])
+        for item in stored_items(table)
+        if model.MESSAGE_PREV_SEQ in item
+        and int(item[model.MESSAGE_PREV_SEQ]["N"]) != int(item[model.SEQ]["N"]) - 1
+    }
+
+
 @dataclass
 class Leases:
     """The lease store as a sealer needs it: a live session; checkpoints recorded."""
@@ -166,7 +196,7 @@ async def test_the_sealer_refills_a_hole_from_the_upstream_instead_of_deleting_w
 
     assert sealer.end_reason is EndReason.SEALED
     assert stored_seqs(table_names[1]) == list(range(1, 9))
-    assert ("log_sealed", {"pk": PK, "last_seq": 8, "removed": 0}) in events
+    assert ("log_sealed", {"pk": PK, "epoch": 0, "last_seq": 8, "gaps_recorded": 0}) in events
     assert leases.checkpoints[-1] == 8
 
 
@@ -190,11 +220,8 @@ async def store_with_a_hole(sink: MessageSink) -> None:
     await sink.flush()
 
 
-async def run_sealer(sink: MessageSink, url: str):
-    """A worker that claimed the stopped stream to seal it, run to its end."""
-    events: list = []
-    leases = Leases(sink._session)  # type: ignore[arg-type]
-    context = ConnectionContext(
+def connection_context(sink: MessageSink, leases: Leases, events: list) -> ConnectionContext:
+    return ConnectionContext(
         leases=leases,  # type: ignore[arg-type]
         sink=sink,
         notifier=None,  # type: ignore[arg-type]
@@ -209,6 +236,13 @@ async def run_sealer(sink: MessageSink, url: str):
         reconnect_base_seconds=0.01,
         reconnect_cap_seconds=0.05,
     )
+
+
+async def run_sealer(sink: MessageSink, url: str):
+    """A worker that claimed the stopped stream to seal it, run to its end."""
+    events: list = []
+    leases = Leases(sink._session)  # type: ignore[arg-type]
+    context = connection_context(sink, leases, events)
     lease = Lease(
         pk=PK,
         ws_url=url,
@@ -221,3 +255,61 @@ async def run_sealer(sink: MessageSink, url: str):
     sealer = Connection(lease, context, acquired_at=0, on_finished=lambda c: None)
     await asyncio.wait_for(sealer.task, 30)
     return sealer, events, leases
+
+
+async def test_an_upstream_that_restarts_its_numbering_begins_a_new_epoch_of_the_log(
+    sink: MessageSink, table_names
+):
+    """An upstream that lost its state numbers from 1 again. Its new messages were dropped as
+    duplicates until their seqs passed the old ones (and every client dropped them again). They
+    are now stored in the stream's next epoch, whose first message follows the old epoch's last:
+    nothing is dropped, nothing is written over, and the log stays one run."""
+    clock = ShiftableClock()
+    async with FakeUpstream(rate=20, clock=clock.monotonic) as upstream:
+        upstream.ensure_stream("s")
+        clock.advance(50)  # 1,000 messages at once: the new numbering cannot catch up in a test
+        flusher = asyncio.create_task(sink.run())
+        worker, events, leases = start_streaming(sink, upstream.url_for("s"))
+        await wait_for_stored(table_names[1], 1000)
+        await upstream.restart("s")
+        await wait_for_stored(table_names[1], model.log_position(1, 20))
+        worker.end(EndReason.SHUTDOWN)
+        await asyncio.wait_for(worker.task, 30)
+        flusher.cancel()
+
+    positions = stored_seqs(table_names[1])
+    old = [p for p in positions if model.epoch_of(p) == 0]
+    new = [model.seq_of(p) for p in positions if model.epoch_of(p) == 1]
+    assert old == list(range(1, len(old) + 1)) and len(old) >= 1000
+    assert new == list(range(1, len(new) + 1)) and len(new) >= 20
+    assert prev_seqs(table_names[1]) == {model.log_position(1, 1): old[-1]}
+    assert model.log_position(1, 0) in leases.checkpoints  # the new epoch's origin, first
+    assert await sink.contiguous_end(PK, 0) == positions[-1]
+    [begun] = [fields for event, fields in events if event == "log_epoch_begun"]
+    assert begun == {"pk": PK, "epoch": 1, "first": 1, "after": old[-1]}
+    assert stored_data(table_names[1], model.log_position(1, 1)) == message_data("s", 1, 1)
+
+
+def start_streaming(sink: MessageSink, url: str):
+    """A worker that owns the stream (checkpointed at 0: it replays from seq 1)."""
+    events: list = []
+    leases = Leases(sink._session)  # type: ignore[arg-type]
+    lease = Lease(pk=PK, ws_url=url, last_seq=0, lease_version=1, owner="w1", session_version=1)
+    worker = Connection(
+        lease, connection_context(sink, leases, events), acquired_at=0, on_finished=lambda c: None
+    )
+    return worker, events, leases
+
+
+async def wait_for_stored(table: str, position: int) -> None:
+    deadline = time.monotonic() + 60
+    while not stored_seqs(table) or stored_seqs(table)[-1] < position:
+        assert time.monotonic() < deadline, f"{position} not stored within 60 s"
+        await asyncio.sleep(0.05)
+
+
+def stored_data(table: str, position: int) -> str:
+    item = boto3.client("dynamodb").get_item(
+        TableName=table, Key={model.PK: {"S": PK}, model.SEQ: {"N": str(position)}}
+    )["Item"]
+    return item[model.MESSAGE_DATA]["S"]

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
+from typing import Any
 
 import boto3
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from streamfleet.client import (
     ClientConfig,
     Endpoint,
+    EpochChange,
     ReconnectingClient,
     StreamCursor,
     StreamMessage,
@@ -132,13 +134,14 @@ class Recorder:
 
 
 def make_client(
-    url: str, user: str, recorder: Recorder, positions=None, **config
+    url: str, user: str, recorder: Recorder, positions=None, on_epoch=None, **config
 ) -> ReconnectingClient:
     settings = {"heartbeat_interval": 5.0, "heartbeat_timeout": 5.0, "backoff_base": 0.05}
     return ReconnectingClient(
         lambda attempt: Endpoint(url, user_token(user)),
         ClientConfig(**{**settings, **config}),
         on_stream_message=recorder,
+        on_stream_epoch=on_epoch,
         positions=positions,
         name=user,
     )
@@ -151,7 +154,7 @@ async def test_the_client_resumes_after_a_reconnect_and_after_a_restart_without_
     tables.start_stream("m1", readers=("user:alice",))
     tables.store("m1", range(1, 101))
     recorder = Recorder()
-    positions: dict[str, int] = {}
+    positions: dict[str, Any] = {}
     async with live_gateway(tables) as gateway:
         async with make_client(gateway.url, "alice", recorder, positions) as client:
             await client.wait_ready(5)
@@ -164,7 +167,7 @@ async def test_the_client_resumes_after_a_reconnect_and_after_a_restart_without_
             client.reconnect()
             await recorder.until(150)
             assert client.connections == connections + 1
-        assert positions == {"m1": 150}
+        assert positions == {"m1": (0, 150)}
         # A restart: a new client that knows only the saved position (and asks for nothing)
         # is subscribed again from the server's state, from where it was.
         tables.store("m1", range(151, 171))
@@ -236,3 +239,33 @@ async def test_a_refused_subscribe_raises_and_leaves_nothing_subscribed(
                 await client.subscribe("secret")
     assert raised.value.error == "forbidden" and "secret" in str(raised.value)
     assert client.subscriptions == {} and len(refusals) == 1
+
+
+async def test_the_application_hears_of_a_new_epoch_before_its_first_message(
+    live_tables: LiveTablesSet,
+) -> None:
+    """The upstream numbered from 1 again after seq 5. Both clients dropped seqs 1..5 of the new
+    numbering as duplicates of the old, without a word: they now come, after an event."""
+    tables = live_tables
+    tables.start_stream("m1", readers=("user:alice",))
+    tables.store_restarted("m1", old=5, new=3)
+    recorder, heard = Recorder(), []
+
+    def on_epoch(change: EpochChange) -> None:
+        heard.append((change, len(recorder.messages)))
+
+    positions: dict[str, Any] = {}
+    async with (
+        live_gateway(tables) as gateway,
+        make_client(gateway.url, "alice", recorder, positions, on_epoch, gap_timeout=0.2) as client,
+    ):
+        await client.wait_ready(5)
+        await client.subscribe("m1", after=0)
+        await recorder.until(8)
+        assert client.position("m1") == (1, 3)
+    assert [(m.epoch, m.seq) for m in recorder.messages] == [
+        *((0, seq) for seq in range(1, 6)),
+        *((1, seq) for seq in range(1, 4)),
+    ]
+    assert heard == [(EpochChange("m1", 1, 0), 5)]
+    assert positions == {"m1": (1, 3)}

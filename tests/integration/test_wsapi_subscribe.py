@@ -52,25 +52,30 @@ async def receive(ws: ClientConnection) -> dict[str, Any]:
 
 
 async def subscribe(
-    ws: ClientConnection, stream: str, after: int | None, request_id: str = "s1"
+    ws: ClientConnection,
+    stream: str,
+    after: int | None,
+    request_id: str = "s1",
+    after_epoch: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The ``subscribed`` reply and every replay entry that follows it (joined parts)."""
-    await ws.send(
-        json.dumps(
-            {"action": "subscribe", "stream": stream, "after": after, "requestId": request_id}
-        )
-    )
+    request = {"action": "subscribe", "stream": stream, "after": after, "requestId": request_id}
+    if after_epoch is not None:
+        request["afterEpoch"] = after_epoch
+    await ws.send(json.dumps(request))
     reply = await receive(ws)
     if reply["type"] != model.WS_REPLY_SUBSCRIBED:
         return reply, []
     entries: list[dict[str, Any]] = []
-    seqs: set[int] = set()
+    seqs: set[tuple[int, int]] = set()
     while len(seqs) < reply["replayed"]:
         frame = await receive(ws)
         assert frame["type"] == model.WS_REPLY_MESSAGES and frame["stream"] == stream
         assert frame["source"] == "replay" and frame["region"] == "us-east-1"
         entries += frame["messages"]
-        seqs = {e["seq"] for e in entries if e.get("part", 0) + 1 == e.get("parts", 1)}
+        seqs = {
+            (e["epoch"], e["seq"]) for e in entries if e.get("part", 0) + 1 == e.get("parts", 1)
+        }
     return reply, entries
 
 
@@ -100,6 +105,9 @@ def reader_authorizer() -> Authorizer:
 def test_subscribe_and_unsubscribe_messages_are_validated_field_by_field() -> None:
     assert parse_message('{"action":"subscribe","stream":"m-1","after":41}') == Subscribe("m-1", 41)
     assert parse_message('{"action":"subscribe","stream":"m-1","after":null}') == Subscribe("m-1")
+    assert parse_message(
+        '{"action":"subscribe","stream":"m-1","after":41,"afterEpoch":2}'
+    ) == Subscribe("m-1", model.log_position(2, 41))
     assert parse_message('{"action":"subscribe","stream":"m-1"}') == Subscribe("m-1")
     assert parse_message('{"action":"unsubscribe","stream":"m-1"}') == Unsubscribe("m-1")
     bad = {
@@ -111,6 +119,10 @@ def test_subscribe_and_unsubscribe_messages_are_validated_field_by_field() -> No
         '{"action":"subscribe","stream":"m","after":"3"}': "after",
         '{"action":"subscribe","stream":"m","after":true}': "after",
         '{"action":"subscribe","stream":"m","after":9007199254740992}': "after",
+        '{"action":"subscribe","stream":"m","after":1,"afterEpoch":-1}': "afterEpoch",
+        '{"action":"subscribe","stream":"m","after":1,"afterEpoch":0.5}': "afterEpoch",
+        '{"action":"subscribe","stream":"m","after":1,"afterEpoch":"1"}': "afterEpoch",
+        '{"action":"subscribe","stream":"m","after":1,"afterEpoch":9007199254740992}': "afterEpoch",
         '{"action":"subscribe","stream":"m","from":3}': "from",
         '{"action":"unsubscribe","stream":"m","after":3}': "after",
     }
@@ -156,8 +168,10 @@ async def test_replay_after_a_seq_then_the_reply_says_where_it_ended(
         "type": "subscribed",
         "stream": "m1",
         "after": 100,
+        "afterEpoch": 0,
         "replayed": 200,
         "upTo": 300,
+        "upToEpoch": 0,
         "more": False,
         "requestId": "s1",
         "region": "us-east-1",
@@ -281,6 +295,44 @@ async def test_only_seqs_that_can_no_longer_be_stored_are_skipped(
             reply, entries = await subscribe(ws, stream, 0)
             assert reply["after"] == 0 and "skipped" not in reply, stream
             assert [e["seq"] for e in entries] == list(range(20, 30))
+
+
+async def test_a_log_that_restarted_is_replayed_epoch_by_epoch_and_a_cursor_moves_on_to_the_new(
+    live_tables: LiveTablesSet,
+) -> None:
+    """The upstream numbered from 1 again after seq 5: the new messages are epoch 1's. A reader
+    at the end of epoch 0 is moved to epoch 1's origin (nothing can come in between), one further
+    back gets the rest of epoch 0 and then epoch 1, and every entry names its epoch."""
+    tables = live_tables
+    tables.start_stream("re", readers=("user:alice",))
+    tables.store_restarted(
+        "re",
+        old=5,
+        new=3,
+        data=lambda position: f"{model.epoch_of(position)}/{model.seq_of(position)}",
+    )
+    async with live_gateway(tables) as gw, await open_ws(gw.url, alice_token()) as ws:
+        reply, entries = await subscribe(ws, "re", 3)
+        assert (reply["after"], reply["afterEpoch"], reply["upTo"], reply["upToEpoch"]) == (
+            3,
+            0,
+            3,
+            1,
+        )
+        assert [(e["epoch"], e["seq"], e["data"]) for e in entries] == [
+            (0, 4, "0/4"),
+            (0, 5, "0/5"),
+            (1, 1, "1/1"),
+            (1, 2, "1/2"),
+            (1, 3, "1/3"),
+        ]
+        reply, entries = await subscribe(ws, "re", 5, "s2")
+        assert (reply["after"], reply["afterEpoch"], reply["replayed"]) == (0, 1, 3)
+        assert "skipped" not in reply  # a new epoch, not a gap
+        reply, entries = await subscribe(ws, "re", 2, "s3", after_epoch=1)
+        assert [(e["epoch"], e["seq"]) for e in entries] == [(1, 3)]
+        reply, entries = await subscribe(ws, "re", None, "s4")
+        assert (reply["after"], reply["afterEpoch"]) == (0, 0)
 
 
 # --- Who may read what --------------------------------------------------------------------------

@@ -23,6 +23,53 @@ function frame(stream: string, seqs: number[], source = 'live'): MessagesFrame {
 }
 
 describe('StreamCursor', () => {
+  it('awaits a newer epoch like a gap, enters it once with an event, and drops older epochs', () => {
+    // A stream whose upstream numbered from 1 again: its new seqs were dropped as duplicates.
+    const cursor = new StreamCursor('s', 5);
+    cursor.acknowledged = true;
+    const newer: MessagesFrame = {
+      type: 'messages',
+      stream: 's',
+      source: 'live',
+      messages: [
+        { seq: 1, epoch: 1, data: 'n1' },
+        { seq: 2, epoch: 1, data: 'n2' },
+      ],
+    };
+    expect(cursor.onFrame(newer, 0)).toEqual([]);
+    expect(cursor.resubscribeReason(2000, 2000)).toBe('gap');
+    cursor.countResubscribe('gap', 2000);
+    const reply = {
+      type: 'subscribed',
+      stream: 's',
+      after: 0,
+      afterEpoch: 1,
+      replayed: 2,
+      upTo: 2,
+      upToEpoch: 1,
+      more: false,
+    } as const;
+    expect(cursor.onSubscribed(reply, 2000)).toEqual([]);
+    expect(cursor.takeEpochChange()).toEqual({ stream: 's', epoch: 1, previous: 0 });
+    expect(cursor.takeEpochChange()).toBeNull();
+    expect(cursor.onFrame({ ...newer, source: 'replay' }, 2000).map((m) => [m.epoch, m.seq, m.data])).toEqual(
+      [
+        [1, 1, 'n1'],
+        [1, 2, 'n2'],
+      ],
+    );
+    const older: MessagesFrame = {
+      type: 'messages',
+      stream: 's',
+      source: 'live',
+      messages: [{ seq: 6, data: 'late' }],
+    };
+    expect(cursor.onFrame(older, 2000)).toEqual([]);
+    expect(cursor.stats.duplicates).toBe(1);
+    expect(cursor.at).toEqual({ epoch: 1, seq: 2 });
+    expect(cursor.resubscribeReason(100_000, 2000)).toBeNull();
+  });
+
   it('delivers in order, once, whatever order and repeats arrive', () => {
     const cursor = new StreamCursor('s', 10);
     const got: number[] = [];
@@ -247,7 +294,7 @@ describe('StreamFleetClient subscriptions', () => {
     acknowledge(second, 'm1', 4);
     second.deliver(frame('m1', [4, 5, 6], 'replay'));
     expect(delivered.map((m) => m.seq)).toEqual([1, 2, 3, 4, 5, 6]);
-    expect(client.position('m1')).toBe(6);
+    expect(client.position('m1')).toEqual({ epoch: 0, seq: 6 });
     client.close();
   });
 
@@ -364,7 +411,7 @@ describe('StreamFleetClient subscriptions', () => {
       setItem: (key: string, value: string) => void storage.set(key, value),
     } as unknown as Storage;
     const positions = storagePositions(fakeStorage);
-    positions.set('m2', 41);
+    positions.set('m2', { epoch: 0, seq: 41 });
     const { client, factory } = setup({ positions });
     client.start();
     await settle();
@@ -385,7 +432,7 @@ describe('StreamFleetClient subscriptions', () => {
     ]);
     acknowledge(socket, 'm2', 41);
     socket.deliver(frame('m2', [42]));
-    expect(storage.get('streamfleet.position.m2')).toBe('42');
+    expect(storage.get('streamfleet.position.m2')).toBe('0:42');
     client.close();
   });
 

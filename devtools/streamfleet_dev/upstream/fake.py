@@ -116,7 +116,7 @@ def stores(modes: Iterable[str], seq: int) -> bool:
     return not ("poison" in modes and seq % 7 == 0) and not ("gap" in modes and seq % 10 == 3)
 
 
-def frame_for(stream_id: str, seq: int, modes: frozenset[str]) -> str | None:
+def frame_for(stream_id: str, seq: int, modes: frozenset[str], restarts: int = 0) -> str | None:
     """The frame that carries ``seq`` in these modes (``None``: not sent at all)."""
     if "gap" in modes and seq % 10 == 3:
         return None
@@ -124,17 +124,20 @@ def frame_for(stream_id: str, seq: int, modes: frozenset[str]) -> str | None:
         return _POISON[(seq // 7) % len(_POISON)] % seq
     if "oversize" in modes and seq % 100 == 50:
         return json.dumps({"seq": seq, "data": "o" * OVERSIZE_BYTES})
-    return encode_frame(stream_id, seq)
+    return encode_frame(stream_id, seq, restarts)
 
 
-def message_data(stream_id: str, seq: int) -> str:
-    """The ``data`` of message ``seq`` on ``stream_id``: deterministic, so tests can check it."""
-    return f"{stream_id}:{seq}"
+def message_data(stream_id: str, seq: int, restarts: int = 0) -> str:
+    """The ``data`` of message ``seq`` on ``stream_id`` after it restarted ``restarts`` times:
+    deterministic, so tests can check it."""
+    return f"{stream_id}:{seq}" if not restarts else f"{stream_id}@{restarts}:{seq}"
 
 
-def encode_frame(stream_id: str, seq: int) -> str:
+def encode_frame(stream_id: str, seq: int, restarts: int = 0) -> str:
     """The JSON text frame carrying message ``seq`` of ``stream_id``."""
-    return json.dumps({"seq": seq, "data": message_data(stream_id, seq)}, separators=(",", ":"))
+    return json.dumps(
+        {"seq": seq, "data": message_data(stream_id, seq, restarts)}, separators=(",", ":")
+    )
 
 
 class BadLastSeq(ValueError):
@@ -194,6 +197,7 @@ class _Stream:
     epoch: int | None = None  # the highest epoch dialled
     superseded: int = 0  # clients closed because a higher epoch dialled
     stale_refused: int = 0  # dials refused for a lower epoch
+    restarts: int = 0  # times its numbering started again from 1 (restart())
 
     def head(self, now: float) -> int:
         """The last seq produced by ``now`` (0: none yet)."""
@@ -359,6 +363,15 @@ class FakeUpstream:
 
     # -- trouble -----------------------------------------------------------------------------
 
+    async def restart(self, stream_id: str) -> None:
+        """Restart a stream as a source that lost its state does: its numbering starts again
+        from 1 now, with other data, and its clients are cut. A resume from past its new head is
+        answered from its start (it cannot know that seq)."""
+        stream = self._stream(stream_id)
+        stream.created_at = self._clock()
+        stream.restarts += 1
+        await self.drop_clients(stream_id)
+
     async def drop_clients(self, stream_id: str | None = None, *, epoch: int | None = None) -> int:
         """Cut connections without a closing handshake, like a network failure; returns how many.
 
@@ -443,7 +456,10 @@ class FakeUpstream:
         client = _Client(connection, asyncio.get_running_loop().create_future(), epoch)
         self._attach(stream, client)
         # Without last_seq the client starts live: the first seq produced after it connected.
-        first = stream.head(self._clock()) + 1 if last_seq is None else last_seq + 1
+        head = stream.head(self._clock())
+        first = head + 1 if last_seq is None else last_seq + 1
+        if last_seq is not None and last_seq > head:
+            first = stream.oldest_retained(head)  # a seq it never produced: from its start
         sender = asyncio.create_task(self._send(client, stream, first, modes))
         if "close" in modes:
             sender.cancel()
@@ -517,7 +533,7 @@ class FakeUpstream:
                         return  # not one more frame to a former owner
                     # send() waits for the socket to drain, so a slow client holds its own
                     # sender back instead of growing a buffer here.
-                    text = frame_for(stream.stream_id, seq, modes)
+                    text = frame_for(stream.stream_id, seq, modes, stream.restarts)
                     if text is not None:
                         await client.connection.send(text)
                 next_seq = last + 1

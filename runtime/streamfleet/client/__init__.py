@@ -18,7 +18,7 @@ from .reconnecting import (
     TokenTransport,
     backoff_delay,
 )
-from .streams import StreamCursor, StreamMessage
+from .streams import EpochChange, StreamCursor, StreamMessage, StreamPosition
 
 __all__ = [
     "AuthorizationFailed",
@@ -27,11 +27,13 @@ __all__ = [
     "ClientStatus",
     "ConnectionLost",
     "Endpoint",
+    "EpochChange",
     "FrameTooLarge",
     "NotConnected",
     "ReconnectingClient",
     "StreamCursor",
     "StreamMessage",
+    "StreamPosition",
     "SubscriptionRefused",
     "TokenTransport",
     "backoff_delay",

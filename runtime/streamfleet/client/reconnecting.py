@@ -69,7 +69,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .. import model
-from .streams import DEFAULT_MAX_BUFFERED, StreamCursor, StreamMessage
+from .streams import DEFAULT_MAX_BUFFERED, StreamCursor, StreamMessage, StreamPosition
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +275,8 @@ class ReconnectingClient:
         on_message: Callback | None = None,
         on_stream_message: Callback | None = None,
         on_subscription_error: Callback | None = None,
-        positions: MutableMapping[str, int] | None = None,
+        on_stream_epoch: Callback | None = None,
+        positions: MutableMapping[str, StreamPosition] | None = None,
         rng: random.Random | None = None,
         name: str = "client",
     ):
@@ -287,9 +288,11 @@ class ReconnectingClient:
         self.on_message = on_message  # (message: dict), every JSON message
         self.on_stream_message = on_stream_message  # (message: StreamMessage), exactly once
         self.on_subscription_error = on_subscription_error  # (error: SubscriptionRefused)
-        # The last seq delivered per stream: what every (re)connect resumes from. Pass a
-        # persistent mapping to resume across restarts.
-        self.positions: MutableMapping[str, int] = {} if positions is None else positions
+        # (change: EpochChange), before the first message of the stream's newer epoch
+        self.on_stream_epoch = on_stream_epoch
+        # The last position delivered per stream: what every (re)connect resumes from. Pass a
+        # persistent mapping to resume across restarts (a plain seq counts as epoch 0's).
+        self.positions: MutableMapping[str, StreamPosition] = {} if positions is None else positions
         self.subscriptions: dict[str, StreamCursor] = {}
         self.name = name
         self._force_refresh_keyword = _accepts_force_refresh(provider)
@@ -406,9 +409,12 @@ class ReconnectingClient:
 
     # Subscribed streams -----------------------------------------------------------------------
 
-    async def subscribe(self, stream: str, *, after: int | None = None) -> dict[str, Any] | None:
+    async def subscribe(
+        self, stream: str, *, after: StreamPosition | int | None = None
+    ) -> dict[str, Any] | None:
         """Receive ``stream``: its stored messages after ``after`` (default: the position in
-        ``positions``, else the newest few), then live ones, through ``on_stream_message``.
+        ``positions``, else the newest few; a plain seq counts in epoch 0), then live ones,
+        through ``on_stream_message``.
 
         Connected: returns the ``subscribed`` reply, or raises :class:`SubscriptionRefused`
         (the stream is then not subscribed). Not connected: returns ``None``; the subscribe is
@@ -417,14 +423,14 @@ class ReconnectingClient:
         self._unsubscribed.discard(stream)  # the application asks for it again
         self._pending_unsubscribes.discard(stream)
         cursor = self.subscriptions.get(stream)
+        wanted = _position(after)
         if cursor is None:
-            position = after if after is not None else self.positions.get(stream)
-            cursor = StreamCursor(
-                stream, position, max_buffered=self.config.max_buffered_per_stream
-            )
+            cursor = self._cursor(stream, wanted or self.stored_position(stream))
             self.subscriptions[stream] = cursor
-        elif after is not None and (cursor.position is None or after > cursor.position):
-            cursor.position = after
+        elif wanted is not None and (
+            cursor.position is None or wanted > StreamPosition(cursor.epoch, cursor.position)
+        ):
+            cursor.epoch, cursor.position = wanted
         if self._ws is None:
             return None
         return await self._send_subscribe(cursor, "request", raise_refusal=True)
@@ -446,12 +452,24 @@ class ReconnectingClient:
             if reply.get("type") == model.WS_REPLY_UNSUBSCRIBED:
                 self._pending_unsubscribes.discard(stream)
 
-    def position(self, stream: str) -> int | None:
-        """The last seq of ``stream`` delivered to the application."""
+    def position(self, stream: str) -> StreamPosition | None:
+        """The position of the last message of ``stream`` delivered to the application."""
         cursor = self.subscriptions.get(stream)
         if cursor is not None and cursor.position is not None:
-            return cursor.position
-        return self.positions.get(stream)
+            return StreamPosition(cursor.epoch, cursor.position)
+        return self.stored_position(stream)
+
+    def stored_position(self, stream: str) -> StreamPosition | None:
+        """``positions[stream]``, a plain seq (as kept before epochs) read as epoch 0's."""
+        return _position(self.positions.get(stream))
+
+    def _cursor(self, stream: str, position: StreamPosition | None) -> StreamCursor:
+        return StreamCursor(
+            stream,
+            None if position is None else position.seq,
+            0 if position is None else position.epoch,
+            max_buffered=self.config.max_buffered_per_stream,
+        )
 
     async def _send_subscribe(
         self, cursor: StreamCursor, reason: str, *, raise_refusal: bool = False
@@ -464,6 +482,7 @@ class ReconnectingClient:
                     "action": model.WS_ROUTE_SUBSCRIBE,
                     "stream": cursor.stream,
                     "after": cursor.position,
+                    "afterEpoch": cursor.epoch,
                 },
                 request_id=cursor.request_id,
             )
@@ -494,9 +513,12 @@ class ReconnectingClient:
         self._session_tasks.add(task)
         task.add_done_callback(self._session_tasks.discard)
 
-    async def _deliver(self, messages: list[StreamMessage]) -> None:
+    async def _deliver(self, cursor: StreamCursor, messages: list[StreamMessage]) -> None:
+        change = cursor.take_epoch_change()
+        if change is not None:
+            await self._emit(self.on_stream_epoch, change)
         for message in messages:
-            self.positions[message.stream] = message.seq
+            self.positions[message.stream] = message.position
             await self._emit(self.on_stream_message, message)
 
     async def _watch_gaps(self) -> None:
@@ -793,7 +815,7 @@ class ReconnectingClient:
                 region=message.get("region") if isinstance(message.get("region"), str) else None,
                 now=now,
             )
-        await self._deliver(ready)
+        await self._deliver(cursor, ready)
 
     def _follow_server_subscriptions(self, state: dict[str, Any]) -> None:
         """Subscribe to the streams the server lists for the user and this client lacks."""
@@ -806,11 +828,7 @@ class ReconnectingClient:
                 and stream not in self.subscriptions
                 and stream not in self._unsubscribed
             ):
-                cursor = StreamCursor(
-                    stream,
-                    self.positions.get(stream),
-                    max_buffered=self.config.max_buffered_per_stream,
-                )
+                cursor = self._cursor(stream, self.stored_position(stream))
                 self.subscriptions[stream] = cursor
                 cursor.in_flight = True
                 self._spawn(self._send_subscribe(cursor, "server-state"), "subscribe-state")
@@ -874,3 +892,15 @@ def _frame(message: dict[str, Any]) -> str:
     if size > model.WS_MAX_FRAME_BYTES:
         raise FrameTooLarge(size)
     return text
+
+
+def _position(value: object) -> StreamPosition | None:
+    """A position as given or kept: a StreamPosition (or an ``(epoch, seq)`` pair), or a plain
+    seq of epoch 0; ``None`` for nothing, or for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return StreamPosition(0, value) if value >= 0 else None
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        epoch, seq = value
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, seq)):
+            return StreamPosition(epoch, seq)
+    return None

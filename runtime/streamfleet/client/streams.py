@@ -5,8 +5,13 @@ live frames are separate posts that may interleave; a worker crash or a regional
 the fleet rewrite seqs it had stored; after a reconnect the replay repeats what arrived live
 before. A :class:`StreamCursor` turns that into what the application sees:
 
-* ``position`` is the last seq delivered to the application; anything at or below it is a
-  duplicate and dropped;
+* ``position`` is the last seq delivered to the application, counted in ``epoch``; anything at
+  or below it, or of an older epoch, is a duplicate and dropped;
+* a stream whose upstream restarted its numbering goes on in a newer *epoch* (its seqs count
+  from the upstream's again): the subscribe reply moves the cursor there once nothing more
+  can come in the old one, and the application hears of it (:meth:`StreamCursor.take_epoch_change`)
+  before the new epoch's first message. An entry of a newer epoch that arrives before that
+  counts as a gap: the log fills in the rest of the old epoch first;
 * anything above ``position + 1`` waits in a bounded buffer until the seqs before it arrive
   (a message too big for one frame arrives in parts and is joined first);
 * a gap that stays open longer than ``gap_timeout`` (a lost post, a dropped frame, a fan-out
@@ -21,7 +26,7 @@ Pure state, no I/O: the reconnecting client drives it (and the tests drive it di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_MAX_BUFFERED = 10_000
 # A message's parts: at most this many per message (a 384 KiB message takes about 13 frames of
@@ -29,6 +34,13 @@ DEFAULT_MAX_BUFFERED = 10_000
 # first (the next replay brings them back).
 MAX_PARTS = 64
 MAX_PART_BYTES = 4 * 1024 * 1024
+
+
+class StreamPosition(NamedTuple):
+    """A place in a stream's log: ``seq`` counted in ``epoch``; ordered epoch first."""
+
+    epoch: int
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,20 @@ class StreamMessage:
     source: str  # "replay" (from the stored log) or "live" (from the fan-out)
     region: str | None  # the Region that delivered it
     json: bool = False  # data is the exact JSON text of a value the upstream sent, not a string
+    epoch: int = 0  # the epoch its seq counts in (a new one each time the upstream restarted)
+
+    @property
+    def position(self) -> StreamPosition:
+        return StreamPosition(self.epoch, self.seq)
+
+
+@dataclass(frozen=True)
+class EpochChange:
+    """The stream went on in a newer epoch: its seqs count from the upstream's again."""
+
+    stream: str
+    epoch: int
+    previous: int
 
 
 @dataclass
@@ -62,6 +88,7 @@ class StreamCursor:
 
     stream: str
     position: int | None = None
+    epoch: int = 0  # the epoch ``position`` counts in
     max_buffered: int = DEFAULT_MAX_BUFFERED
     stats: CursorStats = field(default_factory=CursorStats)
     buffer: dict[int, StreamMessage] = field(default_factory=dict)
@@ -69,14 +96,16 @@ class StreamCursor:
     parts: dict[int, tuple[int, dict[int, str]]] = field(default_factory=dict)
     part_bytes: int = 0  # held in incomplete parts
     gap_since: float | None = None
-    more_up_to: int | None = None  # a replay was cut: subscribe again once past this seq
-    # The last seq a subscribe reply promised: its replay frames are awaited like a gap, so a
-    # replay whose frames were lost is asked for again even on a quiet or stopped stream.
-    promised_up_to: int | None = None
+    more_up_to: StreamPosition | None = None  # a replay was cut: subscribe again past this
+    # The last position a subscribe reply promised: its replay frames are awaited like a gap, so
+    # a replay whose frames were lost is asked for again even on a quiet or stopped stream.
+    promised_up_to: StreamPosition | None = None
     in_flight: bool = False  # a subscribe request is on its way (one at a time)
     request_id: str | None = None  # that request's id: only its reply moves the cursor
     gap_attempts: int = 0  # resubscribes since the last delivery: each waits twice as long
     acknowledged: bool = False  # a subscribe of the current connection was answered
+    ahead: bool = False  # an entry of a newer epoch arrived: waited for like a gap
+    _epoch_change: EpochChange | None = None
 
     # Server replies --------------------------------------------------------------------------
 
@@ -89,21 +118,34 @@ class StreamCursor:
         # Parts of a message the replay that follows brings whole are dropped: no part from
         # before a reconnect joins one from after it. Parts past the replay are kept: a live
         # message stored after the replay's read may have posted its first parts already.
-        replay_end = reply.get("upTo")
+        up_to = _reply_position(reply, "upTo")
         for seq in list(self.parts):
-            if not isinstance(replay_end, int) or seq <= replay_end:
+            if up_to is None or (self.epoch, seq) <= up_to:
                 self._drop_parts(seq)
-        after = reply.get("after")
-        known = isinstance(after, int) and not isinstance(after, bool)
-        if known and (self.position is None or after > self.position):
+        after = _reply_position(reply, "after")
+        if after is not None and (
+            self.position is None or after > StreamPosition(self.epoch, self.position)
+        ):
             # None: we had no position (a first subscribe from the newest). Above ours: the log
-            # has nothing in between (before its origin, or expired): nothing to wait for.
-            self.position = after
-        up_to = reply.get("upTo")
-        promised = isinstance(up_to, int) and not isinstance(up_to, bool)
-        self.more_up_to = up_to if reply.get("more") and promised else None
-        self.promised_up_to = up_to if promised else None
+            # has nothing in between (before its origin, expired, or the rest of an epoch that
+            # ended): nothing to wait for.
+            if after.epoch != self.epoch:
+                if self.position is not None:
+                    self._epoch_change = EpochChange(self.stream, after.epoch, self.epoch)
+                self.buffer.clear()  # all of the old epoch
+                for seq in list(self.parts):
+                    self._drop_parts(seq)
+                self.epoch, self.ahead = after.epoch, False
+            self.position = after.seq
+        self.more_up_to = up_to if reply.get("more") and up_to is not None else None
+        self.promised_up_to = up_to
         return self._drain(now)
+
+    def take_epoch_change(self) -> EpochChange | None:
+        """The epoch change the last reply made, once (``None``: none): tell the application
+        before delivering what follows it."""
+        change, self._epoch_change = self._epoch_change, None
+        return change
 
     def on_entries(
         self, entries: list[Any], *, source: str, region: str | None, now: float
@@ -112,6 +154,12 @@ class StreamCursor:
         for entry in entries:
             message = self._message(entry, source, region)
             if message is None:
+                continue
+            if message.epoch != self.epoch:
+                if message.epoch > self.epoch:
+                    self.ahead = True  # the log holds what comes before it: asked for anew
+                else:
+                    self.stats.duplicates += 1
                 continue
             if self.position is not None and message.seq <= self.position:
                 self.stats.duplicates += 1
@@ -133,7 +181,8 @@ class StreamCursor:
             return None
         seq = entry.get("seq")
         data = entry.get("data")
-        if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(data, str):
+        epoch = entry.get("epoch", 0)
+        if not (_whole(seq) and _whole(epoch) and epoch >= 0 and isinstance(data, str)):
             return None
         at = entry.get("at")
         received = at if isinstance(at, int) and not isinstance(at, bool) else None
@@ -144,8 +193,8 @@ class StreamCursor:
                 _whole(part) and _whole(parts) and 0 <= part < parts <= MAX_PARTS  # type: ignore[operator]
             ):
                 return None
-            if self.position is not None and seq <= self.position:
-                return StreamMessage(self.stream, seq, "", received, source, region)  # dup
+            if epoch != self.epoch or (self.position is not None and seq <= self.position):
+                return StreamMessage(self.stream, seq, "", received, source, region, epoch=epoch)
             total, pieces = self.parts.get(seq, (parts, {}))
             if total != parts:
                 # Another cut of the same message: its parts never join this one's.
@@ -159,7 +208,7 @@ class StreamCursor:
                 return None
             data = "".join(pieces[index] for index in range(total))
             self._drop_parts(seq)
-        return StreamMessage(self.stream, seq, data, received, source, region, is_json)
+        return StreamMessage(self.stream, seq, data, received, source, region, is_json, epoch)
 
     def _drop_parts(self, seq: int) -> None:
         held = self.parts.pop(seq, None)
@@ -187,10 +236,13 @@ class StreamCursor:
         if ready:
             self.gap_attempts = 0
         if self.promised_up_to is not None and (
-            self.position is not None and self.position >= self.promised_up_to
+            self.position is not None
+            and StreamPosition(self.epoch, self.position) >= self.promised_up_to
         ):
             self.promised_up_to = None
-        waiting = bool(self.buffer) or bool(self.parts) or self.promised_up_to is not None
+        waiting = (
+            bool(self.buffer) or bool(self.parts) or self.promised_up_to is not None or self.ahead
+        )
         if not waiting:
             self.gap_since = None
         elif self.gap_since is None or ready:
@@ -213,7 +265,10 @@ class StreamCursor:
             wait = gap_timeout * 2 ** min(self.gap_attempts, 6)  # refused again: more patient
             failed = self.gap_since is not None and now - self.gap_since >= wait
             return "start" if failed else None
-        if self.more_up_to is not None and self.position >= self.more_up_to:
+        if (
+            self.more_up_to is not None
+            and StreamPosition(self.epoch, self.position) >= self.more_up_to
+        ):
             return "more"
         # A gap the log cannot fill (the unsealed tail of a stopped stream) must not cost a
         # subscribe every gap_timeout for ever: each unproductive retry waits twice as long.
@@ -233,8 +288,18 @@ class StreamCursor:
             self.stats.more_resubscribes += 1
         self.more_up_to = None
         self.promised_up_to = None  # the next reply promises anew
-        self.gap_since = now if (self.buffer or self.parts) else None
+        self.gap_since = now if (self.buffer or self.parts or self.ahead) else None
 
 
 def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _reply_position(reply: dict[str, Any], name: str) -> StreamPosition | None:
+    """``reply[name]`` in epoch ``reply[name + "Epoch"]`` (0 when absent); ``None`` if no seq."""
+    seq, epoch = reply.get(name), reply.get(f"{name}Epoch", 0)
+    if epoch is None:
+        epoch = 0
+    if not (_whole(seq) and _whole(epoch)) or seq < 0 or epoch < 0:
+        return None
+    return StreamPosition(epoch, seq)

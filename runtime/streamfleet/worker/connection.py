@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -127,13 +128,16 @@ class Connection:
         self.lease = lease
         self.pk = lease.pk
         self.acquired_at = acquired_at
-        # Positions in the stream: received from the upstream, stored, checkpointed. Until the
-        # resume point is known (_stream) they are the checkpoint, 0 for a stream never
-        # checkpointed (nothing of it is stored).
+        # Log positions (model.log_position) in the stream: received from the upstream, stored,
+        # checkpointed. Until the resume point is known (_stream) they are the checkpoint, 0 for
+        # a stream never checkpointed (nothing of it is stored).
         start = lease.last_seq or 0
         self.last_received_seq = start
         self.stored_seq = start
         self.checkpointed_seq = start
+        # The epoch the upstream's seqs are numbered in now: the checkpoint's, since a new epoch
+        # is checkpointed at its origin before anything of it is stored.
+        self.log_epoch = model.epoch_of(start)
         self.end_reason: EndReason | None = None
         self.connected = False
         self.abandoned = False  # its release failed while its session may still be live
@@ -141,6 +145,7 @@ class Connection:
         self._on_finished = on_finished
         self._unstored = 0
         self._unstored_bytes = 0
+        self._stored_high = 0  # the newest position stored when this lease began (or refilled)
         self._started = False
         self._storage_failed = False
         self._refusal = ""
@@ -228,13 +233,19 @@ class Connection:
         if self.lease.last_seq is not None:
             resume_from = await context.sink.contiguous_end(self.pk, self.lease.last_seq)
             self.stored_seq = self.last_received_seq = resume_from
+            # Past a hole an earlier owner may have stored more: what the upstream sends again
+            # up to there is compared with it.
+            self._stored_high = await context.sink.newest_stored(self.pk) or 0
         attempt = 0
         while self.end_reason is None:  # told to end: its cancellation ends it, this is a net
             session.require_live()  # never (re)dial past the holder's deadline
             if resume_from is not None:
-                resume_from = max(resume_from, self.last_received_seq)  # a redial in this lease
+                # A redial in this lease, perhaps in a newer epoch than the one it resumed in.
+                resume_from = max(resume_from, self.last_received_seq, self.stored_seq)
             url = context.protocol.dial_url(
-                self.lease.ws_url, resume_after=resume_from, epoch=self.lease.lease_version
+                self.lease.ws_url,
+                resume_after=None if resume_from is None else model.seq_of(resume_from),
+                epoch=self.lease.lease_version,
             )
             received_before = self.last_received_seq
             dialled: BoundedConnection | None = None
@@ -249,7 +260,7 @@ class Connection:
                                 continue
                             if resume_from is None:
                                 resume_from = await self._record_origin(message.seq)
-                            self._receive(message)
+                            await self._receive(message)
                             await self._backpressure()
                     finally:
                         await close_within(upstream, CLOSE_TIMEOUT_SECONDS)
@@ -319,9 +330,10 @@ class Connection:
         """A stream taken up live starts at its first message: record the seq before it as the
         stream's origin, before anything is stored, so every later owner knows where the log
         begins (and that it has to replay from there)."""
-        await self._context.leases.checkpoint(self.lease, first - 1, origin=True)
-        self.checkpointed_seq = self.stored_seq = self.last_received_seq = first - 1
-        return first - 1
+        origin = model.log_position(self.log_epoch, first - 1)
+        await self._context.leases.checkpoint(self.lease, origin, origin=True)
+        self.checkpointed_seq = self.stored_seq = self.last_received_seq = origin
+        return origin
 
     def _judge(self, frame: str | bytes) -> UpstreamMessage | None:
         """The frame's message, or ``None`` once the frame is refused: one that cannot be read
@@ -332,7 +344,8 @@ class Connection:
             reason = str(exc) if isinstance(exc, ProtocolError) else repr(exc)
             self._refuse(frame, reason, getattr(exc, "seq", None))
             return None
-        if not self._context.sink.fits(self.pk, message):
+        stored = dataclasses.replace(message, seq=model.log_position(self.log_epoch, message.seq))
+        if not self._context.sink.fits(self.pk, stored):
             self._refuse(frame, "too big for one stored item", message.seq)
             return None
         return message
@@ -344,23 +357,65 @@ class Connection:
             "upstream_frame_refused", pk=self.pk, seq=seq, bytes=size, reason=reason[:200]
         )
 
-    def _receive(self, message: UpstreamMessage) -> None:
+    async def _receive(self, message: UpstreamMessage) -> None:
+        """Queue ``message`` at its log position. A seq the log already holds is compared with
+        what is stored there: the same message again is a duplicate (dropped, or rewritten
+        unchanged past what this lease received); anything else means the upstream's numbering
+        restarted, and begins a new epoch, so the new message is neither dropped nor written
+        over the old one."""
         previous = self.last_received_seq
-        if message.seq <= previous:
-            # Already queued or stored under this seq: a replay, or an upstream whose numbering
-            # went back (restarted, or after a bogus jump). Never stored twice, never silently.
-            self._context.counters.upstream_seq_backwards += 1
-            self._upstream_log("upstream_seq_backwards", pk=self.pk, last=previous, seq=message.seq)
-            return
-        if message.seq != previous + 1:
+        position = model.log_position(self.log_epoch, message.seq)
+        if position <= max(previous, self._stored_high):
+            if position > self.stored_seq:
+                await self._context.sink.flush()  # compare with the log, not with a queue
+                if self._storage_failed:
+                    return  # the connection is ending: nothing more of it is stored
+            stored = await self._context.sink.stored_message(self.pk, position)
+            same = stored == (message.data, message.json)
+            if position <= previous and same:
+                self._context.counters.upstream_seq_backwards += 1
+                self._upstream_log("upstream_seq_repeated", pk=self.pk, seq=message.seq)
+                return
+            if not same and (position <= previous or stored is not None):
+                begun = await self._begin_epoch(message.seq)
+                if begun is None:
+                    return
+                position, previous = begun, self.last_received_seq
+            # Otherwise past what this lease received: an earlier owner's hole, filled now.
+        elif position != previous + 1 and model.epoch_of(previous) == self.log_epoch:
             # Stored with prev_seq: the log records the gap, so resuming and sealing keep what
             # lies past it.
             self._context.counters.upstream_gaps += 1
-            self._upstream_log("upstream_gap", pk=self.pk, after=previous, next=message.seq)
-        self.last_received_seq = message.seq
+            self._upstream_log(
+                "upstream_gap", pk=self.pk, after=model.seq_of(previous), next=message.seq
+            )
+        self.last_received_seq = position
         self._unstored += 1
         self._unstored_bytes += message.data_bytes
-        self._context.sink.add(self, message, previous)
+        self._context.sink.add(self, dataclasses.replace(message, seq=position), previous)
+
+    async def _begin_epoch(self, first: int) -> int | None:
+        """The upstream numbers anew from ``first``: end the current epoch (everything received
+        in it stored, its holes recorded as gaps), checkpoint the next one at its origin before
+        anything of it is stored, and return ``first``'s position in it (``None``: storage
+        failed, the connection is ending). Its first message follows the old epoch's last, so
+        readers and successors go on from one to the other."""
+        context = self._context
+        await context.sink.flush()
+        if self._storage_failed:
+            return None
+        end, _ = await context.sink.close_holes(self.pk, self.stored_seq)
+        epoch = self.log_epoch + 1
+        origin = model.log_position(epoch, first - 1)
+        await context.leases.checkpoint(self.lease, origin)
+        self.log_epoch = epoch
+        self.checkpointed_seq = self.stored_seq = self._stored_high = origin
+        self.last_received_seq = end
+        context.counters.log_epochs += 1
+        context.log(
+            "log_epoch_begun", pk=self.pk, epoch=epoch, first=first, after=model.seq_of(end)
+        )
+        return model.log_position(epoch, first)
 
     async def checkpoint(self) -> None:
         """Record the stored position, if it moved. Ends the connection if the lease is lost."""
@@ -378,26 +433,32 @@ class Connection:
         """Leave the stored log without a hole, then checkpoint its end; ``False`` if it could
         not be sealed now. A hole (a message received and never stored: a batch that landed
         only in part before its owner failed) is refilled from the upstream, which replays from
-        the end of the run stored before it. Only what the upstream, once reached, can no longer
-        replay is removed, so that the log stays exactly ``origin + 1 .. end``; while it cannot
-        be reached nothing is removed, and the stream stays unsealed for a later attempt. Only
-        an owner does this, so nobody writes the stream meanwhile."""
+        the end of the run stored before it. What the upstream, once reached, can no longer
+        replay is recorded as a gap (nothing stored past it is removed: readers may have had
+        it); while it cannot be reached nothing changes, and the stream stays unsealed for a
+        later attempt. Only an owner does this, so nobody writes the stream meanwhile."""
         if self.lease.last_seq is None and not self.stored_seq:
             return True  # never checkpointed: nothing of it is stored
         sink = self._context.sink
         end = await sink.contiguous_end(self.pk, self.stored_seq)
         newest = await sink.newest_stored(self.pk)
-        removed = 0
+        gaps = 0
         if newest is not None and newest > end:
             end, replayed = await self._refill(end, newest)
             if newest > end:
                 if not replayed:
                     return False
-                removed = await sink.remove_after(self.pk, end)
+                end, gaps = await sink.close_holes(self.pk, end)
         if end > self.checkpointed_seq:
             await self._context.leases.checkpoint(self.lease, end)
         self.checkpointed_seq = self.stored_seq = end
-        self._context.log("log_sealed", pk=self.pk, last_seq=end, removed=removed)
+        self._context.log(
+            "log_sealed",
+            pk=self.pk,
+            epoch=model.epoch_of(end),
+            last_seq=model.seq_of(end),
+            gaps_recorded=gaps,
+        )
         return True
 
     async def _refill(self, end: int, newest: int) -> tuple[int, bool]:
@@ -407,18 +468,21 @@ class Connection:
         context = self._context
         context.leases.session.require_live()
         self.stored_seq = self.last_received_seq = end
+        self._stored_high = newest
         replayed = True
         try:
             async with asyncio.timeout(REFILL_SECONDS):
                 url = context.protocol.dial_url(
-                    self.lease.ws_url, resume_after=end, epoch=self.lease.lease_version
+                    self.lease.ws_url,
+                    resume_after=model.seq_of(end),
+                    epoch=self.lease.lease_version,
                 )
                 async with await self._dial(url) as upstream:
                     try:
                         async for frame in upstream:
                             message = self._judge(frame)
                             if message is not None:
-                                self._receive(message)
+                                await self._receive(message)
                                 await self._backpressure()
                             if self.last_received_seq >= newest:
                                 break

@@ -73,6 +73,7 @@ class Counters:
     frames_refused: int = 0
     upstream_gaps: int = 0
     upstream_seq_backwards: int = 0
+    log_epochs: int = 0
     upstream_drops: int = 0
 
     def reset(self) -> None:
@@ -93,6 +94,7 @@ def emf_document(service_name: str, active: int, counters: Counters) -> dict[str
             model.METRIC_FRAMES_REFUSED: (counters.frames_refused, emf.COUNT),
             model.METRIC_UPSTREAM_GAPS: (counters.upstream_gaps, emf.COUNT),
             model.METRIC_UPSTREAM_SEQ_BACKWARDS: (counters.upstream_seq_backwards, emf.COUNT),
+            model.METRIC_LOG_EPOCHS: (counters.log_epochs, emf.COUNT),
             model.METRIC_UPSTREAM_DROPS: (counters.upstream_drops, emf.COUNT),
         },
     )

@@ -31,6 +31,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from .. import model
+
 RESUME_PARAMETER = "last_seq"
 EPOCH_PARAMETER = "epoch"
 SUPERSEDED_CLOSE_CODE = 4409  # "a newer owner of this stream has dialled"
@@ -121,9 +123,8 @@ class JsonSeqProtocol:
         return False
 
 
-# A seq is a positive integer every client counts exactly (JavaScript's safe integers; a
-# DynamoDB number holds it too).
-MAX_SEQ = 2**53 - 1
+# A seq is a positive integer every client counts exactly (model.MAX_SEQ).
+MAX_SEQ = model.MAX_SEQ
 _SEQ = re.compile(r"[1-9][0-9]{0,15}")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 

@@ -437,20 +437,77 @@ class MessageSink:
         stored = [item async for page in self._stored_after(pk, after) for item in page]
         return run_end(stored, after)
 
-    async def remove_after(self, pk: str, after: int) -> int:
-        """Delete every stored message of ``pk`` above ``after``; returns how many. Only the
-        owner of ``pk`` may call it, and only for messages past a hole in its log."""
-        removed = 0
-        async for stored in self._stored_after(pk, after):
-            seqs = [seq for seq, _ in stored]
-            for start in range(0, len(seqs), MAX_BATCH_WRITE_ITEMS):
-                part = seqs[start : start + MAX_BATCH_WRITE_ITEMS]
-                await self._batch_write(
-                    [
-                        {"DeleteRequest": {"Key": {model.PK: to_attr(pk), model.SEQ: to_attr(s)}}}
-                        for s in part
-                    ],
-                    what=f"remove the unsealed tail of {pk}",
-                )
-                removed += len(part)
-        return removed
+    async def close_holes(self, pk: str, after: int) -> tuple[int, int]:
+        """Record every hole left in the log of ``pk`` above ``after`` as a gap: the message
+        after each hole gets the end of the run before it as its ``prev_seq``. Returns the end of
+        the log now (its newest message) and how many holes were closed.
+
+        For holes nothing can fill any more (the upstream, reached, replayed all it still has).
+        What is stored past them stays: readers may have received it, and a message written
+        again at one of its seqs would then be dropped as a duplicate it is not.
+        Only the owner of ``pk`` may call it.
+        """
+        stored = [item async for page in self._stored_after(pk, after) for item in page]
+        end, closed = after, 0
+        while stored:
+            end = run_end(stored, end)
+            stored = [(seq, prev) for seq, prev in stored if seq > end]
+            if not stored:
+                break
+            seq = stored[0][0]
+            if not await self._declare_gap(pk, seq, end):
+                del stored[0]  # expired meanwhile: the hole goes on to the next message
+                continue
+            stored[0] = (seq, end)
+            closed += 1
+        return end, closed
+
+    async def _declare_gap(self, pk: str, seq: int, end: int) -> bool:
+        """Record that the message at ``seq`` follows ``end`` (nothing between can be stored):
+        the item written again with that ``prev_seq``, with the worker's own two permissions
+        (``Query``, ``BatchWriteItem``); ``False`` if it is gone. Only its owner writes it."""
+        item = await self._stored_item(pk, seq)
+        if item is None:
+            return False
+        item[model.MESSAGE_PREV_SEQ] = to_attr(end)
+        item.pop(model.MESSAGE_PREV_EXPIRES_AT, None)  # that of the message no longer before it
+        await self._batch_write(
+            [{"PutRequest": {"Item": item}}], what=f"record the gap before {seq} of {pk}"
+        )
+        return True
+
+    async def _stored_item(
+        self, pk: str, position: int, projection: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        """The item stored for ``pk`` at ``position`` (consistent; only the attributes named in
+        ``projection``, if given), or ``None``."""
+        params: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#pk = :pk AND #seq = :position",
+            "ExpressionAttributeNames": {"#pk": model.PK, "#seq": model.SEQ},
+            "ExpressionAttributeValues": {":pk": to_attr(pk), ":position": to_attr(position)},
+            "ConsistentRead": True,
+        }
+        if projection:
+            params["ExpressionAttributeNames"].update(projection)
+            params["ProjectionExpression"] = ", ".join(projection)
+        response = await retry_until(
+            lambda: self._dynamodb.call("query", **params),
+            deadline=self._session.deadline,
+            clock=self._session.clock,
+            what=f"the message at {position} of {pk}",
+        )
+        items = response.get("Items") or []
+        return items[0] if items else None
+
+    async def stored_message(self, pk: str, position: int) -> tuple[str, bool] | None:
+        """``(data, json)`` of the message stored for ``pk`` at ``position`` (consistent), or
+        ``None``: nothing is stored there."""
+        item = await self._stored_item(
+            pk, position, {"#data": model.MESSAGE_DATA, "#format": model.MESSAGE_FORMAT}
+        )
+        if item is None:
+            return None
+        data = item.get(model.MESSAGE_DATA, {}).get("S")
+        json_format = item.get(model.MESSAGE_FORMAT, {}).get("S") == model.MESSAGE_FORMAT_JSON
+        return (data, json_format) if data is not None else None

@@ -4,7 +4,10 @@ Both the subscribe handler (a replay read from the messages table) and the fan-o
 (live records from the table's change stream) send a stream's messages with :func:`pack_frames`:
 
 ``{"type": "messages", "stream": "<id>", "source": "replay"|"live", "region": "<region>",
-"messages": [{"seq": 41, "data": "...", "at": <received_at_ms>}, ...]}``
+"messages": [{"seq": 41, "epoch": 0, "data": "...", "at": <received_at_ms>}, ...]}``
+
+A seq counts within its ``epoch``: a stream's log is a run of epochs, each begun when the
+upstream's numbering restarted, and ``(epoch, seq)`` orders the whole log.
 
 ``data`` is the string the upstream sent, or, with ``"format": "json"`` beside it, the exact
 JSON text of the value it sent (an object, a number...), as the worker stored it.
@@ -39,7 +42,7 @@ REGION_ROOM = 32
 class StoredMessage:
     """One message of a stream as the messages table holds it."""
 
-    seq: int
+    seq: int  # its log position (model.log_position): the wire splits it into epoch and seq
     data: str
     received_at_ms: int | None = None
     json: bool = False  # data is the JSON text of a value, not a string
@@ -94,7 +97,10 @@ def _dumps(value: Any) -> bytes:
 
 
 def _entry(message: StoredMessage, data: str, part: tuple[int, int] | None = None) -> dict:
-    entry: dict[str, Any] = {"seq": message.seq}
+    entry: dict[str, Any] = {
+        "seq": model.seq_of(message.seq),
+        "epoch": model.epoch_of(message.seq),
+    }
     if part is not None:
         entry["part"], entry["parts"] = part
     entry["data"] = data

@@ -16,7 +16,8 @@ One function serves every route; the event names the route in ``requestContext.r
   bid is accepted only by a conditional write (``highest < amount``), so of two racing bids the
   lower one is refused, never silently overwritten; each accepted bid also leaves an immutable
   ``BID#<auction>#<amount>`` record;
-* ``subscribe``: ``{"action": "subscribe", "stream": "<id>", "after": <seq or null>}``: live
+* ``subscribe``: ``{"action": "subscribe", "stream": "<id>", "after": <seq or null>,
+  "afterEpoch": <epoch, default 0>}``: live
   delivery of an ingested stream (the fleet's connection ``<id>``), allowed only to its readers
   (the START named them; :mod:`streamfleet.readers`; nobody by default). The connection is
   registered as a subscriber *first* (the Region's subscriptions table, read by the fan-out
@@ -25,7 +26,9 @@ One function serves every route; the event names the route in ``requestContext.r
   reply says the client should subscribe again from where it got to). Because the registration
   comes first, every message is in the replay or reaches the fan-out after it can see this
   subscriber: none falls between the two. The reply ``subscribed`` comes before the replay's
-  ``messages`` frames;
+  ``messages`` frames; its ``after``/``afterEpoch`` say where the replay starts (past a gap,
+  or at a newer epoch's origin, when nothing can be stored in between) and ``upTo``/
+  ``upToEpoch`` where it ends;
 * ``unsubscribe``: the opposite; the user's subscriptions (``SUBS#<sub>``, global) are what
   ``getState`` reports, so a client that reconnects or reloads is re-subscribed from the server's
   state, in either Region;
@@ -99,7 +102,7 @@ MAX_BID_AMOUNT = 10**15  # below 2**53 (JavaScript clients) and BID_AMOUNT_DIGIT
 # Retries of a state write whose only failed condition was "newer than the stored version".
 MAX_VERSION_RETRIES = 8
 MAX_STREAM_ID_BYTES = MAX_ID_BYTES  # a stream is a fleet connection id (validation.check_id)
-MAX_SEQ = 2**53 - 1  # JavaScript clients count in doubles
+MAX_SEQ = model.MAX_SEQ  # JavaScript clients count in doubles
 DEFAULT_SUBSCRIBE_NEWEST = 50
 DEFAULT_REPLAY_MAX_MESSAGES = 2000
 MAX_REPLAY_MESSAGES = 10_000
@@ -116,7 +119,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     model.WS_ROUTE_HEARTBEAT: ("action", "requestId"),
     model.WS_ROUTE_GET_STATE: ("action", "requestId", "auction"),
     model.WS_ROUTE_BID: ("action", "requestId", "auction", "amount"),
-    model.WS_ROUTE_SUBSCRIBE: ("action", "requestId", "stream", "after"),
+    model.WS_ROUTE_SUBSCRIBE: ("action", "requestId", "stream", "after", "afterEpoch"),
     model.WS_ROUTE_UNSUBSCRIBE: ("action", "requestId", "stream"),
 }
 
@@ -272,7 +275,7 @@ class PlaceBid:
 @dataclass(frozen=True)
 class Subscribe:
     stream: str
-    after: int | None = None  # None: from the newest few messages
+    after: int | None = None  # a log position (epoch and seq); None: from the newest few
     request_id: str | None = None
 
 
@@ -334,19 +337,35 @@ def _stream(payload: Mapping[str, Any]) -> str:
     return _identifier(payload, "stream", MAX_STREAM_ID_BYTES)  # ASCII: characters are bytes
 
 
-def _after(payload: Mapping[str, Any]) -> int | None:
-    value = payload.get("after")
-    if value is None:
-        return None
+def _whole_number(payload: Mapping[str, Any], field: str, what: str) -> int:
+    value = payload[field]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadMessage("after", f"expected a seq or null, got {strict_json.json_type(value)}")
+        raise BadMessage(field, f"expected {what}, got {strict_json.json_type(value)}")
     if isinstance(value, float):
         if not value.is_integer():
-            raise BadMessage("after", "expected a whole number, got a fraction")
+            raise BadMessage(field, "expected a whole number, got a fraction")
         value = int(value)
     if not 0 <= value <= MAX_SEQ:
-        raise BadMessage("after", f"must be between 0 and {MAX_SEQ}")
+        raise BadMessage(field, f"must be between 0 and {MAX_SEQ}")
     return value
+
+
+def _after(payload: Mapping[str, Any]) -> int | None:
+    """The log position after which to replay: ``after`` (a seq, or null for the newest few)
+    in epoch ``afterEpoch`` (0 when absent)."""
+    epoch = 0
+    if payload.get("afterEpoch") is not None:
+        epoch = _whole_number(payload, "afterEpoch", "an epoch")
+    if payload.get("after") is None:
+        return None
+    return model.log_position(epoch, _whole_number(payload, "after", "a seq or null"))
+
+
+def _wire_position(name: str, position: int | None) -> dict[str, int | None]:
+    """A log position as the wire carries it: ``{name: seq, name + "Epoch": epoch}``."""
+    if position is None:
+        return {name: None, f"{name}Epoch": None}
+    return {name: model.seq_of(position), f"{name}Epoch": model.epoch_of(position)}
 
 
 def _amount(payload: Mapping[str, Any]) -> int:
@@ -927,7 +946,9 @@ class WsApiHandlers:
                 and first.seq > after + 1
                 and hole_is_unfillable(after, messages, now_ms)
             ):
-                skipped = first.seq - 1 - after
+                if model.epoch_of(first.seq) == model.epoch_of(after):
+                    skipped = first.seq - 1 - after
+                # else the log went on in a newer epoch: the reply's afterEpoch says so
                 after = first.seq - 1
         # The replay may hold messages stored after a START that changed the readers in the
         # meantime: read them again, so nothing stored after that START was answered is served.
@@ -936,12 +957,13 @@ class WsApiHandlers:
         except _Refused:
             self.unsubscribe(user_id, connection_id, stream)
             raise
+        up_to = messages[-1].seq if messages else after
         reply: dict[str, Any] = {
             "type": model.WS_REPLY_SUBSCRIBED,
             "stream": stream,
-            "after": after,
+            **_wire_position("after", after),
             "replayed": len(messages),
-            "upTo": messages[-1].seq if messages else after,
+            **_wire_position("upTo", up_to),
             "more": more,
         }
         if skipped:

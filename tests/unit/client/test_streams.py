@@ -114,3 +114,27 @@ def test_the_parts_of_a_live_message_past_the_promised_replay_are_kept():
     cursor.on_entries([{"seq": 1, "data": "one"}], source="replay", region="r", now=2)
     got = cursor.on_entries([parts(2, 2, 1, "world")], source="live", region="r", now=3)
     assert [(m.seq, m.data) for m in got] == [(2, "hello world")]
+
+
+def test_a_newer_epoch_is_awaited_like_a_gap_then_entered_once_with_an_event():
+    """A stream whose upstream numbered from 1 again: its new seqs were dropped as duplicates of
+    the old ones. An entry of a newer epoch now makes the cursor ask again; the reply that
+    moves it there is reported once, and older epochs' entries are duplicates."""
+    cursor = StreamCursor("s", position=5)
+    cursor.acknowledged = True
+    new = [{"seq": 1, "epoch": 1, "data": "n1"}, {"seq": 2, "epoch": 1, "data": "n2"}]
+
+    assert cursor.on_entries(new, source="live", region="r", now=0) == []
+    assert cursor.resubscribe_reason(GAP_TIMEOUT, GAP_TIMEOUT) == "gap"
+    cursor.count_resubscribe("gap", GAP_TIMEOUT)
+    reply = {"after": 0, "afterEpoch": 1, "upTo": 2, "upToEpoch": 1, "more": False}
+    assert cursor.on_subscribed(reply, GAP_TIMEOUT) == []
+    change = cursor.take_epoch_change()
+    assert (change.stream, change.epoch, change.previous) == ("s", 1, 0)
+    assert cursor.take_epoch_change() is None
+    ready = cursor.on_entries(new, source="replay", region="r", now=GAP_TIMEOUT)
+    assert [(m.epoch, m.seq, m.data) for m in ready] == [(1, 1, "n1"), (1, 2, "n2")]
+    old = [{"seq": 6, "data": "late"}, {"seq": 7, "epoch": 0, "data": "later"}]
+    assert cursor.on_entries(old, source="live", region="r", now=GAP_TIMEOUT) == []
+    assert cursor.stats.duplicates == 2
+    assert cursor.resubscribe_reason(100, GAP_TIMEOUT) is None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from websockets.asyncio.server import serve
 
 from streamfleet.lease import Lease, SessionLost
+from streamfleet.model import log_position
 from streamfleet.worker import connection as connection_module
 from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
 from streamfleet.worker.observability import Counters
@@ -78,6 +79,17 @@ class Sink:
 
     async def contiguous_end(self, pk, after) -> int:
         return after
+
+    # What was added counts as stored (flush does nothing).
+    async def newest_stored(self, pk) -> int | None:
+        return max((m.seq for m in self.added), default=None)
+
+    async def stored_message(self, pk, position) -> tuple[str, bool] | None:
+        found = [(m.data, m.json) for m in self.added if m.seq == position]
+        return found[-1] if found else None
+
+    async def close_holes(self, pk, after) -> tuple[int, int]:
+        return max([after, *(m.seq for m in self.added)]), 0
 
 
 class Notifier:
@@ -166,20 +178,56 @@ POISON = [
 
 async def test_a_seq_that_jumps_or_goes_back_is_counted_and_logged_never_dropped_silently():
     """A bogus seq of 10**15 was stored and checkpointed, and the genuine messages after it were
-    dropped without a word. The jump and every seq that goes back are counted and logged; the
-    message after the gap names its predecessor, so the log records the gap."""
+    dropped without a word. The jump is counted and logged, the message after it names its
+    predecessor (the log records the gap), and the seqs that go back begin a new epoch."""
     script = [frame(4), frame(5), frame(10**15), frame(6), frame(7), frame(10**15 + 1)]
     async with scripted_upstream(script) as url:
         sink = Sink()
-        sink.waiting_for = 10**15 + 1
+        sink.waiting_for = log_position(1, 10**15 + 1)
         connection, ctx, events, _ = start_connection(url, sink)
         await asyncio.wait_for(sink.got.wait(), timeout=30)
 
-        assert [m.seq for m in sink.added] == [4, 5, 10**15, 10**15 + 1]
-        assert sink.prev_seqs == [3, 4, 5, 10**15]
-        assert (ctx.counters.upstream_gaps, ctx.counters.upstream_seq_backwards) == (1, 2)
-        logged = [event for event, _ in events if event.startswith("upstream_")]
-        assert logged == ["upstream_gap", "upstream_seq_backwards"], logged
+        assert [m.seq for m in sink.added] == [
+            4,
+            5,
+            10**15,
+            log_position(1, 6),
+            log_position(1, 7),
+            log_position(1, 10**15 + 1),
+        ]
+        assert sink.prev_seqs == [3, 4, 5, 10**15, log_position(1, 6), log_position(1, 7)]
+        assert (ctx.counters.upstream_gaps, ctx.counters.log_epochs) == (2, 1)
+        logged = [event for event, _ in events if event.startswith(("upstream_", "log_"))]
+        assert logged == ["upstream_gap", "log_epoch_begun"], logged
+        await shut_down(connection)
+
+
+async def test_a_seq_sent_again_is_a_duplicate_only_if_it_is_the_same_message():
+    """An upstream whose numbering restarts (after 6 it sends 1, 2, ... again) had every new
+    message dropped as a duplicate until its seqs passed 6, and every client dropped them too.
+    The same message again is still a duplicate; another one begins the stream's next epoch,
+    whose first message follows the last of the one before."""
+    script = [frame(4, "a"), frame(5, "b"), frame(6, "c"), frame(5, "b"), frame(6, "c")]
+    script += [frame(1, "new"), frame(2, "newer"), frame(2, "newer"), frame(7, "z")]
+    async with scripted_upstream(script) as url:
+        sink = Sink()
+        sink.waiting_for = log_position(1, 7)
+        connection, ctx, events, _ = start_connection(url, sink)
+        await asyncio.wait_for(sink.got.wait(), timeout=30)
+
+        assert [(m.seq, m.data) for m in sink.added] == [
+            (4, "a"),
+            (5, "b"),
+            (6, "c"),
+            (log_position(1, 1), "new"),
+            (log_position(1, 2), "newer"),
+            (log_position(1, 7), "z"),
+        ]
+        assert sink.prev_seqs[3:] == [6, log_position(1, 1), log_position(1, 2)]
+        assert (ctx.counters.upstream_seq_backwards, ctx.counters.log_epochs) == (3, 1)
+        begun = [fields for event, fields in events if event == "log_epoch_begun"]
+        assert begun == [{"pk": "CONN#a", "epoch": 1, "first": 1, "after": 6}]
+        assert connection.log_epoch == 1
         await shut_down(connection)
 
 

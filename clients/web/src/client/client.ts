@@ -42,6 +42,8 @@ import {
   BEARER_SUBPROTOCOL_PREFIX,
   type BidReply,
   type ClientMessage,
+  comparePositions,
+  type EpochChange,
   frameBytes,
   HEARTBEAT_FRAME,
   isErrorReply,
@@ -57,35 +59,43 @@ import {
   ROUTE_UNSUBSCRIBE,
   type StateReply,
   type StreamMessage,
+  type StreamPosition,
   type SubscribedReply,
   TOKEN_QUERY_PARAMETER,
 } from './protocol.js';
 import { DEFAULT_GAP_TIMEOUT_MS, DEFAULT_MAX_BUFFERED, StreamCursor } from './streams.js';
 import { globalTimers, type Timers } from './timers.js';
 
-/** Where the last seq delivered per stream is kept (what every reconnect resumes from). */
+/** Where the position of the last message delivered per stream is kept (what every reconnect
+ * resumes from). */
 export interface PositionStore {
-  get(stream: string): number | null | undefined;
-  set(stream: string, seq: number): void;
+  get(stream: string): StreamPosition | null | undefined;
+  set(stream: string, position: StreamPosition): void;
 }
 
 /** Positions in memory (the default): they survive reconnects, not a reload. */
 export function memoryPositions(): PositionStore {
-  const positions = new Map<string, number>();
-  return { get: (stream) => positions.get(stream), set: (stream, seq) => void positions.set(stream, seq) };
+  const positions = new Map<string, StreamPosition>();
+  return {
+    get: (stream) => positions.get(stream),
+    set: (stream, position) => void positions.set(stream, { ...position }),
+  };
 }
 
-/** Positions in a `Storage` (the page's `localStorage`): they survive a reload too. */
+/** Positions in a `Storage` (the page's `localStorage`) as `<epoch>:<seq>`: they survive a
+ * reload too. A plain `<seq>` (as kept before epochs) reads as epoch 0's. */
 export function storagePositions(storage: Storage, prefix = 'streamfleet.position.'): PositionStore {
   return {
     get: (stream) => {
       const raw = storage.getItem(prefix + stream);
-      const value = raw === null ? NaN : Number(raw);
-      return Number.isSafeInteger(value) ? value : null;
+      const match = raw === null ? null : /^(?:([0-9]{1,16}):)?([0-9]{1,16})$/.exec(raw);
+      if (match === null) return null;
+      const position = { epoch: Number(match[1] ?? 0), seq: Number(match[2]) };
+      return Number.isSafeInteger(position.epoch) && Number.isSafeInteger(position.seq) ? position : null;
     },
-    set: (stream, seq) => {
+    set: (stream, position) => {
       try {
-        storage.setItem(prefix + stream, String(seq));
+        storage.setItem(prefix + stream, `${position.epoch}:${position.seq}`);
       } catch {
         // Full or forbidden storage: the position lives on in the cursor for this page.
       }
@@ -239,6 +249,9 @@ export interface ClientEvents {
   change: (snapshot: ClientSnapshot) => void;
   /** A subscribed stream's next message: exactly once, in seq order, no gap. */
   streamMessage: (message: StreamMessage) => void;
+  /** A subscribed stream went on in a newer epoch (its upstream restarted its numbering): told
+   * before the new epoch's first message. */
+  streamEpoch: (change: EpochChange) => void;
   /** A subscribe was answered (the replay of `reply.replayed` messages follows). */
   subscribed: (reply: SubscribedReply) => void;
   /** The server refused a subscribe; the stream is not subscribed any more. */
@@ -329,6 +342,7 @@ export class StreamFleetClient {
     error: new Set(),
     change: new Set(),
     streamMessage: new Set(),
+    streamEpoch: new Set(),
     subscribed: new Set(),
     subscriptionError: new Set(),
   };
@@ -528,11 +542,11 @@ export class StreamFleetClient {
 
   // --- Subscribed streams -----------------------------------------------------------------
 
-  /** The streams subscribed here, with their positions (the last seq delivered). */
-  get subscriptions(): { stream: string; position: number | null; buffered: number }[] {
+  /** The streams subscribed here, with their positions (the last message delivered). */
+  get subscriptions(): { stream: string; position: StreamPosition | null; buffered: number }[] {
     return [...this.cursors.values()].map((c) => ({
       stream: c.stream,
-      position: c.position,
+      position: c.at,
       buffered: c.buffered,
     }));
   }
@@ -542,9 +556,9 @@ export class StreamFleetClient {
     return this.cursors.get(stream);
   }
 
-  /** The last seq of `stream` delivered to the application. */
-  position(stream: string): number | null {
-    return this.cursors.get(stream)?.position ?? this.positions.get(stream) ?? null;
+  /** The position of the last message of `stream` delivered to the application. */
+  position(stream: string): StreamPosition | null {
+    return this.cursors.get(stream)?.at ?? this.positions.get(stream) ?? null;
   }
 
   /**
@@ -554,13 +568,19 @@ export class StreamFleetClient {
    * not subscribed). Not connected: resolves with null; the subscribe goes with the next
    * connection, as after every reconnect.
    */
-  async subscribe(stream: string, options: { after?: number | null } = {}): Promise<SubscribedReply | null> {
+  async subscribe(
+    stream: string,
+    options: { after?: StreamPosition | number | null } = {},
+  ): Promise<SubscribedReply | null> {
     if (typeof stream !== 'string' || stream.length === 0) {
       throw new RangeError('stream: expected a non-empty string');
     }
-    const after = options.after ?? null;
-    if (after !== null && (!Number.isSafeInteger(after) || after < 0)) {
-      throw new RangeError(`after: expected a seq (a whole number >= 0) or null, got ${String(after)}`);
+    const given = options.after ?? null;
+    const after = typeof given === 'number' ? { epoch: 0, seq: given } : given;
+    if (after !== null && !validPosition(after)) {
+      throw new RangeError(
+        `after: expected a seq, an {epoch, seq} (whole numbers >= 0) or null, got ${JSON.stringify(given)}`,
+      );
     }
     this.unsubscribed.delete(stream); // the application asks for it again
     this.pendingUnsubscribes.delete(stream);
@@ -572,8 +592,9 @@ export class StreamFleetClient {
         this.maxBufferedPerStream,
       );
       this.cursors.set(stream, cursor);
-    } else if (after !== null && (cursor.position === null || after > cursor.position)) {
-      cursor.position = after;
+    } else if (after !== null && (cursor.at === null || comparePositions(after, cursor.at) > 0)) {
+      cursor.epoch = after.epoch;
+      cursor.position = after.seq;
     }
     if (this.ws === null || !this.opened) return null;
     this.ensureGapCheck();
@@ -604,7 +625,12 @@ export class StreamFleetClient {
     let reply: Reply;
     try {
       cursor.requestId = this.peekNextId();
-      reply = await this.request({ action: ROUTE_SUBSCRIBE, stream: cursor.stream, after: cursor.position });
+      reply = await this.request({
+        action: ROUTE_SUBSCRIBE,
+        stream: cursor.stream,
+        after: cursor.position,
+        afterEpoch: cursor.epoch,
+      });
     } catch {
       cursor.inFlight = false;
       cursor.retryLater(this.timers.now()); // or the next connection subscribes again
@@ -637,8 +663,10 @@ export class StreamFleetClient {
         ? cursor.onSubscribed(reply as SubscribedReply, now)
         : cursor.onFrame(reply as MessagesFrame, now);
     if (reply.type === 'subscribed') this.emit('subscribed', reply as SubscribedReply);
+    const change = cursor.takeEpochChange();
+    if (change !== null) this.emit('streamEpoch', change);
     for (const message of ready) {
-      this.positions.set(message.stream, message.seq);
+      this.positions.set(message.stream, { epoch: message.epoch, seq: message.seq });
       this.emit('streamMessage', message);
     }
   }
@@ -1147,4 +1175,14 @@ function closeQuietly(ws: WebSocketLike, code: number, reason: string): void {
   } catch {
     // Already closing, or a code the implementation refuses: the socket is abandoned anyway.
   }
+}
+
+function validPosition(position: StreamPosition): boolean {
+  return (
+    typeof position === 'object' &&
+    Number.isSafeInteger(position.epoch) &&
+    Number.isSafeInteger(position.seq) &&
+    position.epoch >= 0 &&
+    position.seq >= 0
+  );
 }

@@ -14,7 +14,8 @@ export const TOKEN_QUERY_PARAMETER = 'token';
 export const ROUTE_HEARTBEAT = 'heartbeat';
 export const ROUTE_GET_STATE = 'getState';
 export const ROUTE_BID = 'bid';
-/** Live delivery of an ingested stream: `{"action":"subscribe","stream":"<id>","after":<seq|null>}`. */
+/** Live delivery of an ingested stream:
+ * `{"action":"subscribe","stream":"<id>","after":<seq|null>,"afterEpoch":<epoch>}`. */
 export const ROUTE_SUBSCRIBE = 'subscribe';
 export const ROUTE_UNSUBSCRIBE = 'unsubscribe';
 
@@ -70,16 +71,39 @@ export interface StateReply extends Reply {
   subscriptions?: string[];
 }
 
+/** A place in a stream's log: `seq` counted in `epoch`; ordered epoch first. */
+export interface StreamPosition {
+  epoch: number;
+  seq: number;
+}
+
+/** Compares two positions: negative, zero or positive as `a` comes before, at or after `b`. */
+export function comparePositions(a: StreamPosition, b: StreamPosition): number {
+  return a.epoch !== b.epoch ? a.epoch - b.epoch : a.seq - b.seq;
+}
+
+/** The stream went on in a newer epoch: its seqs count from the upstream's again. Told to the
+ * application (the `streamEpoch` event) before the new epoch's first message. */
+export interface EpochChange {
+  stream: string;
+  epoch: number;
+  previous: number;
+}
+
 /** The answer to `subscribe`; the replay's `messages` frames follow it. */
 export interface SubscribedReply extends Reply {
   type: 'subscribed';
   stream: string;
   /** Where the replay starts (seqs above it follow); null: the stream has stored nothing yet. */
   after: number | null;
+  /** The epoch `after` counts in (absent from servers before epochs: 0). */
+  afterEpoch?: number | null;
   /** How many messages the replay frames carry. */
   replayed: number;
   /** The last replayed seq (`after` when nothing was replayed). */
   upTo: number | null;
+  /** The epoch `upTo` counts in. */
+  upToEpoch?: number | null;
   /** The replay was cut at its budget: subscribe again from where you got to. */
   more: boolean;
   /** Seqs below the oldest kept message that expired with the table's TTL. */
@@ -89,6 +113,8 @@ export interface SubscribedReply extends Reply {
 /** One entry of a `messages` frame; a message over one frame comes in `parts`. */
 export interface StreamEntry {
   seq: number;
+  /** The epoch `seq` counts in: a new one each time the upstream restarted its numbering. */
+  epoch?: number;
   data: string;
   /** `json`: `data` is the exact JSON text of a value the upstream sent, not a string. */
   format?: string;
@@ -111,6 +137,8 @@ export interface MessagesFrame extends Reply {
 export interface StreamMessage {
   stream: string;
   seq: number;
+  /** The epoch `seq` counts in (0 until the upstream first restarted its numbering). */
+  epoch: number;
   data: string;
   receivedAtMs: number | null;
   source: string;

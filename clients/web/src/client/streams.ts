@@ -7,7 +7,12 @@
  * makes the fleet rewrite seqs it had stored, and after a reconnect the replay repeats what
  * arrived live before. A cursor turns that into what the application sees:
  *
- * - `position` is the last seq delivered; anything at or below it is a duplicate and dropped;
+ * - `position` is the last seq delivered, counted in `epoch`; anything at or below it, or of an
+ *   older epoch, is a duplicate and dropped;
+ * - a stream whose upstream restarted its numbering goes on in a newer epoch: the subscribe reply
+ *   moves the cursor there once nothing more can come in the old one, and the application hears
+ *   of it (`takeEpochChange`) before the new epoch's first message. An entry of a newer epoch
+ *   that arrives before that counts as a gap: the log fills in the rest of the old epoch first;
  * - anything above `position + 1` waits in a bounded buffer until the seqs before it arrive (a
  *   message too big for one frame arrives in parts, joined first);
  * - a gap that stays open longer than the gap timeout asks for a fresh subscribe from
@@ -16,7 +21,15 @@
  * - when the buffer is full the highest seqs are dropped: the next replay brings them back.
  */
 
-import type { MessagesFrame, StreamEntry, StreamMessage, SubscribedReply } from './protocol.js';
+import {
+  comparePositions,
+  type EpochChange,
+  type MessagesFrame,
+  type StreamEntry,
+  type StreamMessage,
+  type StreamPosition,
+  type SubscribedReply,
+} from './protocol.js';
 
 export const DEFAULT_MAX_BUFFERED = 10_000;
 export const DEFAULT_GAP_TIMEOUT_MS = 2000;
@@ -43,6 +56,10 @@ export const MAX_PART_CHARS = 4 * 1024 * 1024;
 export class StreamCursor {
   readonly stream: string;
   position: number | null;
+  /** The epoch `position` counts in. */
+  epoch: number;
+  /** An entry of a newer epoch arrived: waited for like a gap. */
+  ahead = false;
   readonly maxBuffered: number;
   readonly stats: CursorStats = {
     delivered: 0,
@@ -65,15 +82,35 @@ export class StreamCursor {
   requestId: string | null = null;
   private gapSince: number | null = null;
   private gapAttempts = 0;
-  private moreUpTo: number | null = null;
-  /** The last seq a subscribe reply promised: awaited like a gap, so a replay whose frames were
-   * lost is asked for again even on a quiet or stopped stream. */
-  private promisedUpTo: number | null = null;
+  private moreUpTo: StreamPosition | null = null;
+  /** The last position a subscribe reply promised: awaited like a gap, so a replay whose frames
+   * were lost is asked for again even on a quiet or stopped stream. */
+  private promisedUpTo: StreamPosition | null = null;
+  private epochChange: EpochChange | null = null;
 
-  constructor(stream: string, position: number | null = null, maxBuffered = DEFAULT_MAX_BUFFERED) {
+  constructor(
+    stream: string,
+    position: StreamPosition | number | null = null,
+    maxBuffered = DEFAULT_MAX_BUFFERED,
+  ) {
     this.stream = stream;
-    this.position = position;
+    if (typeof position === 'number') position = { epoch: 0, seq: position };
+    this.position = position?.seq ?? null;
+    this.epoch = position?.epoch ?? 0;
     this.maxBuffered = maxBuffered;
+  }
+
+  /** `position` with its epoch; null before the first. */
+  get at(): StreamPosition | null {
+    return this.position === null ? null : { epoch: this.epoch, seq: this.position };
+  }
+
+  /** The epoch change the last reply made, once (null: none): tell the application before
+   * delivering what follows it. */
+  takeEpochChange(): EpochChange | null {
+    const change = this.epochChange;
+    this.epochChange = null;
+    return change;
   }
 
   get buffered(): number {
@@ -86,19 +123,26 @@ export class StreamCursor {
     // Parts of a message the replay that follows brings whole are dropped: no part from before
     // a reconnect joins one from after it. Parts past the replay are kept: a live message
     // stored after the replay's read may have posted its first parts already.
-    const replayEnd = typeof reply.upTo === 'number' ? reply.upTo : null;
+    const upTo = replyPosition(reply.upTo, reply.upToEpoch);
     for (const seq of [...this.parts.keys()]) {
-      if (replayEnd === null || seq <= replayEnd) this.dropParts(seq);
+      if (upTo === null || comparePositions({ epoch: this.epoch, seq }, upTo) <= 0) this.dropParts(seq);
     }
-    const after = reply.after;
-    if (typeof after === 'number' && Number.isSafeInteger(after)) {
+    const after = replyPosition(reply.after, reply.afterEpoch);
+    const at = this.at;
+    if (after !== null && (at === null || comparePositions(after, at) > 0)) {
       // No position yet: a first subscribe from the newest. Above ours: nothing exists in
-      // between (before the stream's origin, or expired): nothing to wait for.
-      if (this.position === null || after > this.position) this.position = after;
+      // between (before the stream's origin, expired, or the rest of an epoch that ended).
+      if (after.epoch !== this.epoch) {
+        if (at !== null) this.epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
+        this.buffer.clear(); // all of the old epoch
+        for (const seq of [...this.parts.keys()]) this.dropParts(seq);
+        this.epoch = after.epoch;
+        this.ahead = false;
+      }
+      this.position = after.seq;
     }
-    const promised = typeof reply.upTo === 'number' && Number.isSafeInteger(reply.upTo);
-    this.moreUpTo = reply.more === true && promised ? reply.upTo : null;
-    this.promisedUpTo = promised ? reply.upTo : null;
+    this.moreUpTo = reply.more === true ? upTo : null;
+    this.promisedUpTo = upTo;
     return this.drain(now);
   }
 
@@ -108,6 +152,12 @@ export class StreamCursor {
     for (const entry of entries) {
       const message = this.message(entry, frame);
       if (message === null) continue;
+      if (message.epoch !== this.epoch) {
+        if (message.epoch > this.epoch)
+          this.ahead = true; // the log holds what comes before it
+        else this.stats.duplicates += 1;
+        continue;
+      }
       if ((this.position !== null && message.seq <= this.position) || this.buffer.has(message.seq)) {
         this.stats.duplicates += 1;
         continue;
@@ -133,7 +183,12 @@ export class StreamCursor {
       const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
       return this.gapSince !== null && now - this.gapSince >= wait ? 'start' : null;
     }
-    if (this.moreUpTo !== null && this.position >= this.moreUpTo) return 'more';
+    if (
+      this.moreUpTo !== null &&
+      comparePositions({ epoch: this.epoch, seq: this.position }, this.moreUpTo) >= 0
+    ) {
+      return 'more';
+    }
     // A gap the log cannot fill (a stopped stream's unsealed tail) must not cost a subscribe
     // every timeout for ever: each unproductive retry waits twice as long.
     const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
@@ -153,7 +208,7 @@ export class StreamCursor {
     }
     this.moreUpTo = null;
     this.promisedUpTo = null; // the next reply promises anew
-    this.gapSince = this.buffer.size > 0 || this.parts.size > 0 ? now : null;
+    this.gapSince = this.buffer.size > 0 || this.parts.size > 0 || this.ahead ? now : null;
   }
 
   /** A subscribe failed to get an answer: try again after a gap timeout. */
@@ -165,11 +220,15 @@ export class StreamCursor {
   private message(entry: StreamEntry, frame: MessagesFrame): StreamMessage | null {
     if (entry === null || typeof entry !== 'object') return null;
     const { seq, data } = entry;
-    if (!Number.isSafeInteger(seq) || typeof data !== 'string') return null;
+    const epoch = entry.epoch ?? 0;
+    if (!Number.isSafeInteger(seq) || !Number.isSafeInteger(epoch) || epoch < 0 || typeof data !== 'string') {
+      return null;
+    }
     const receivedAtMs = Number.isSafeInteger(entry.at) ? (entry.at as number) : null;
     const base = {
       stream: this.stream,
       seq,
+      epoch,
       receivedAtMs,
       source: frame.source ?? '',
       region: typeof frame.region === 'string' ? frame.region : null,
@@ -179,7 +238,9 @@ export class StreamCursor {
     const { part, parts } = entry;
     if (!Number.isInteger(part) || !Number.isInteger(parts) || part! < 0 || part! >= parts!) return null;
     if (parts! > MAX_PARTS) return null;
-    if (this.position !== null && seq <= this.position) return { ...base, data: '' }; // a duplicate
+    if (epoch !== this.epoch || (this.position !== null && seq <= this.position)) {
+      return { ...base, data: '' }; // a duplicate, or of a newer epoch: judged by the caller
+    }
     let held = this.parts.get(seq);
     if (held !== undefined && held.total !== parts) {
       this.dropParts(seq); // another cut of the same message: never joined with this one
@@ -235,12 +296,21 @@ export class StreamCursor {
     }
     this.stats.delivered += ready.length;
     if (ready.length > 0) this.gapAttempts = 0;
-    if (this.promisedUpTo !== null && this.position !== null && this.position >= this.promisedUpTo) {
+    const at = this.at;
+    if (this.promisedUpTo !== null && at !== null && comparePositions(at, this.promisedUpTo) >= 0) {
       this.promisedUpTo = null;
     }
-    const waiting = this.buffer.size > 0 || this.parts.size > 0 || this.promisedUpTo !== null;
+    const waiting = this.buffer.size > 0 || this.parts.size > 0 || this.promisedUpTo !== null || this.ahead;
     if (!waiting) this.gapSince = null;
     else if (this.gapSince === null || ready.length > 0) this.gapSince = now;
     return ready;
   }
+}
+
+/** A reply's `seq` in `epoch` (0 when absent); null without a seq. */
+function replyPosition(seq: unknown, epoch: unknown): StreamPosition | null {
+  const inEpoch = epoch ?? 0;
+  if (typeof seq !== 'number' || !Number.isSafeInteger(seq) || seq < 0) return null;
+  if (typeof inEpoch !== 'number' || !Number.isSafeInteger(inEpoch) || inEpoch < 0) return null;
+  return { epoch: inEpoch, seq };
 }

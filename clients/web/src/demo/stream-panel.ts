@@ -81,7 +81,7 @@ export function mountStreamPanel(client: StreamFleetClient, params: URLSearchPar
     const url = new URL(location.href);
     url.searchParams.set('stream', stream);
     history.replaceState(null, '', url.toString());
-    record.startedAfter[stream] = client.position(stream);
+    record.startedAfter[stream] = client.position(stream)?.seq ?? null;
     try {
       const reply = await client.subscribe(stream);
       // A page with no saved position starts where the server's reply says (the newest few).
@@ -96,6 +96,11 @@ export function mountStreamPanel(client: StreamFleetClient, params: URLSearchPar
   client.on('subscriptionError', (error) => {
     view.error.textContent = error.reply.message ?? error.error;
     view.error.dataset.error = error.error;
+  });
+  client.on('streamEpoch', (change) => {
+    if (change.stream === watching) {
+      view.error.textContent = `the source restarted its numbering: epoch ${change.epoch} begins`;
+    }
   });
   client.on('subscribed', (reply) => {
     if (reply.stream === watching && reply.skipped) {
