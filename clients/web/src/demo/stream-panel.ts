@@ -83,9 +83,7 @@ export function mountStreamPanel(client: StreamFleetClient, params: URLSearchPar
     history.replaceState(null, '', url.toString());
     record.startedAfter[stream] = client.position(stream)?.seq ?? null;
     try {
-      const reply = await client.subscribe(stream);
-      // A page with no saved position starts where the server's reply says (the newest few).
-      if (record.startedAfter[stream] === null && reply !== null) record.startedAfter[stream] = reply.after;
+      await client.subscribe(stream); // its reply records the start (the 'subscribed' event)
     } catch (error) {
       view.error.textContent =
         error instanceof SubscriptionRefusedError ? (error.reply.message ?? error.error) : String(error);
@@ -103,7 +101,18 @@ export function mountStreamPanel(client: StreamFleetClient, params: URLSearchPar
     }
   });
   client.on('subscribed', (reply) => {
-    if (reply.stream === watching && reply.skipped) {
+    if (reply.stream !== watching) return;
+    // A page with no saved position starts where the first reply says (the newest few), also
+    // when it subscribed before the connection was open (subscribe() then answers null). Fired
+    // before that reply's messages are delivered; a later resubscribe never moves the start.
+    if (
+      record.startedAfter[reply.stream] == null &&
+      typeof reply.after === 'number' &&
+      (record.seqs[reply.stream]?.length ?? 0) === 0
+    ) {
+      record.startedAfter[reply.stream] = reply.after;
+    }
+    if (reply.skipped) {
       view.error.textContent = `${reply.skipped} older messages expired before this page got them`;
     }
   });
