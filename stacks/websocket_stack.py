@@ -158,6 +158,10 @@ class WebSocketApiStack(RegionalStack):
                 signing_key_secret_name=config.canary_signing_key_secret_name,
                 token_transport=config.canary_token_transport,
                 healthy_runs_to_recover=config.canary_healthy_runs_to_recover,
+                # Only the primary sweeps. The SECONDARY record has no health check: while the
+                # primary is unhealthy the name answers with the secondary whatever its own
+                # canary says, so a sweep there would only send its clients straight back.
+                disconnect_when_unhealthy=self.role is Role.PRIMARY,
                 reserved_concurrency=config.canary_reserved_concurrency,
                 log_level=config.lambda_log_level,
                 log_retention=config.log_retention,

@@ -31,6 +31,7 @@ from stacks import (
     SECONDARY_STACK_NAME,
     SECONDARY_WS_STACK_NAME,
 )
+from stacks.regional import Role
 from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import canary as canary_runtime
@@ -447,7 +448,9 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert isinstance(source, canary_runtime.SecretToken)
         assert variables["CANARY_SIGNING_KEY_SECRET_ARN"] == SECRET_NAME
         assert variables["JWT_AUDIENCE"] == "auction-clients"
-        assert config.disconnect_when_unhealthy is True
+        # A canary never closes the connections of the Region the failover name answers
+        # with: the secondary's record has no health check, so only the primary sweeps.
+        assert config.disconnect_when_unhealthy is (stack.role is Role.PRIMARY)
         # Every variable the canary is given is one it reads (its issuer is its own, fixed).
         assert set(variables) <= set(model.CANARY_ENV), set(variables) - set(model.CANARY_ENV)
 
@@ -536,21 +539,18 @@ def test_canary_role_has_exactly_its_grants(with_domain, built):
             canary = stack.canary
             grants = role_grants(template, logical_id(stack, canary.role))
             api_id = logical_id(stack, stack.websocket.api)
+            state = {"dynamodb:GetItem", "dynamodb:PutItem"}
             expected = {
-                arn_text(stack, stack.connections_table.table_arn): {
-                    "dynamodb:GetItem",
-                    "dynamodb:PutItem",
-                    # closing this Region's clients while it is unhealthy
-                    "dynamodb:Scan",
-                    "dynamodb:DeleteItem",
-                },
-                (
-                    f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>"
-                    "/v1/DELETE/@connections/*"
-                ): {"execute-api:ManageConnections"},
+                arn_text(stack, stack.connections_table.table_arn): state,
                 "*": {"cloudwatch:PutMetricData"},
                 arn_text(stack, canary.log_group.log_group_arn): LOG_ACTIONS,
             }
+            if stack.role is Role.PRIMARY:  # closing this Region's clients while unhealthy
+                state |= {"dynamodb:Scan", "dynamodb:DeleteItem"}
+                expected[
+                    f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>"
+                    "/v1/DELETE/@connections/*"
+                ] = {"execute-api:ManageConnections"}
             if with_key:
                 secret = (
                     f"arn:aws:secretsmanager:{stack.region}:{TEST_ACCOUNT}:secret:{SECRET_NAME}"
