@@ -491,7 +491,9 @@ class LocalRegions:
                 healthy_runs_to_recover=s.healthy_runs_to_recover,
                 failures_to_trip=s.alarm_datapoints,
                 state_table=connections_table,
-                disconnect_when_unhealthy=s.disconnect_when_unhealthy,
+                # As deployed: only the primary's canary sweeps (the SECONDARY record has no
+                # health check, so the name answers with it whatever its canary says).
+                disconnect_when_unhealthy=s.disconnect_when_unhealthy and name == s.primary,
                 management_endpoint=gateway.management_endpoint,
                 disconnect_budget_seconds=s.canary_period,
             ),
