@@ -428,6 +428,7 @@ CANARY_TRIPPED = "tripped"  # failed long enough to fail over: fail-back needs a
 CANARY_FAILURE_STREAK = "failure_streak"
 CANARY_HEALTHY_STREAK = "healthy_streak"
 CANARY_STATE_VERSION = "state_version"
+CANARY_LAST_TICK_MS = "last_tick_ms"  # the schedule tick of the last run (epoch ms)
 
 WSAPI_STATE_TABLE = TableSpec(default_name=DEFAULT_WSAPI_STATE_TABLE_NAME, partition_key=PK)
 WSAPI_CONNECTIONS_TABLE = TableSpec(

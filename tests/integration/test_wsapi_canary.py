@@ -31,6 +31,7 @@ from streamfleet.wsapi.canary import (
     DynamoHealthStateStore,
     FailbackHysteresis,
     HealthState,
+    MemoryHealthStateStore,
     MintedToken,
     StaticToken,
     probe,
@@ -109,6 +110,136 @@ def test_hysteresis_matches_its_specification(probes: list[bool], recover: int, 
 
 
 # --- Against a gateway --------------------------------------------------------------------------
+
+
+MINUTE_MS = 60_000
+
+
+def test_minutes_without_a_datapoint_trip_the_canary_like_failures() -> None:
+    """Two silent minutes are what the alarm (missing data breaching) fails over on; the next
+    healthy run reported 1 at once, so traffic failed back without the healthy streak."""
+    h = FailbackHysteresis(healthy_runs_to_recover=3, failures_to_trip=2)
+    state = h.next(HealthState(), True, 0)
+    one_silent = h.next(state, True, 2 * MINUTE_MS)  # one minute without a datapoint: a blip
+    assert one_silent.reported_healthy and not one_silent.tripped
+    ticks = [5 * MINUTE_MS, 6 * MINUTE_MS, 7 * MINUTE_MS]  # 2 silent minutes before the first
+    reported = []
+    for tick in ticks:
+        one_silent = h.next(one_silent, True, tick)
+        reported.append(one_silent.reported_healthy)
+    assert reported == [False, False, True] and one_silent.last_tick_ms == ticks[-1]
+    # Already tripped and recovering: a silence starts the streak again.
+    recovering = HealthState(False, True, 0, 2, 9, 10 * MINUTE_MS)
+    assert h.next(recovering, True, 13 * MINUTE_MS).healthy_streak == 1
+
+
+def test_the_schedule_tick_is_read_from_the_event() -> None:
+    tick = canary_module.schedule_tick_ms({"time": "2026-12-06T13:57:00Z"})
+    assert tick == 1796565420000
+    for event in ({}, {"time": "yesterday"}, {"time": "2026-12-06T13:57:00"}, {"time": 5}):
+        assert canary_module.schedule_tick_ms(event) is None
+
+
+async def test_a_datapoint_lands_in_its_ticks_minute_however_late_it_is_sent(
+    moto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A datapoint without a timestamp landed in the minute it arrived: a probe that ran past
+    the minute (up to its timeout) left its own minute empty and breached the next one too."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", moto.endpoint)
+    api_id = f"api-{uuid.uuid4().hex[:6]}"
+    minute_ms = (int(time.time() * 1000) // MINUTE_MS - 10) * MINUTE_MS  # 10 minutes ago
+    cloudwatch = AsyncClient("cloudwatch")
+    try:
+        await CloudWatchPublisher(cloudwatch).publish(api_id, 0, False, tick_ms=minute_ms + 57_000)
+    finally:
+        cloudwatch.close()
+
+    def datapoints(start_ms: int) -> int:
+        stats = boto3.client("cloudwatch", region_name=REGION).get_metric_statistics(
+            Namespace=model.HEALTH_METRIC_NAMESPACE,
+            MetricName=model.HEALTH_METRIC_NAME,
+            Dimensions=[{"Name": model.HEALTH_METRIC_DIMENSION_API_ID, "Value": api_id}],
+            StartTime=start_ms / 1000,
+            EndTime=(start_ms + MINUTE_MS) / 1000,
+            Period=60,
+            Statistics=["SampleCount"],
+        )
+        return int(sum(point["SampleCount"] for point in stats["Datapoints"]))
+
+    assert (datapoints(minute_ms), datapoints(minute_ms + MINUTE_MS)) == (1, 0)
+
+
+class Recorded:
+    """A publisher that keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[int, bool | None, int | None]] = []
+
+    async def publish(self, api_id, value, probe_healthy, *, tick_ms=None) -> None:
+        self.published.append((value, probe_healthy, tick_ms))
+
+
+class BrokenKey:
+    async def token(self) -> str | None:
+        raise ValueError("the signing key cannot be read")
+
+
+class Sweeps:
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def sweep(self):
+        self.count += 1
+
+
+async def test_a_fault_of_the_canarys_own_pages_as_such_and_moves_no_traffic() -> None:
+    """An unreadable key was a failed probe: the Region failed over and every client was swept
+    each run, and the run returned normally, so the canary's Errors alarm never fired."""
+    for reported in (True, False):
+        store = MemoryHealthStateStore(HealthState(reported, not reported, 0, 0, 3, MINUTE_MS))
+        published, sweeps = Recorded(), Sweeps()
+        canary = Canary(
+            CanaryConfig(endpoint_url="ws://127.0.0.1:9/x", api_id="a"),
+            tokens=BrokenKey(),
+            store=store,
+            publishers=[published],
+            disconnector=sweeps,  # type: ignore[arg-type]
+        )
+        with pytest.raises(canary_module.CanaryFault, match="signing key"):
+            await canary.run_once(2 * MINUTE_MS)
+        # The last value again, no probe result, nothing swept; the minute had its datapoint.
+        assert published.published == [(int(reported), None, 2 * MINUTE_MS)]
+        assert sweeps.count == 0
+        state = await store.load()
+        assert (state.reported_healthy, state.last_tick_ms) == (reported, 2 * MINUTE_MS)
+
+
+async def test_a_rotated_key_is_used_within_the_refresh_bound() -> None:
+    """The key was read once per container: after a rotation the authorizer enforced, a warm
+    canary signed with the old key until its container was recycled, with no bound."""
+    keys = [jwt.generate_signing_key(jwt.HS256, kid=kid) for kid in ("old", "new")]
+    now = [0.0]
+
+    class Secrets:
+        async def call(self, operation, **params):
+            return {"SecretString": json.dumps(jwt.public_jwk(keys[0]))}
+
+    source = canary_module.SecretToken(
+        Secrets(),  # type: ignore[arg-type]
+        "arn:secret",
+        audience=AUDIENCE,
+        clock=lambda: now[0],
+    )
+
+    async def kid() -> str | None:
+        return jwt.split_token(await source.token()).kid
+
+    assert await kid() == "old"
+    keys.reverse()  # rotated
+    now[0] = canary_module.KEY_REFRESH_SECONDS - 1
+    assert await kid() == "old"
+    now[0] = canary_module.KEY_REFRESH_SECONDS
+    assert await kid() == "new"
 
 
 async def test_probe_outcomes(gateway: LocalGateway) -> None:

@@ -23,7 +23,9 @@ class HealthAlarm:
         self._values: list[int] = []
         self._last_at: float | None = None
 
-    async def publish(self, api_id: str, value: int, probe_healthy: bool) -> None:
+    async def publish(
+        self, api_id: str, value: int, probe_healthy: bool, *, tick_ms: int | None = None
+    ) -> None:
         self._values = (
             [*self._values[-(self.datapoints - 1) :], value] if self.datapoints > 1 else [value]
         )

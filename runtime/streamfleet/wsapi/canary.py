@@ -55,13 +55,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 import json
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -240,6 +242,15 @@ class TokenSource(Protocol):
         """A token valid now (``None``: connect without one)."""
 
 
+# How long a warm canary signs with the key it read before reading the secret again.
+KEY_REFRESH_SECONDS = 300.0
+
+
+class CanaryFault(RuntimeError):
+    """The canary could not probe for a reason of its own (its key, its secret): the Lambda
+    invocation fails (the function's Errors alarm pages) and the Region is judged as before."""
+
+
 @dataclass(frozen=True)
 class StaticToken:
     """A fixed token (or none)."""
@@ -273,7 +284,8 @@ class MintedToken:
 
 
 class SecretToken:
-    """:class:`MintedToken` whose key is read once from Secrets Manager."""
+    """:class:`MintedToken` whose key is read from Secrets Manager, and read again once it is
+    ``KEY_REFRESH_SECONDS`` old: a rotated key is used within that bound by a warm container."""
 
     def __init__(
         self,
@@ -282,18 +294,22 @@ class SecretToken:
         *,
         audience: str,
         subject: str = DEFAULT_SUBJECT,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._secrets = secrets
         self._arn = secret_arn
         self._audience = audience
         self._subject = subject
+        self._clock = clock
         self._minted: MintedToken | None = None
+        self._read_at = -math.inf
 
     async def token(self) -> str | None:
-        if self._minted is None:
+        if self._minted is None or self._clock() - self._read_at >= KEY_REFRESH_SECONDS:
             secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
             key = jwt.signing_key_from_text(secret["SecretString"])
             self._minted = MintedToken(key, self._audience, self._subject)
+            self._read_at = self._clock()
         return await self._minted.token()
 
 
@@ -342,6 +358,7 @@ class HealthState:
     failure_streak: int = 0
     healthy_streak: int = 0
     version: int = 0
+    last_tick_ms: int | None = None  # the schedule tick of the run that wrote it
 
 
 @dataclass(frozen=True)
@@ -352,21 +369,39 @@ class FailbackHysteresis:
     alarm's datapoints: the point where traffic fails over) trip the canary; once tripped it
     reports unhealthy until ``healthy_runs_to_recover`` consecutive probes succeeded. Failures
     that do not trip it (a blip the alarm ignores) change nothing for the next healthy probe.
+
+    Minutes in which no run published count as failures: ``failures_to_trip`` of them in a row
+    are what the alarm (missing data breaching) fails over on, so they trip the canary too, and
+    fail-back waits for the healthy streak whatever made the alarm fire.
     """
 
     healthy_runs_to_recover: int = DEFAULT_HEALTHY_RUNS_TO_RECOVER
     failures_to_trip: int = DEFAULT_FAILURES_TO_TRIP
 
-    def next(self, state: HealthState, probe_healthy: bool) -> HealthState:
-        """The state after one more probe; ``reported_healthy`` is what to publish."""
+    def next(
+        self, state: HealthState, probe_healthy: bool, tick_ms: int | None = None
+    ) -> HealthState:
+        """The state after one more probe at schedule tick ``tick_ms`` (epoch ms; ``None``:
+        unknown, no silent minutes counted); ``reported_healthy`` is what to publish."""
         version = state.version + 1
+        last_tick = state.last_tick_ms if tick_ms is None else tick_ms
+        silenced = self._silent_minutes(state, tick_ms) >= self.failures_to_trip
+        tripped = state.tripped or silenced
         if not probe_healthy:
             failures = min(state.failure_streak + 1, self.failures_to_trip)
-            tripped = state.tripped or failures >= self.failures_to_trip
-            return HealthState(False, tripped, failures, 0, version)
-        streak = min(state.healthy_streak + 1, self.healthy_runs_to_recover)
-        tripped = state.tripped and streak < self.healthy_runs_to_recover
-        return HealthState(not tripped, tripped, 0, streak, version)
+            tripped = tripped or failures >= self.failures_to_trip
+            return HealthState(False, tripped, failures, 0, version, last_tick)
+        # After a silence the alarm fired on, this run is the healthy streak's first.
+        streak = 1 if silenced else min(state.healthy_streak + 1, self.healthy_runs_to_recover)
+        tripped = tripped and streak < self.healthy_runs_to_recover
+        return HealthState(not tripped, tripped, 0, streak, version, last_tick)
+
+    @staticmethod
+    def _silent_minutes(state: HealthState, tick_ms: int | None) -> int:
+        """Whole minutes between the last run's tick and this one with no datapoint."""
+        if state.last_tick_ms is None or tick_ms is None:
+            return 0
+        return max(0, (tick_ms - state.last_tick_ms) // 60_000 - 1)
 
 
 class HealthStateStore(Protocol):
@@ -420,23 +455,29 @@ class DynamoHealthStateStore:
             failure_streak=int(item.get(model.CANARY_FAILURE_STREAK, 0)),
             healthy_streak=int(item.get(model.CANARY_HEALTHY_STREAK, 0)),
             version=int(item.get(model.CANARY_STATE_VERSION, 0)),
+            last_tick_ms=(
+                int(item[model.CANARY_LAST_TICK_MS]) if model.CANARY_LAST_TICK_MS in item else None
+            ),
         )
 
     async def save(self, state: HealthState, previous: HealthState) -> bool:
         condition = "attribute_not_exists(#pk) OR #state_version = :previous"
+        item = {
+            model.PK: to_attr(self._pk),
+            model.CANARY_REPORTED_HEALTHY: to_attr(state.reported_healthy),
+            model.CANARY_TRIPPED: to_attr(state.tripped),
+            model.CANARY_FAILURE_STREAK: to_attr(state.failure_streak),
+            model.CANARY_HEALTHY_STREAK: to_attr(state.healthy_streak),
+            model.CANARY_STATE_VERSION: to_attr(state.version),
+            model.UPDATED_AT_MS: to_attr(time.time_ns() // 1_000_000),
+        }
+        if state.last_tick_ms is not None:
+            item[model.CANARY_LAST_TICK_MS] = to_attr(state.last_tick_ms)
         try:
             await self._dynamodb.call(
                 "put_item",
                 TableName=self._table,
-                Item={
-                    model.PK: to_attr(self._pk),
-                    model.CANARY_REPORTED_HEALTHY: to_attr(state.reported_healthy),
-                    model.CANARY_TRIPPED: to_attr(state.tripped),
-                    model.CANARY_FAILURE_STREAK: to_attr(state.failure_streak),
-                    model.CANARY_HEALTHY_STREAK: to_attr(state.healthy_streak),
-                    model.CANARY_STATE_VERSION: to_attr(state.version),
-                    model.UPDATED_AT_MS: to_attr(time.time_ns() // 1_000_000),
-                },
+                Item=item,
                 ConditionExpression=condition,
                 ExpressionAttributeNames=names(model.PK, model.CANARY_STATE_VERSION),
                 ExpressionAttributeValues={":previous": to_attr(previous.version)},
@@ -454,8 +495,11 @@ class DynamoHealthStateStore:
 class MetricPublisher(Protocol):
     """Where a run's result goes."""
 
-    async def publish(self, api_id: str, value: int, probe_healthy: bool) -> None:
-        """Publish ``value`` (1/0 after hysteresis) and the raw probe result."""
+    async def publish(
+        self, api_id: str, value: int, probe_healthy: bool | None, *, tick_ms: int | None = None
+    ) -> None:
+        """Publish ``value`` (1/0 after hysteresis) and the raw probe result (``None``: no
+        probe ran), in the minute of schedule tick ``tick_ms`` (``None``: now)."""
 
 
 class CloudWatchPublisher:
@@ -464,8 +508,18 @@ class CloudWatchPublisher:
     def __init__(self, cloudwatch: AsyncClient):
         self._cloudwatch = cloudwatch
 
-    async def publish(self, api_id: str, value: int, probe_healthy: bool) -> None:
+    async def publish(
+        self, api_id: str, value: int, probe_healthy: bool | None, *, tick_ms: int | None = None
+    ) -> None:
         dimensions = [{"Name": model.HEALTH_METRIC_DIMENSION_API_ID, "Value": api_id}]
+        # Stamped with the tick, not the arrival: a probe that ran past the minute (up to its
+        # timeout) must not leave its own minute empty and fill the next one, which the alarm
+        # would count as two breaching minutes.
+        stamp = (
+            {}
+            if tick_ms is None
+            else {"Timestamp": datetime.datetime.fromtimestamp(tick_ms / 1000, datetime.UTC)}
+        )
         await self._cloudwatch.call(
             "put_metric_data",
             Namespace=model.HEALTH_METRIC_NAMESPACE,
@@ -475,13 +529,21 @@ class CloudWatchPublisher:
                     "Dimensions": dimensions,
                     "Value": float(value),
                     "Unit": "None",
+                    **stamp,
                 },
-                {
-                    "MetricName": model.PROBE_METRIC_NAME,
-                    "Dimensions": dimensions,
-                    "Value": 1.0 if probe_healthy else 0.0,
-                    "Unit": "None",
-                },
+                *(
+                    []
+                    if probe_healthy is None
+                    else [
+                        {
+                            "MetricName": model.PROBE_METRIC_NAME,
+                            "Dimensions": dimensions,
+                            "Value": 1.0 if probe_healthy else 0.0,
+                            "Unit": "None",
+                            **stamp,
+                        }
+                    ]
+                ),
             ],
         )
 
@@ -636,30 +698,21 @@ class Canary:
             config.healthy_runs_to_recover, config.failures_to_trip
         )
 
-    async def run_once(self) -> CanaryRun:
-        """One probe and its metric. Publishing failures are logged, not raised (the alarm
-        treats the missing datapoint as breaching, which is the right outcome)."""
+    async def run_once(self, tick_ms: int | None = None) -> CanaryRun:
+        """One probe and its metric, for schedule tick ``tick_ms`` (epoch ms; ``None``: now).
+        Publishing failures are logged, not raised (the alarm treats the missing datapoint as
+        breaching, which is the right outcome). A fault of the canary's own (no token) holds
+        the last published value and raises :class:`CanaryFault`."""
         try:
             token = await self.tokens.token()
         except Exception as exc:
-            result = ProbeResult(False, 0.0, f"token: {type(exc).__name__}: {exc}")
-        else:
-            endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
-            result = await probe(endpoint, timeout=self.config.timeout_seconds)
-        state, applied = await self._apply_hysteresis(result.healthy)
+            await self._hold(tick_ms)
+            raise CanaryFault(f"token: {type(exc).__name__}: {exc}") from exc
+        endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
+        result = await probe(endpoint, timeout=self.config.timeout_seconds)
+        state, applied = await self._apply_hysteresis(result.healthy, tick_ms)
         value = 1 if state.reported_healthy else 0
-        for publisher in self.publishers:
-            try:
-                await publisher.publish(self.config.api_id, value, result.healthy)
-            except Exception as exc:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "canary_publish",
-                    decision="error",
-                    apiId=self.config.api_id,
-                    detail=f"{type(exc).__name__}: {exc}",
-                )
+        await self._publish(value, result.healthy, tick_ms)
         # After publishing: by the time clients reconnect, the alarm has its datapoint.
         sweep = None
         if self.disconnector is not None and state.tripped:
@@ -692,13 +745,48 @@ class Canary:
         )
         return CanaryRun(result, state, value, applied, sweep)
 
-    async def _apply_hysteresis(self, probe_healthy: bool) -> tuple[HealthState, bool]:
+    async def _publish(self, value: int, probe_healthy: bool | None, tick_ms: int | None) -> None:
+        for publisher in self.publishers:
+            try:
+                await publisher.publish(self.config.api_id, value, probe_healthy, tick_ms=tick_ms)
+            except Exception as exc:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "canary_publish",
+                    decision="error",
+                    apiId=self.config.api_id,
+                    detail=f"{type(exc).__name__}: {exc}",
+                )
+
+    async def _hold(self, tick_ms: int | None) -> None:
+        """No probe could run for a reason of the canary's own: publish what the last run
+        published, so that neither the alarm (missing data breaching) nor the hysteresis takes
+        the canary's fault for the Region's, and sweep nothing. The tick is recorded: the minute
+        had its datapoint."""
+        previous = HealthState()
+        if self.store is not None:
+            with contextlib.suppress(Exception):  # unknown history: as a new canary
+                for _ in range(SAVE_ATTEMPTS):
+                    previous = await self.store.load()
+                    held = dataclasses.replace(
+                        previous,
+                        version=previous.version + 1,
+                        last_tick_ms=previous.last_tick_ms if tick_ms is None else tick_ms,
+                    )
+                    if await self.store.save(held, previous):
+                        break
+        await self._publish(1 if previous.reported_healthy else 0, None, tick_ms)
+
+    async def _apply_hysteresis(
+        self, probe_healthy: bool, tick_ms: int | None
+    ) -> tuple[HealthState, bool]:
         if self.store is None:
-            return self.hysteresis.next(HealthState(), probe_healthy), False
+            return self.hysteresis.next(HealthState(), probe_healthy, tick_ms), False
         try:
             for _ in range(SAVE_ATTEMPTS):
                 previous = await self.store.load()
-                state = self.hysteresis.next(previous, probe_healthy)
+                state = self.hysteresis.next(previous, probe_healthy, tick_ms)
                 if await self.store.save(state, previous):
                     return state, True
         except Exception as exc:
@@ -752,6 +840,21 @@ def canary_from_env(env: Mapping[str, str] | None = None) -> Canary:
     )
 
 
+def schedule_tick_ms(event: Mapping[str, Any]) -> int | None:
+    """The schedule tick an EventBridge event names (``time``, ISO 8601 UTC), in epoch ms;
+    ``None`` for an event without one (a manual invocation)."""
+    raw = event.get("time") if isinstance(event, Mapping) else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        tick = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if tick.tzinfo is None:
+        return None
+    return int(tick.timestamp() * 1000)
+
+
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (``streamfleet.wsapi.canary.handler``), one probe per invocation."""
     global _cached
@@ -760,7 +863,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         if _cached is None or _cached[0] != key:
             _cached = (key, canary_from_env())
         canary = _cached[1]
-    run = asyncio.run(canary.run_once())
+    run = asyncio.run(canary.run_once(schedule_tick_ms(event)))
     return {
         "healthy": run.probe.healthy,
         "value": run.value,
