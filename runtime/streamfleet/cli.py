@@ -203,10 +203,6 @@ def checkpoint_of(item: dict[str, Any]) -> int | None:
     return None
 
 
-def _seq(position: Any) -> int | None:
-    return None if position is None else model.seq_of(int(position))
-
-
 def connection_rows(
     items: list[dict[str, Any]], now_ms: int, stored: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
@@ -236,8 +232,8 @@ def connection_rows(
                 "owner": item.get(model.LEASE_OWNER),
                 "lease_version": item.get(model.LEASE_VERSION),
                 "epoch": None if checkpoint is None else model.epoch_of(checkpoint),
-                "last_seq": _seq(item.get(model.LAST_SEQ)),
-                "stored_seq": _seq(newest),
+                "last_seq": model.split_position(item.get(model.LAST_SEQ))[1],
+                "stored_seq": model.split_position(newest)[1],
                 "lag": max(lag, 0) if lag is not None else None,
                 "updated_ago_s": round((now_ms - item.get(model.UPDATED_AT_MS, now_ms)) / 1000, 1),
                 "refused": item.get(model.REFUSED_REASON),

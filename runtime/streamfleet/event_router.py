@@ -305,14 +305,6 @@ def error_response(status: int, message: str, **extra: Any) -> dict:
     return response(status, {"error": message, **extra})
 
 
-def _seq(position: Any) -> int | None:
-    return None if position is None else model.seq_of(int(position))
-
-
-def _epoch(position: Any) -> int | None:
-    return None if position is None else model.epoch_of(int(position))
-
-
 def connection_state(item: dict[str, Any]) -> dict[str, Any]:
     """The public view of a connection row (no index bookkeeping attributes)."""
     state = {
@@ -320,8 +312,8 @@ def connection_state(item: dict[str, Any]) -> dict[str, Any]:
         model.WS_URL: item.get(model.WS_URL),
         model.LEASE_OWNER: item.get(model.LEASE_OWNER),
         # null: never checkpointed; the checkpoint is a log position, shown as seq and epoch
-        model.LAST_SEQ: _seq(item.get(model.LAST_SEQ)),
-        model.API_EPOCH: _epoch(item.get(model.LAST_SEQ)),
+        model.LAST_SEQ: model.split_position(item.get(model.LAST_SEQ))[1],
+        model.API_EPOCH: model.split_position(item.get(model.LAST_SEQ))[0],
         model.LEASE_VERSION: item.get(model.LEASE_VERSION, 0),
         model.UPDATED_AT_MS: item.get(model.UPDATED_AT_MS),
     }

@@ -62,6 +62,15 @@ def seq_of(position: int) -> int:
     return position % EPOCH_STRIDE
 
 
+def split_position(position: object) -> tuple[int | None, int | None]:
+    """``(epoch, seq)`` of a stored position (a number, as read from a table); ``(None, None)``
+    for none."""
+    if position is None:
+        return None, None
+    position = int(position)  # type: ignore[call-overload]
+    return epoch_of(position), seq_of(position)
+
+
 CONNECTION_PREFIX = "CONN#"
 SESSION_PREFIX = "SESSION#"
 

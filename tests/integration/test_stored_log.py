@@ -64,6 +64,7 @@ async def sink(table_names) -> AsyncIterator[MessageSink]:
         worker_id="w1",
         session=Session(),  # type: ignore[arg-type]
         flush_every=1.0,
+        retention_seconds=7 * 24 * 3600,
     )
     client.close()
 
@@ -77,13 +78,18 @@ async def store(sink: MessageSink, owner: Owner, *received: tuple[int, int | Non
 
 
 def stored_items(table: str) -> list[dict[str, Any]]:
-    return boto3.client("dynamodb").query(
-        TableName=table,
-        KeyConditionExpression="#pk = :pk",
-        ExpressionAttributeNames={"#pk": model.PK},
-        ExpressionAttributeValues={":pk": {"S": PK}},
-        ConsistentRead=True,
-    )["Items"]
+    pages = (
+        boto3.client("dynamodb")
+        .get_paginator("query")
+        .paginate(
+            TableName=table,
+            KeyConditionExpression="#pk = :pk",
+            ExpressionAttributeNames={"#pk": model.PK},
+            ExpressionAttributeValues={":pk": {"S": PK}},
+            ConsistentRead=True,
+        )
+    )
+    return [item for page in pages for item in page["Items"]]
 
 
 def stored_seqs(table: str) -> list[int]:
@@ -290,11 +296,86 @@ async def test_an_upstream_that_restarts_its_numbering_begins_a_new_epoch_of_the
     assert stored_data(table_names[1], model.log_position(1, 1)) == message_data("s", 1, 1)
 
 
-def start_streaming(sink: MessageSink, url: str):
-    """A worker that owns the stream (checkpointed at 0: it replays from seq 1)."""
+async def test_a_restart_that_went_on_past_the_resume_point_is_caught_by_the_one_sent_again(
+    sink: MessageSink, table_names
+):
+    """A restarted numbering already past the old log's end when the owner redials: resumed
+    after the last seq stored, it sent the next seq of its new numbering, which passed for the
+    old log going on. Dialled one seq back, its first message is compared with the stored one."""
+    clock = ShiftableClock()
+    async with FakeUpstream(rate=20, clock=clock.monotonic) as upstream:
+        upstream.ensure_stream("s")
+        clock.advance(10)  # 200 messages
+        flusher = asyncio.create_task(sink.run())
+        worker, events, _ = start_streaming(sink, upstream.url_for("s"))
+        await wait_for_stored(table_names[1], 200)
+        await upstream.restart("s", head=1000)
+        await wait_for_stored(table_names[1], model.log_position(1, 1000))
+        worker.end(EndReason.SHUTDOWN)
+        await asyncio.wait_for(worker.task, 30)
+        flusher.cancel()
+
+    [begun] = [fields for event, fields in events if event == "log_epoch_begun"]
+    old_end = begun["after"]
+    assert begun["first"] == old_end  # the one sent again, with the new numbering's data
+    assert stored_data(table_names[1], model.log_position(1, old_end)) == message_data(
+        "s", old_end, 1
+    )
+    assert stored_data(table_names[1], old_end) == message_data("s", old_end)
+
+
+async def test_a_successor_of_an_owner_that_began_an_epoch_chains_its_first_message_to_the_old(
+    sink: MessageSink, table_names
+):
+    """An owner checkpointed a new epoch's origin and died before storing anything of it. Its
+    successor's first message named that origin, which is no message, as its prev_seq: readers
+    at the old epoch's end waited for ever for a hole before it."""
+    await store(sink, Owner(), (1, 0), (2, 1), (3, 2))
+    async with FakeUpstream(rate=200) as upstream:
+        upstream.ensure_stream("s")
+        flusher = asyncio.create_task(sink.run())
+        worker, _, _ = start_streaming(sink, upstream.url_for("s"), model.log_position(1, 0))
+        await wait_for_stored(table_names[1], model.log_position(1, 2))
+        worker.end(EndReason.SHUTDOWN)
+        await asyncio.wait_for(worker.task, 30)
+        flusher.cancel()
+
+    first = model.log_position(1, 1)
+    assert prev_seqs(table_names[1]) == {first: 3}
+    [item] = [i for i in stored_items(table_names[1]) if int(i[model.SEQ]["N"]) == first]
+    assert model.MESSAGE_PREV_EXPIRES_AT in item  # when 3 expires: a reader can tell
+
+
+async def test_an_owner_whose_upstream_went_past_a_hole_records_the_gap_before_what_was_left(
+    sink: MessageSink, table_names
+):
+    """A predecessor left 4..5 unstored and 6..8 stored; the successor's upstream, asked for
+    what follows 3, went on at 91. Only 91 said so, often beyond a reader's replay page: the
+    reader waited for 4..5 until 3 expired. The message after the hole now says so itself."""
+    await store(sink, Owner(), (1, 0), (2, 1), (3, 2), (6, 5), (7, 6), (8, 7))
+    clock = ShiftableClock()
+    async with FakeUpstream(rate=20, replay_capacity=10, clock=clock.monotonic) as upstream:
+        upstream.ensure_stream("s")
+        clock.advance(5)  # head 100: it keeps 91..100
+        flusher = asyncio.create_task(sink.run())
+        worker, _, _ = start_streaming(sink, upstream.url_for("s"), 3)
+        await wait_for_stored(table_names[1], 95)
+        worker.end(EndReason.SHUTDOWN)
+        await asyncio.wait_for(worker.task, 30)
+        flusher.cancel()
+
+    first_past = min(seq for seq in stored_seqs(table_names[1]) if seq > 8)  # 91, or later
+    assert prev_seqs(table_names[1]) == {6: 3, first_past: 3}
+    assert await sink.contiguous_end(PK, 0) == stored_seqs(table_names[1])[-1]
+
+
+def start_streaming(sink: MessageSink, url: str, last_seq: int = 0):
+    """A worker that owns the stream, checkpointed at ``last_seq`` (0: it replays from seq 1)."""
     events: list = []
     leases = Leases(sink._session)  # type: ignore[arg-type]
-    lease = Lease(pk=PK, ws_url=url, last_seq=0, lease_version=1, owner="w1", session_version=1)
+    lease = Lease(
+        pk=PK, ws_url=url, last_seq=last_seq, lease_version=1, owner="w1", session_version=1
+    )
     worker = Connection(
         lease, connection_context(sink, leases, events), acquired_at=0, on_finished=lambda c: None
     )

@@ -103,12 +103,17 @@ def reader_authorizer() -> Authorizer:
 
 
 def test_subscribe_and_unsubscribe_messages_are_validated_field_by_field() -> None:
-    assert parse_message('{"action":"subscribe","stream":"m-1","after":41}') == Subscribe("m-1", 41)
-    assert parse_message('{"action":"subscribe","stream":"m-1","after":null}') == Subscribe("m-1")
+    old_client = {"knows_epochs": False}  # no afterEpoch
+    assert parse_message('{"action":"subscribe","stream":"m-1","after":41}') == Subscribe(
+        "m-1", 41, **old_client
+    )
+    assert parse_message('{"action":"subscribe","stream":"m-1","after":null}') == Subscribe(
+        "m-1", **old_client
+    )
     assert parse_message(
         '{"action":"subscribe","stream":"m-1","after":41,"afterEpoch":2}'
     ) == Subscribe("m-1", model.log_position(2, 41))
-    assert parse_message('{"action":"subscribe","stream":"m-1"}') == Subscribe("m-1")
+    assert parse_message('{"action":"subscribe","stream":"m-1"}') == Subscribe("m-1", **old_client)
     assert parse_message('{"action":"unsubscribe","stream":"m-1"}') == Unsubscribe("m-1")
     bad = {
         '{"action":"subscribe"}': "stream",
@@ -312,7 +317,7 @@ async def test_a_log_that_restarted_is_replayed_epoch_by_epoch_and_a_cursor_move
         data=lambda position: f"{model.epoch_of(position)}/{model.seq_of(position)}",
     )
     async with live_gateway(tables) as gw, await open_ws(gw.url, alice_token()) as ws:
-        reply, entries = await subscribe(ws, "re", 3)
+        reply, entries = await subscribe(ws, "re", 3, after_epoch=0)
         assert (reply["after"], reply["afterEpoch"], reply["upTo"], reply["upToEpoch"]) == (
             3,
             0,
@@ -326,12 +331,17 @@ async def test_a_log_that_restarted_is_replayed_epoch_by_epoch_and_a_cursor_move
             (1, 2, "1/2"),
             (1, 3, "1/3"),
         ]
-        reply, entries = await subscribe(ws, "re", 5, "s2")
+        reply, entries = await subscribe(ws, "re", 5, "s2", after_epoch=0)
         assert (reply["after"], reply["afterEpoch"], reply["replayed"]) == (0, 1, 3)
         assert "skipped" not in reply  # a new epoch, not a gap
+        # A client that sends no afterEpoch would drop epoch 1's seqs as duplicates: refused.
+        for after in (5, None):
+            reply, _ = await subscribe(ws, "re", after, "old")
+            assert (reply["error"], reply["field"]) == ("bad_request", "afterEpoch"), reply
+        assert tables.subscribers("re") == []  # refused: nothing is delivered to it
         reply, entries = await subscribe(ws, "re", 2, "s3", after_epoch=1)
         assert [(e["epoch"], e["seq"]) for e in entries] == [(1, 3)]
-        reply, entries = await subscribe(ws, "re", None, "s4")
+        reply, entries = await subscribe(ws, "re", None, "s4", after_epoch=0)
         assert (reply["after"], reply["afterEpoch"]) == (0, 0)
 
 

@@ -23,6 +23,22 @@ function frame(stream: string, seqs: number[], source = 'live'): MessagesFrame {
 }
 
 describe('StreamCursor', () => {
+  it('drops what it held of the old epoch when moved to a newer one', () => {
+    // The application's own position in a newer epoch kept the old buffer: its next seq was
+    // delivered as the new epoch's.
+    const cursor = new StreamCursor('s', 5);
+    cursor.onFrame(
+      { type: 'messages', stream: 's', source: 'live', messages: [{ seq: 7, data: 'old 7' }] },
+      0,
+    );
+    cursor.moveTo({ epoch: 1, seq: 6 });
+    const ready = cursor.onFrame(
+      { type: 'messages', stream: 's', source: 'live', messages: [{ seq: 7, epoch: 1, data: 'new 7' }] },
+      0,
+    );
+    expect(ready.map((m) => [m.epoch, m.seq, m.data])).toEqual([[1, 7, 'new 7']]);
+  });
+
   it('awaits a newer epoch like a gap, enters it once with an event, and drops older epochs', () => {
     // A stream whose upstream numbered from 1 again: its new seqs were dropped as duplicates.
     const cursor = new StreamCursor('s', 5);

@@ -514,7 +514,7 @@ class LocalMode:
                     desired=str(item.get(model.DESIRED_STATE, "")),
                     owner=owner,
                     owner_state=owner_state,
-                    checkpoint=checkpoint_of(item),
+                    checkpoint=model.split_position(checkpoint_of(item))[1],
                     stored=rows[stream_id]["stored_seq"],
                     lag=rows[stream_id]["lag"],
                     upstream=head.get(stream_id),

@@ -363,12 +363,12 @@ class FakeUpstream:
 
     # -- trouble -----------------------------------------------------------------------------
 
-    async def restart(self, stream_id: str) -> None:
-        """Restart a stream as a source that lost its state does: its numbering starts again
-        from 1 now, with other data, and its clients are cut. A resume from past its new head is
-        answered from its start (it cannot know that seq)."""
+    async def restart(self, stream_id: str, *, head: int = 0) -> None:
+        """Restart a stream as a source that lost its state does: its numbering starts again,
+        at ``head`` now (0: from 1), with other data, and its clients are cut. A resume from
+        past its new head is answered from its start (it cannot know that seq)."""
         stream = self._stream(stream_id)
-        stream.created_at = self._clock()
+        stream.created_at = self._clock() - head / stream.rate
         stream.restarts += 1
         await self.drop_clients(stream_id)
 

@@ -430,7 +430,7 @@ class ReconnectingClient:
         elif wanted is not None and (
             cursor.position is None or wanted > StreamPosition(cursor.epoch, cursor.position)
         ):
-            cursor.epoch, cursor.position = wanted
+            cursor.move_to(wanted)
         if self._ws is None:
             return None
         return await self._send_subscribe(cursor, "request", raise_refusal=True)

@@ -129,17 +129,22 @@ class StreamCursor:
             # None: we had no position (a first subscribe from the newest). Above ours: the log
             # has nothing in between (before its origin, expired, or the rest of an epoch that
             # ended): nothing to wait for.
-            if after.epoch != self.epoch:
-                if self.position is not None:
-                    self._epoch_change = EpochChange(self.stream, after.epoch, self.epoch)
-                self.buffer.clear()  # all of the old epoch
-                for seq in list(self.parts):
-                    self._drop_parts(seq)
-                self.epoch, self.ahead = after.epoch, False
-            self.position = after.seq
+            if after.epoch != self.epoch and self.position is not None:
+                self._epoch_change = EpochChange(self.stream, after.epoch, self.epoch)
+            self.move_to(after)
         self.more_up_to = up_to if reply.get("more") and up_to is not None else None
         self.promised_up_to = up_to
         return self._drain(now)
+
+    def move_to(self, position: StreamPosition) -> None:
+        """Go on from ``position`` (the application's own, ahead of the cursor's): what the
+        cursor held of another epoch is dropped with it."""
+        if position.epoch != self.epoch:
+            self.buffer.clear()
+            for seq in list(self.parts):
+                self._drop_parts(seq)
+            self.epoch, self.ahead = position.epoch, False
+        self.position = position.seq
 
     def take_epoch_change(self) -> EpochChange | None:
         """The epoch change the last reply made, once (``None``: none): tell the application

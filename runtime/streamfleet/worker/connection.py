@@ -146,6 +146,8 @@ class Connection:
         self._unstored = 0
         self._unstored_bytes = 0
         self._stored_high = 0  # the newest position stored when this lease began (or refilled)
+        self._last_message: int | None = None  # the newest message received or found stored
+        self._repeat_expected: int | None = None  # dialled one back: this one comes again
         self._started = False
         self._storage_failed = False
         self._refusal = ""
@@ -231,11 +233,9 @@ class Connection:
         # stream never checkpointed has nothing stored: join it live (None).
         resume_from: int | None = None
         if self.lease.last_seq is not None:
-            resume_from = await context.sink.contiguous_end(self.pk, self.lease.last_seq)
-            self.stored_seq = self.last_received_seq = resume_from
-            # Past a hole an earlier owner may have stored more: what the upstream sends again
-            # up to there is compared with it.
-            self._stored_high = await context.sink.newest_stored(self.pk) or 0
+            resume_from = await self._resume_at(
+                await context.sink.contiguous_end(self.pk, self.lease.last_seq)
+            )
         attempt = 0
         while self.end_reason is None:  # told to end: its cancellation ends it, this is a net
             session.require_live()  # never (re)dial past the holder's deadline
@@ -244,7 +244,7 @@ class Connection:
                 resume_from = max(resume_from, self.last_received_seq, self.stored_seq)
             url = context.protocol.dial_url(
                 self.lease.ws_url,
-                resume_after=None if resume_from is None else model.seq_of(resume_from),
+                resume_after=self._dial_after(resume_from),
                 epoch=self.lease.lease_version,
             )
             received_before = self.last_received_seq
@@ -280,6 +280,34 @@ class Connection:
                 full_jitter(attempt, context.reconnect_base_seconds, context.reconnect_cap_seconds)
             )
             attempt += 1
+
+    async def _resume_at(self, end: int) -> int:
+        """Take the stream up after ``end`` (the end of the run stored without a hole): the first
+        message received follows the newest message stored at or below it (an epoch's origin
+        is no message: that is the previous epoch's last), with its expiry, so readers can
+        tell when a hole before it can no longer be filled. Past a hole an earlier owner may
+        have stored more: what the upstream sends again up to there is compared with it."""
+        sink = self._context.sink
+        self.stored_seq = end
+        last = await sink.last_stored(self.pk, end)
+        self.last_received_seq = end if last is None else last[0]
+        self._last_message = None if last is None else last[0]
+        sink.follows(self, None if last is None else last[1])
+        self._stored_high = await sink.newest_stored(self.pk) or 0
+        return end
+
+    def _dial_after(self, resume_from: int | None) -> int | None:
+        """The seq to resume the upstream after: one before the last message of this epoch the
+        log holds, so that the first message it sends is compared with the stored one (a
+        restarted numbering that went on past that seq would otherwise pass for the old log
+        going on), or the resume point itself when there is no such message."""
+        if resume_from is None:
+            return None
+        last = self._last_message
+        if last == resume_from and model.epoch_of(last) == self.log_epoch:
+            self._repeat_expected = last
+            return model.seq_of(last) - 1
+        return model.seq_of(resume_from)
 
     async def _dial(self, url: str) -> Any:
         """The upstream connection to open for ``url`` (``async with`` it): the checked address
@@ -359,29 +387,32 @@ class Connection:
 
     async def _receive(self, message: UpstreamMessage) -> None:
         """Queue ``message`` at its log position. A seq the log already holds is compared with
-        what is stored there: the same message again is a duplicate (dropped, or rewritten
-        unchanged past what this lease received); anything else means the upstream's numbering
-        restarted, and begins a new epoch, so the new message is neither dropped nor written
-        over the old one."""
+        what is stored there: only another message at a stored position proves that the
+        upstream's numbering restarted, and begins a new epoch, so the new message is neither
+        dropped nor written over the old one. The same message again is a duplicate (dropped,
+        or past what this lease received rewritten unchanged); so is one the log no longer holds
+        (expired, or never sent): nothing to compare it with."""
         previous = self.last_received_seq
         position = model.log_position(self.log_epoch, message.seq)
+        expected, self._repeat_expected = self._repeat_expected, None
         if position <= max(previous, self._stored_high):
             if position > self.stored_seq:
                 await self._context.sink.flush()  # compare with the log, not with a queue
                 if self._storage_failed:
                     return  # the connection is ending: nothing more of it is stored
             stored = await self._context.sink.stored_message(self.pk, position)
-            same = stored == (message.data, message.json)
-            if position <= previous and same:
-                self._context.counters.upstream_seq_backwards += 1
-                self._upstream_log("upstream_seq_repeated", pk=self.pk, seq=message.seq)
-                return
-            if not same and (position <= previous or stored is not None):
+            if stored is not None and stored != (message.data, message.json):
                 begun = await self._begin_epoch(message.seq)
                 if begun is None:
                     return
                 position, previous = begun, self.last_received_seq
-            # Otherwise past what this lease received: an earlier owner's hole, filled now.
+            elif position <= previous:
+                if position != expected:  # the one it was dialled to send again is no news
+                    self._context.counters.upstream_seq_backwards += 1
+                    self._upstream_log("upstream_seq_repeated", pk=self.pk, seq=message.seq)
+                return
+            # Otherwise past what this lease received: an earlier owner's message again, or its
+            # hole filled now.
         elif position != previous + 1 and model.epoch_of(previous) == self.log_epoch:
             # Stored with prev_seq: the log records the gap, so resuming and sealing keep what
             # lies past it.
@@ -389,7 +420,11 @@ class Connection:
             self._upstream_log(
                 "upstream_gap", pk=self.pk, after=model.seq_of(previous), next=message.seq
             )
-        self.last_received_seq = position
+        if position > previous + 1 and previous < self._stored_high:
+            # The upstream went past what an earlier owner left stored after a hole: that hole
+            # can never be filled now. Recorded where readers find it, the message after it.
+            await self._context.sink.close_holes(self.pk, previous, below=position)
+        self.last_received_seq = self._last_message = position
         self._unstored += 1
         self._unstored_bytes += message.data_bytes
         self._context.sink.add(self, dataclasses.replace(message, seq=position), previous)
@@ -467,14 +502,14 @@ class Connection:
         the upstream was reached and replayed what it still has."""
         context = self._context
         context.leases.session.require_live()
-        self.stored_seq = self.last_received_seq = end
+        await self._resume_at(end)
         self._stored_high = newest
         replayed = True
         try:
             async with asyncio.timeout(REFILL_SECONDS):
                 url = context.protocol.dial_url(
                     self.lease.ws_url,
-                    resume_after=model.seq_of(end),
+                    resume_after=self._dial_after(end),
                     epoch=self.lease.lease_version,
                 )
                 async with await self._dial(url) as upstream:

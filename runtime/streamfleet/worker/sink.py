@@ -400,6 +400,40 @@ class MessageSink:
                 return
             params["ExclusiveStartKey"] = last
 
+    async def last_stored(self, pk: str, at_most: int) -> tuple[int, int | None] | None:
+        """``(position, expires_at)`` of the newest message stored for ``pk`` at or below
+        ``at_most`` (``None``: none): what a resuming owner's first message follows."""
+        response = await retry_until(
+            lambda: self._dynamodb.call(
+                "query",
+                TableName=self._table,
+                KeyConditionExpression="#pk = :pk AND #seq <= :at_most",
+                ExpressionAttributeNames={
+                    "#pk": model.PK,
+                    "#seq": model.SEQ,
+                    "#expires": model.MESSAGE_EXPIRES_AT,
+                },
+                ExpressionAttributeValues={":pk": to_attr(pk), ":at_most": to_attr(at_most)},
+                ProjectionExpression="#seq, #expires",
+                ScanIndexForward=False,
+                Limit=1,
+                ConsistentRead=True,
+            ),
+            deadline=self._session.deadline,
+            clock=self._session.clock,
+            what=f"the last stored message of {pk}",
+        )
+        items = response.get("Items", [])
+        if not items:
+            return None
+        expires = items[0].get(model.MESSAGE_EXPIRES_AT)
+        return int(items[0][model.SEQ]["N"]), int(expires["N"]) if expires else None
+
+    def follows(self, owner: MessageOwner, expires_at: int | None) -> None:
+        """``owner``'s next message follows a stored one that expires at ``expires_at``: recorded
+        as its ``prev_expires_at``, so a reader can tell when a hole before it is unfillable."""
+        self._last_expiry[id(owner)] = expires_at
+
     async def newest_stored(self, pk: str) -> int | None:
         """The highest seq stored for ``pk`` (``None``: nothing)."""
         response = await retry_until(
@@ -437,10 +471,11 @@ class MessageSink:
         stored = [item async for page in self._stored_after(pk, after) for item in page]
         return run_end(stored, after)
 
-    async def close_holes(self, pk: str, after: int) -> tuple[int, int]:
-        """Record every hole left in the log of ``pk`` above ``after`` as a gap: the message
-        after each hole gets the end of the run before it as its ``prev_seq``. Returns the end of
-        the log now (its newest message) and how many holes were closed.
+    async def close_holes(self, pk: str, after: int, below: int | None = None) -> tuple[int, int]:
+        """Record every hole left in the log of ``pk`` above ``after`` (and below ``below``) as a
+        gap: the message after each hole gets the end of the run before it as its ``prev_seq``.
+        Returns the end of the run now (without ``below``: the log's newest message) and how many
+        holes were closed.
 
         For holes nothing can fill any more (the upstream, reached, replayed all it still has).
         What is stored past them stays: readers may have received it, and a message written
@@ -448,6 +483,8 @@ class MessageSink:
         Only the owner of ``pk`` may call it.
         """
         stored = [item async for page in self._stored_after(pk, after) for item in page]
+        if below is not None:
+            stored = [(seq, prev) for seq, prev in stored if seq < below]
         end, closed = after, 0
         while stored:
             end = run_end(stored, end)

@@ -277,6 +277,9 @@ class Subscribe:
     stream: str
     after: int | None = None  # a log position (epoch and seq); None: from the newest few
     request_id: str | None = None
+    # Sent afterEpoch: a client that follows a stream from one epoch into the next. One that
+    # does not would take the next epoch's seqs for duplicates of the old ones.
+    knows_epochs: bool = True
 
 
 @dataclass(frozen=True)
@@ -423,7 +426,7 @@ def parse_message(text: str) -> Message:
                 auction = _identifier(payload, "auction", MAX_AUCTION_ID_CHARS)
             return GetState(request_id, auction)
         if action == model.WS_ROUTE_SUBSCRIBE:
-            return Subscribe(_stream(payload), _after(payload), request_id)
+            return Subscribe(_stream(payload), _after(payload), request_id, "afterEpoch" in payload)
         if action == model.WS_ROUTE_UNSUBSCRIBE:
             return Unsubscribe(_stream(payload), request_id)
         for field in ("auction", "amount"):
@@ -950,6 +953,17 @@ class WsApiHandlers:
                     skipped = first.seq - 1 - after
                 # else the log went on in a newer epoch: the reply's afterEpoch says so
                 after = first.seq - 1
+        if not message.knows_epochs:
+            newest = self._newest_position(live, stream)
+            if newest is not None and model.epoch_of(newest) > 0:
+                self.unsubscribe(user_id, connection_id, stream)
+                raise BadMessage(
+                    "afterEpoch",
+                    f"required: the stream went on in epoch {model.epoch_of(newest)} (its"
+                    " upstream restarted its numbering), which a client that sends no"
+                    " afterEpoch cannot follow",
+                    message.request_id,
+                )
         # The replay may hold messages stored after a START that changed the readers in the
         # meantime: read them again, so nothing stored after that START was answered is served.
         try:
@@ -1100,6 +1114,19 @@ class WsApiHandlers:
             if not last:
                 return
             request["ExclusiveStartKey"] = last
+
+    def _newest_position(self, live: LiveTables, stream: str) -> int | None:
+        """The position of the newest message stored for ``stream`` (``None``: none)."""
+        newest = next(
+            self._query(
+                live.messages_table,
+                stream,
+                KeyConditionExpression="#pk = :pk",
+                ScanIndexForward=False,
+                Limit=1,
+            )
+        )
+        return newest[0].seq if newest else None
 
     def _newest(self, live: LiveTables, stream: str) -> list[StoredMessage]:
         """The newest messages: up to ``newest`` of them and ``REPLAY_MAX_BYTES`` of data."""

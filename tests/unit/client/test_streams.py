@@ -3,7 +3,7 @@ reply promised is awaited like a gap, on a quiet stream too."""
 
 from __future__ import annotations
 
-from streamfleet.client import StreamCursor
+from streamfleet.client import StreamCursor, StreamPosition
 
 GAP_TIMEOUT = 2.0
 
@@ -138,3 +138,15 @@ def test_a_newer_epoch_is_awaited_like_a_gap_then_entered_once_with_an_event():
     assert cursor.on_entries(old, source="live", region="r", now=GAP_TIMEOUT) == []
     assert cursor.stats.duplicates == 2
     assert cursor.resubscribe_reason(100, GAP_TIMEOUT) is None
+
+
+def test_moving_to_a_newer_epoch_drops_what_was_held_of_the_old():
+    """The application's own position in a newer epoch kept the old epoch's buffer: its next
+    seq was delivered as the new epoch's."""
+    cursor = StreamCursor("s", position=5)
+    cursor.on_entries([{"seq": 7, "data": "old 7"}], source="live", region="r", now=0)
+    cursor.move_to(StreamPosition(1, 6))
+    ready = cursor.on_entries(
+        [{"seq": 7, "epoch": 1, "data": "new 7"}], source="live", region="r", now=0
+    )
+    assert [(m.epoch, m.seq, m.data) for m in ready] == [(1, 7, "new 7")]

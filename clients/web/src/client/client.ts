@@ -593,8 +593,7 @@ export class StreamFleetClient {
       );
       this.cursors.set(stream, cursor);
     } else if (after !== null && (cursor.at === null || comparePositions(after, cursor.at) > 0)) {
-      cursor.epoch = after.epoch;
-      cursor.position = after.seq;
+      cursor.moveTo(after);
     }
     if (this.ws === null || !this.opened) return null;
     this.ensureGapCheck();

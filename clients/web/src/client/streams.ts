@@ -105,6 +105,18 @@ export class StreamCursor {
     return this.position === null ? null : { epoch: this.epoch, seq: this.position };
   }
 
+  /** Go on from `position` (the application's own, ahead of the cursor's): what the cursor
+   * held of another epoch is dropped with it. */
+  moveTo(position: StreamPosition): void {
+    if (position.epoch !== this.epoch) {
+      this.buffer.clear();
+      for (const seq of [...this.parts.keys()]) this.dropParts(seq);
+      this.epoch = position.epoch;
+      this.ahead = false;
+    }
+    this.position = position.seq;
+  }
+
   /** The epoch change the last reply made, once (null: none): tell the application before
    * delivering what follows it. */
   takeEpochChange(): EpochChange | null {
@@ -132,14 +144,10 @@ export class StreamCursor {
     if (after !== null && (at === null || comparePositions(after, at) > 0)) {
       // No position yet: a first subscribe from the newest. Above ours: nothing exists in
       // between (before the stream's origin, expired, or the rest of an epoch that ended).
-      if (after.epoch !== this.epoch) {
-        if (at !== null) this.epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
-        this.buffer.clear(); // all of the old epoch
-        for (const seq of [...this.parts.keys()]) this.dropParts(seq);
-        this.epoch = after.epoch;
-        this.ahead = false;
+      if (after.epoch !== this.epoch && at !== null) {
+        this.epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
       }
-      this.position = after.seq;
+      this.moveTo(after);
     }
     this.moreUpTo = reply.more === true ? upTo : null;
     this.promisedUpTo = upTo;
