@@ -115,22 +115,17 @@ def test_hysteresis_matches_its_specification(probes: list[bool], recover: int, 
 MINUTE_MS = 60_000
 
 
-def test_minutes_without_a_datapoint_trip_the_canary_like_failures() -> None:
-    """Two silent minutes are what the alarm (missing data breaching) fails over on; the next
-    healthy run reported 1 at once, so traffic failed back without the healthy streak."""
+def test_a_tick_counted_already_counts_nothing() -> None:
+    """EventBridge and Lambda deliver at least once: two failed probes for one minute tripped
+    the canary, so one bad minute moved traffic. A late run saving after the next counts
+    nothing either."""
     h = FailbackHysteresis(healthy_runs_to_recover=3, failures_to_trip=2)
-    state = h.next(HealthState(), True, 0)
-    one_silent = h.next(state, True, 2 * MINUTE_MS)  # one minute without a datapoint: a blip
-    assert one_silent.reported_healthy and not one_silent.tripped
-    ticks = [5 * MINUTE_MS, 6 * MINUTE_MS, 7 * MINUTE_MS]  # 2 silent minutes before the first
-    reported = []
-    for tick in ticks:
-        one_silent = h.next(one_silent, True, tick)
-        reported.append(one_silent.reported_healthy)
-    assert reported == [False, False, True] and one_silent.last_tick_ms == ticks[-1]
-    # Already tripped and recovering: a silence starts the streak again.
-    recovering = HealthState(False, True, 0, 2, 9, 10 * MINUTE_MS)
-    assert h.next(recovering, True, 13 * MINUTE_MS).healthy_streak == 1
+    state = h.next(HealthState(), False, MINUTE_MS)
+    again = h.next(state, False, MINUTE_MS)
+    assert (again.tripped, again.failure_streak, again.reported_healthy) == (False, 1, False)
+    late = h.next(again, False, 0)
+    assert (late.tripped, late.failure_streak) == (False, 1)
+    assert h.next(again, False, 2 * MINUTE_MS).tripped  # the next minute's does
 
 
 def test_the_schedule_tick_is_read_from_the_event() -> None:
@@ -194,9 +189,13 @@ class Sweeps:
 
 async def test_a_fault_of_the_canarys_own_pages_as_such_and_moves_no_traffic() -> None:
     """An unreadable key was a failed probe: the Region failed over and every client was swept
-    each run, and the run returned normally, so the canary's Errors alarm never fired."""
-    for reported in (True, False):
-        store = MemoryHealthStateStore(HealthState(reported, not reported, 0, 0, 3, MINUTE_MS))
+    each run, and the run returned normally, so the canary's Errors alarm never fired. It now
+    publishes the Region's standing: unhealthy only while tripped (a single failed probe before
+    it must not make two breaching minutes with it)."""
+    single_failure = HealthState(False, False, 1, 0, 3, MINUTE_MS)
+    tripped = HealthState(False, True, 2, 0, 3, MINUTE_MS)
+    for before, published_value in ((HealthState(), 1), (single_failure, 1), (tripped, 0)):
+        store = MemoryHealthStateStore(before)
         published, sweeps = Recorded(), Sweeps()
         canary = Canary(
             CanaryConfig(endpoint_url="ws://127.0.0.1:9/x", api_id="a"),
@@ -207,11 +206,24 @@ async def test_a_fault_of_the_canarys_own_pages_as_such_and_moves_no_traffic() -
         )
         with pytest.raises(canary_module.CanaryFault, match="signing key"):
             await canary.run_once(2 * MINUTE_MS)
-        # The last value again, no probe result, nothing swept; the minute had its datapoint.
-        assert published.published == [(int(reported), None, 2 * MINUTE_MS)]
+        assert published.published == [(published_value, None, 2 * MINUTE_MS)]
         assert sweeps.count == 0
-        state = await store.load()
-        assert (state.reported_healthy, state.last_tick_ms) == (reported, 2 * MINUTE_MS)
+        assert await store.load() == before  # no probe: the hysteresis counts nothing
+
+    class Unreadable(MemoryHealthStateStore):
+        async def load(self) -> HealthState:
+            raise OSError("the state table does not answer")
+
+    published = Recorded()
+    canary = Canary(
+        CanaryConfig(endpoint_url="ws://127.0.0.1:9/x", api_id="a"),
+        tokens=BrokenKey(),
+        store=Unreadable(),
+        publishers=[published],
+    )
+    with pytest.raises(canary_module.CanaryFault):
+        await canary.run_once(2 * MINUTE_MS)
+    assert published.published == []  # its standing unknown: no guess either way
 
 
 async def test_a_rotated_key_is_used_within_the_refresh_bound() -> None:
@@ -239,6 +251,10 @@ async def test_a_rotated_key_is_used_within_the_refresh_bound() -> None:
     now[0] = canary_module.KEY_REFRESH_SECONDS - 1
     assert await kid() == "old"
     now[0] = canary_module.KEY_REFRESH_SECONDS
+    assert await kid() == "new"
+    # A refresh that fails keeps signing with the key it has: no fault, no page.
+    keys[0] = None  # type: ignore[call-overload]
+    now[0] = 2 * canary_module.KEY_REFRESH_SECONDS
     assert await kid() == "new"
 
 

@@ -339,6 +339,13 @@ async def test_a_log_that_restarted_is_replayed_epoch_by_epoch_and_a_cursor_move
             reply, _ = await subscribe(ws, "re", after, "old")
             assert (reply["error"], reply["field"]) == ("bad_request", "afterEpoch"), reply
         assert tables.subscribers("re") == []  # refused: nothing is delivered to it
+        # ...on this connection only: the user's other clients still follow it from getState.
+        listed = tables.dynamodb.get_item(
+            TableName=tables.state,
+            Key={model.PK: {"S": model.user_subscriptions_pk("alice")}},
+            ConsistentRead=True,
+        )["Item"][model.WS_STREAMS]["SS"]
+        assert "re" in listed
         reply, entries = await subscribe(ws, "re", 2, "s3", after_epoch=1)
         assert [(e["epoch"], e["seq"]) for e in entries] == [(1, 3)]
         reply, entries = await subscribe(ws, "re", None, "s4", after_epoch=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -147,6 +148,7 @@ class Connection:
         self._unstored_bytes = 0
         self._stored_high = 0  # the newest position stored when this lease began (or refilled)
         self._last_message: int | None = None  # the newest message received or found stored
+        self._follows: int | None = None  # what the next message follows, when not the last
         self._repeat_expected: int | None = None  # dialled one back: this one comes again
         self._started = False
         self._storage_failed = False
@@ -288,9 +290,9 @@ class Connection:
         tell when a hole before it can no longer be filled. Past a hole an earlier owner may
         have stored more: what the upstream sends again up to there is compared with it."""
         sink = self._context.sink
-        self.stored_seq = end
+        self.stored_seq = self.last_received_seq = end
         last = await sink.last_stored(self.pk, end)
-        self.last_received_seq = end if last is None else last[0]
+        self._follows = last[0] if last is not None and last[0] < end else None
         self._last_message = None if last is None else last[0]
         sink.follows(self, None if last is None else last[1])
         self._stored_high = await sink.newest_stored(self.pk) or 0
@@ -401,7 +403,7 @@ class Connection:
                 if self._storage_failed:
                     return  # the connection is ending: nothing more of it is stored
             stored = await self._context.sink.stored_message(self.pk, position)
-            if stored is not None and stored != (message.data, message.json):
+            if stored is not None and not _same(stored, message):
                 begun = await self._begin_epoch(message.seq)
                 if begun is None:
                     return
@@ -424,6 +426,8 @@ class Connection:
             # The upstream went past what an earlier owner left stored after a hole: that hole
             # can never be filled now. Recorded where readers find it, the message after it.
             await self._context.sink.close_holes(self.pk, previous, below=position)
+        if self._follows is not None:  # the first after a resume at an epoch's origin
+            previous, self._follows = self._follows, None
         self.last_received_seq = self._last_message = position
         self._unstored += 1
         self._unstored_bytes += message.data_bytes
@@ -445,7 +449,7 @@ class Connection:
         await context.leases.checkpoint(self.lease, origin)
         self.log_epoch = epoch
         self.checkpointed_seq = self.stored_seq = self._stored_high = origin
-        self.last_received_seq = end
+        self.last_received_seq, self._follows = end, None
         context.counters.log_epochs += 1
         context.log(
             "log_epoch_begun", pk=self.pk, epoch=epoch, first=first, after=model.seq_of(end)
@@ -583,3 +587,21 @@ class Connection:
             context.log(
                 "lease_released", pk=self.pk, reason=str(reason), last_seq=self.checkpointed_seq
             )
+
+
+def _same(stored: tuple[str, bool], message: UpstreamMessage) -> bool:
+    """Whether ``message`` is the one stored: the same string, or the same JSON value however
+    its text is spaced or its members ordered (an upstream may write a replay anew)."""
+    data, is_json = stored
+    if is_json != message.json:
+        return False
+    if data == message.data or not is_json:
+        return data == message.data
+    try:
+        return _canonical(data) == _canonical(message.data)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _canonical(text: str) -> str:
+    return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))

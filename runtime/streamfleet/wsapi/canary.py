@@ -306,10 +306,24 @@ class SecretToken:
 
     async def token(self) -> str | None:
         if self._minted is None or self._clock() - self._read_at >= KEY_REFRESH_SECONDS:
-            secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
-            key = jwt.signing_key_from_text(secret["SecretString"])
-            self._minted = MintedToken(key, self._audience, self._subject)
-            self._read_at = self._clock()
+            try:
+                secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
+                key = jwt.signing_key_from_text(secret["SecretString"])
+            except Exception as exc:
+                if self._minted is None:
+                    raise
+                # The key read before still signs: a failed refresh is no reason to stop.
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "canary_key",
+                    decision="error",
+                    detail=f"refresh failed, signing with the key read before: {exc}",
+                )
+                self._read_at = self._clock()  # tried again after the same interval
+            else:
+                self._minted = MintedToken(key, self._audience, self._subject)
+                self._read_at = self._clock()
         return await self._minted.token()
 
 
@@ -370,9 +384,8 @@ class FailbackHysteresis:
     reports unhealthy until ``healthy_runs_to_recover`` consecutive probes succeeded. Failures
     that do not trip it (a blip the alarm ignores) change nothing for the next healthy probe.
 
-    Minutes in which no run published count as failures: ``failures_to_trip`` of them in a row
-    are what the alarm (missing data breaching) fails over on, so they trip the canary too, and
-    fail-back waits for the healthy streak whatever made the alarm fire.
+    A run for a tick already counted (EventBridge and Lambda deliver at least once, and a late
+    run may save after the next one) counts nothing: one bad minute never counts twice.
     """
 
     healthy_runs_to_recover: int = DEFAULT_HEALTHY_RUNS_TO_RECOVER
@@ -382,26 +395,18 @@ class FailbackHysteresis:
         self, state: HealthState, probe_healthy: bool, tick_ms: int | None = None
     ) -> HealthState:
         """The state after one more probe at schedule tick ``tick_ms`` (epoch ms; ``None``:
-        unknown, no silent minutes counted); ``reported_healthy`` is what to publish."""
+        unknown); ``reported_healthy`` is what to publish."""
         version = state.version + 1
+        if tick_ms is not None and state.last_tick_ms is not None and tick_ms <= state.last_tick_ms:
+            return dataclasses.replace(state, version=version)  # counted already
         last_tick = state.last_tick_ms if tick_ms is None else tick_ms
-        silenced = self._silent_minutes(state, tick_ms) >= self.failures_to_trip
-        tripped = state.tripped or silenced
         if not probe_healthy:
             failures = min(state.failure_streak + 1, self.failures_to_trip)
-            tripped = tripped or failures >= self.failures_to_trip
+            tripped = state.tripped or failures >= self.failures_to_trip
             return HealthState(False, tripped, failures, 0, version, last_tick)
-        # After a silence the alarm fired on, this run is the healthy streak's first.
-        streak = 1 if silenced else min(state.healthy_streak + 1, self.healthy_runs_to_recover)
-        tripped = tripped and streak < self.healthy_runs_to_recover
+        streak = min(state.healthy_streak + 1, self.healthy_runs_to_recover)
+        tripped = state.tripped and streak < self.healthy_runs_to_recover
         return HealthState(not tripped, tripped, 0, streak, version, last_tick)
-
-    @staticmethod
-    def _silent_minutes(state: HealthState, tick_ms: int | None) -> int:
-        """Whole minutes between the last run's tick and this one with no datapoint."""
-        if state.last_tick_ms is None or tick_ms is None:
-            return 0
-        return max(0, (tick_ms - state.last_tick_ms) // 60_000 - 1)
 
 
 class HealthStateStore(Protocol):
@@ -760,23 +765,26 @@ class Canary:
                 )
 
     async def _hold(self, tick_ms: int | None) -> None:
-        """No probe could run for a reason of the canary's own: publish what the last run
-        published, so that neither the alarm (missing data breaching) nor the hysteresis takes
-        the canary's fault for the Region's, and sweep nothing. The tick is recorded: the minute
-        had its datapoint."""
-        previous = HealthState()
+        """No probe could run for a reason of the canary's own: publish the Region's standing
+        (unhealthy only while tripped: a single failure before does not make two breaching
+        minutes with this one), so that neither the alarm nor the hysteresis takes the canary's
+        fault for the Region's, and sweep nothing. With the history unreadable, publish nothing:
+        a guess either way could move traffic."""
+        previous = HealthState()  # a canary without a store: as a new one
         if self.store is not None:
-            with contextlib.suppress(Exception):  # unknown history: as a new canary
-                for _ in range(SAVE_ATTEMPTS):
-                    previous = await self.store.load()
-                    held = dataclasses.replace(
-                        previous,
-                        version=previous.version + 1,
-                        last_tick_ms=previous.last_tick_ms if tick_ms is None else tick_ms,
-                    )
-                    if await self.store.save(held, previous):
-                        break
-        await self._publish(1 if previous.reported_healthy else 0, None, tick_ms)
+            try:
+                previous = await self.store.load()
+            except Exception as exc:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "canary_state",
+                    decision="error",
+                    apiId=self.config.api_id,
+                    detail=f"{type(exc).__name__}: {exc}",
+                )
+                return
+        await self._publish(0 if previous.tripped else 1, None, tick_ms)
 
     async def _apply_hysteresis(
         self, probe_healthy: bool, tick_ms: int | None

@@ -956,7 +956,8 @@ class WsApiHandlers:
         if not message.knows_epochs:
             newest = self._newest_position(live, stream)
             if newest is not None and model.epoch_of(newest) > 0:
-                self.unsubscribe(user_id, connection_id, stream)
+                # This connection only: the user's other clients may follow the stream.
+                self._stop_delivery(connection_id, stream)
                 raise BadMessage(
                     "afterEpoch",
                     f"required: the stream went on in epoch {model.epoch_of(newest)} (its"
@@ -1166,6 +1167,14 @@ class WsApiHandlers:
 
     def unsubscribe(self, user_id: str, connection_id: str, stream: str) -> dict[str, Any]:
         """Stop this connection's delivery of ``stream`` and forget the user's subscription."""
+        self._stop_delivery(connection_id, stream)
+        self.write_state(
+            model.user_subscriptions_pk(user_id), sets={}, deletes={model.WS_STREAMS: {stream}}
+        )
+        return {"type": model.WS_REPLY_UNSUBSCRIBED, "stream": stream}
+
+    def _stop_delivery(self, connection_id: str, stream: str) -> None:
+        """Stop this connection's delivery of ``stream`` (the user's subscriptions stay)."""
         live = self._live()
         self.dynamodb.delete_item(
             TableName=live.subscriptions_table,
@@ -1186,10 +1195,6 @@ class WsApiHandlers:
         except ClientError as exc:
             if not is_condition_failure(exc):
                 raise
-        self.write_state(
-            model.user_subscriptions_pk(user_id), sets={}, deletes={model.WS_STREAMS: {stream}}
-        )
-        return {"type": model.WS_REPLY_UNSUBSCRIBED, "stream": stream}
 
     def place_bid(self, user_id: str, auction: str, amount: int) -> dict[str, Any]:
         """Accept ``amount`` only if strictly above the auction's highest, atomically."""

@@ -17,7 +17,7 @@ from streamfleet.model import log_position
 from streamfleet.worker import connection as connection_module
 from streamfleet.worker.connection import Connection, ConnectionContext, EndReason
 from streamfleet.worker.observability import Counters
-from streamfleet.worker.protocol import JsonSeqProtocol
+from streamfleet.worker.protocol import JsonSeqProtocol, UpstreamMessage
 from streamfleet.worker.upstream_policy import UpstreamPolicy
 
 CLOSED_PORT_URL = "ws://127.0.0.1:9/streams/a"  # nothing listens on the discard port
@@ -274,10 +274,10 @@ async def scripted_upstream(script: list[str]):
         yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/s"
 
 
-def start_connection(url: str, sink: Sink, **kwargs):
+def start_connection(url: str, sink: Sink, last_seq: int = 3, **kwargs):
     leases, events = Leases(Session(deadline=time.monotonic() + 60)), []
     lease = Lease(
-        pk="CONN#a", ws_url=url, last_seq=3, lease_version=1, owner="w1", session_version=1
+        pk="CONN#a", ws_url=url, last_seq=last_seq, lease_version=1, owner="w1", session_version=1
     )
     ctx = context(leases, events, sink, **kwargs)
     connection = Connection(lease, ctx, acquired_at=0, on_finished=lambda c: None)
@@ -428,3 +428,34 @@ async def redials(attempts: list[int], count: int) -> None:
     while len(attempts) < count:
         assert time.monotonic() < deadline, attempts
         await asyncio.sleep(0.01)
+
+
+async def test_a_replay_written_anew_is_the_same_json_value_not_a_restart():
+    """The same JSON value spaced or ordered differently is the same message: not an epoch."""
+    script = [frame(4, {"a": 1, "b": [2]}), '{"seq": 4, "data": {"b": [2],  "a": 1}}', frame(5)]
+    async with scripted_upstream(script) as url:
+        sink = Sink()
+        sink.waiting_for = 5
+        connection, ctx, _, _ = start_connection(url, sink)
+        await asyncio.wait_for(sink.got.wait(), timeout=30)
+
+        assert [m.seq for m in sink.added] == [4, 5]
+        assert (ctx.counters.upstream_seq_backwards, ctx.counters.log_epochs) == (1, 0)
+        await shut_down(connection)
+
+
+async def test_a_successor_at_an_epochs_origin_stores_nothing_below_it():
+    """Resumed at epoch 1's origin (seq 9), the first message followed the old epoch's last
+    stored one for the duplicate check too: seqs 1..8 sent again were stored below the origin."""
+    script = [frame(5, "old"), frame(10, "new")]
+    async with scripted_upstream(script) as url:
+        sink = Sink()
+        sink.added.append(UpstreamMessage(3, "epoch 0's last"))
+        sink.waiting_for = log_position(1, 10)
+        connection, ctx, _, _ = start_connection(url, sink, last_seq=log_position(1, 9))
+        await asyncio.wait_for(sink.got.wait(), timeout=30)
+
+        assert [m.seq for m in sink.added] == [3, log_position(1, 10)]
+        assert sink.prev_seqs == [3]  # it follows epoch 0's last message
+        assert ctx.counters.upstream_seq_backwards == 1
+        await shut_down(connection)
