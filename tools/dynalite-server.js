@@ -36,3 +36,34 @@ const port = Number(option("port", "4567"));
 server.listen(port, host, () =>
   console.log(`dynalite listening at http://${host}:${server.address().port}`),
 );
+
+// A stop (SIGTERM) lets the requests in flight finish before the process exits: dynalite writes
+// an item's index entries and the item itself in separate steps, and a process killed between
+// the two leaves an index naming values the item no longer has, for good (an orphaned stream
+// that no index query finds), which DynamoDB never does. Requests that arrive meanwhile are cut
+// before dynalite reads them: to their clients, the server went down.
+let inFlight = 0;
+let stopping = false;
+function exitWhenIdle() {
+  if (stopping && inFlight === 0) {
+    server.closeAllConnections();
+    process.exit(0);
+  }
+}
+server.prependListener("request", (request, response) => {
+  if (stopping) {
+    request.socket.destroy();
+    return;
+  }
+  inFlight += 1;
+  response.on("close", () => {
+    inFlight -= 1;
+    exitWhenIdle();
+  });
+});
+process.on("SIGTERM", () => {
+  stopping = true;
+  server.close();
+  server.closeIdleConnections();
+  exitWhenIdle();
+});

@@ -24,6 +24,7 @@ from streamfleet.lease import (
     SessionLost,
     orphans,
 )
+from streamfleet.lease.connections import Claimable
 from tests.support import BACKENDS, CountingClient, ShiftableClock
 
 TIMING = LeaseTiming(
@@ -272,6 +273,30 @@ async def test_orphan_discovery_finds_unowned_and_expired_and_nothing_else(
     assert dynamodb.total() <= 6, dynamodb.calls
     assert dynamodb.calls.get("scan", 0) == 0
     assert await finder.connections.claim(from_dead) is not None
+
+
+async def test_a_candidate_from_a_stale_index_is_judged_on_its_row(make_store, writer):
+    """Discovery named the stream under an owner the row no longer has (an index behind the
+    row, or one a store left out of step with it): the claim failed, and no later discovery
+    found the stream under its real, dead owner. It is now judged on the row."""
+    clock = ShiftableClock()
+    [pk] = await started(writer, "moved")
+    first, second, finder = (make_store(name, clock) for name in ("first", "second", "finder"))
+    await first.session.open()
+    assert await first.connections.acquire(pk) is not None
+    stale = Claimable(pk, "first", first.session.version)  # what the index still says
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    await second.session.open()
+    assert await second.connections.acquire(pk) is not None  # the row moved on
+    await finder.session.open()
+
+    assert await finder.connections.claim(stale) is None  # its real owner is alive
+
+    clock.advance(TIMING.lease_seconds + TIMING.max_clock_skew_seconds + 0.1)
+    later = make_store("later", clock)
+    await later.session.open()
+    lease = await later.connections.claim(stale)  # its real owner is gone now
+    assert lease is not None and lease.owner == "later"
 
 
 async def test_ended_sessions_without_connections_are_cleared_never_deleted(make_store, dynamodb):

@@ -102,33 +102,53 @@ class ConnectionLeases:
         ``None`` when it is not claimable (owned by a live session, STOPPED, or missing). Raises
         :class:`SessionLost` if this worker's own session is past its deadline.
         """
-        candidate = Claimable(pk)
+        return await self._claim_from(Claimable(pk))
+
+    async def claim(self, candidate: Claimable) -> Lease | None:
+        """Claim a candidate found by orphan discovery; ``None`` if someone was quicker.
+
+        Discovery reads an index, which may be behind the row (or, on a store that lost a write
+        half-way, out of step with it for good): a candidate whose row has another owner now is
+        judged again on the row itself, so a stream whose current owner is gone is still taken.
+        """
+        current = await self._try_claim(candidate)
+        if isinstance(current, Lease) or current is None:
+            return current
+        if (current.get(model.LEASE_OWNER), current.get(model.LEASE_SESSION)) == (
+            candidate.owner,
+            candidate.session_version,
+        ):
+            return None  # the same owner as discovered: not claimable for another reason
+        next_candidate = await self._next_candidate(candidate.pk, current)
+        return None if next_candidate is None else await self._claim_from(next_candidate)
+
+    async def _claim_from(self, candidate: Claimable) -> Lease | None:
         for _ in range(MAX_CLAIM_ROUNDS):
             current = await self._try_claim(candidate)
             if isinstance(current, Lease):
                 return current
             if current is None:
                 return None
-            owner = current.get(model.LEASE_OWNER)
-            if owner is None:
-                if current.get(model.DESIRED_STATE) != STARTED and (
-                    model.AWAITING_OWNER not in current
-                ):
-                    return None
-                candidate = Claimable(pk)
-                continue
-            if current.get(model.DESIRED_STATE) != STARTED:
-                return None  # its owner closes it (or reconcile clears it once the owner is gone)
-            version = int(current[model.LEASE_SESSION])
-            if not await self._owner_is_gone(owner, version):
+            next_candidate = await self._next_candidate(candidate.pk, current)
+            if next_candidate is None:
                 return None
-            candidate = Claimable(pk, owner, version)
+            candidate = next_candidate
         return None
 
-    async def claim(self, candidate: Claimable) -> Lease | None:
-        """Claim a candidate found by orphan discovery; ``None`` if someone was quicker."""
-        current = await self._try_claim(candidate)
-        return current if isinstance(current, Lease) else None
+    async def _next_candidate(self, pk: str, current: dict[str, Any]) -> Claimable | None:
+        """What to claim ``pk`` as, judged on its row as a failed claim saw it; ``None``: it is
+        not claimable (owned by a live session, or STOPPED and not waiting for a sealer)."""
+        owner = current.get(model.LEASE_OWNER)
+        if owner is None:
+            if current.get(model.DESIRED_STATE) != STARTED and model.AWAITING_OWNER not in current:
+                return None
+            return Claimable(pk)
+        if current.get(model.DESIRED_STATE) != STARTED:
+            return None  # its owner closes it (or reconcile clears it once the owner is gone)
+        version = int(current[model.LEASE_SESSION])
+        if not await self._owner_is_gone(owner, version):
+            return None
+        return Claimable(pk, owner, version)
 
     async def _owner_is_gone(self, owner: str, version: int) -> bool:
         session = await self.directory.read(owner, version)
