@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -525,11 +526,18 @@ async def _drive_websocket(world) -> None:
         )
         canary_function = function_with_handler(region.websocket.stack, CANARY_ENTRY)
         canary = await asyncio.to_thread(api.start_canary, world, canary_function, f"canary-{ROLE}")
-        event = scheduled_event(
-            region.name, region.websocket.stack.account, "arn:aws:events:::rule/x"
-        )
+        minutes = itertools.count(int(time.time() // 60) - 10)  # one tick a minute, as scheduled
+
+        def tick() -> dict[str, Any]:
+            return scheduled_event(
+                region.name,
+                region.websocket.stack.account,
+                "arn:aws:events:::rule/x",
+                at=next(minutes) * 60,
+            )
+
         for _ in range(2):  # a second run reads the hysteresis state the first one saved
-            result = await asyncio.to_thread(canary.invoke, event)
+            result = await asyncio.to_thread(canary.invoke, tick())
             assert result["healthy"] is True, result
         # The Region degrades with a client connected: the canary's probes fail, it trips, and
         # (when its code does that) it closes the Region's client connections so they fail over.
@@ -539,7 +547,7 @@ async def _drive_websocket(world) -> None:
             api.gateway.fail(FailureMode.THROTTLED)
             try:
                 for _ in range(3):
-                    result = await asyncio.to_thread(canary.invoke, event)
+                    result = await asyncio.to_thread(canary.invoke, tick())
                     assert result["healthy"] is False, result
             finally:
                 api.gateway.recover()

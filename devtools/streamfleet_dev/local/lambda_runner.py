@@ -721,15 +721,18 @@ def rest_proxy_event(
     }
 
 
-def scheduled_event(region: str, account: str, rule_arn: str) -> dict[str, Any]:
-    """An EventBridge "Scheduled Event", as a schedule rule delivers it to its target."""
+def scheduled_event(
+    region: str, account: str, rule_arn: str, at: float | None = None
+) -> dict[str, Any]:
+    """An EventBridge "Scheduled Event", as a schedule rule delivers it to its target, for the
+    tick at ``at`` (epoch seconds; default now)."""
     return {
         "version": "0",
         "id": str(uuid.uuid4()),
         "detail-type": "Scheduled Event",
         "source": "aws.events",
         "account": account,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
         "region": region,
         "resources": [rule_arn],
         "detail": {},
