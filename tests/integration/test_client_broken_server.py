@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ class Script:
     seen: list[dict[str, Any]] = field(default_factory=list)
     connections: list[ServerConnection] = field(default_factory=list)
     down: bool = False  # refuse every handshake (HTTP 503), as a Region that is down
+    close_after_state: bool = False  # answer getState, then close at once (code 4000)
 
     def refuse_while_down(self, connection: ServerConnection, request: Any) -> Any:
         return connection.respond(503, "down\n") if self.down else None
@@ -88,18 +90,22 @@ class Script:
             else:
                 reply = {"type": "error", "error": "bad_request", "requestId": rid}
             await ws.send(json.dumps({**reply, "region": "r"}))
+            if self.close_after_state and action == "getState":
+                await ws.close(4000, "going away at once")
 
     def sent(self, action: str) -> list[dict[str, Any]]:
         return [r for r in self.seen if r.get("action") == action]
 
 
 @contextlib.asynccontextmanager
-async def client_of(script: Script, **callbacks: Any) -> AsyncIterator[ReconnectingClient]:
+async def client_of(
+    script: Script, config: ClientConfig = CONFIG, **callbacks: Any
+) -> AsyncIterator[ReconnectingClient]:
     async with serve(
         script.serve, "127.0.0.1", 0, process_request=script.refuse_while_down
     ) as server:
         url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        client = ReconnectingClient(lambda attempt: Endpoint(url, None), CONFIG, **callbacks)
+        client = ReconnectingClient(lambda attempt: Endpoint(url, None), config, **callbacks)
         await client.start()
         try:
             yield client
@@ -150,3 +156,18 @@ async def test_an_unsubscribe_made_while_disconnected_sticks():
 
         assert "s" not in client.subscriptions
         assert [r["stream"] for r in script.sent("subscribe")] == ["s"]  # never again
+
+
+async def test_a_connection_that_answers_and_then_closes_is_backed_off_from():
+    """A server that answered getState and then closed reset the backoff each time: 22 to 30
+    connections a client in 30 s, never reaching the cap. Health now also takes time, and the
+    client says how the server closed."""
+    script = Script(close_after_state=True)
+    async with client_of(script) as client:
+        await until(lambda: client.connections >= 5, "five connections")
+        assert client.consecutive_failures >= 4
+        assert (client.last_close_code, client.last_close_reason) == (4000, "going away at once")
+    script = Script(close_after_state=True)
+    async with client_of(script, dataclasses.replace(CONFIG, min_healthy_seconds=0)) as client:
+        await until(lambda: client.connections >= 5, "five connections")
+        assert client.consecutive_failures == 1  # healthy at once: the backoff starts over

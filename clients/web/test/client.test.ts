@@ -34,6 +34,7 @@ function setup(overrides: Partial<StreamFleetClientOptions> = {}) {
     webSocket: factory.create,
     random: () => 1,
     name: 'alice',
+    minHealthyMs: 0, // healthy as soon as the state is restored, unless a test says otherwise
     ...overrides,
   });
   return { client, factory, tokenCalls, urlCalls };
@@ -118,6 +119,28 @@ describe('StreamFleetClient reconnecting', () => {
     factory.last().drop(1001);
     expect(client.snapshot().lastDelayMs).toBe(1000); // 0.5 * 2000
     expect(client.snapshot().reconnectAttempt).toBe(1);
+    client.close();
+  });
+
+  it('keeps backing off from a server that answers and then closes at once', async () => {
+    // Each answered getState reset the backoff: 22 to 30 connections a client in 30 s.
+    const { client, factory } = setup({ random: () => 0.5, minHealthyMs: 10000 });
+    client.start();
+    await settle();
+    for (let round = 0; round < 4; round += 1) {
+      factory.last().open();
+      factory.last().restoreState('us-east-1');
+      factory.last().drop(4000);
+      await vi.advanceTimersByTimeAsync(client.snapshot().lastDelayMs ?? 0);
+    }
+    expect(client.snapshot().reconnectAttempt).toBe(4);
+    expect(client.snapshot().lastDelayMs).toBe(8000); // 0.5 * 2000 * 2**3
+    // One that stays up as long counts as healthy: the backoff starts over.
+    factory.last().open();
+    factory.last().restoreState('us-east-1');
+    await vi.advanceTimersByTimeAsync(10000);
+    factory.last().drop(1001);
+    expect(client.snapshot().lastDelayMs).toBe(1000);
     client.close();
   });
 

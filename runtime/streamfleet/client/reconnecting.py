@@ -24,7 +24,9 @@ What it does, and why:
   previous attempt failed before the socket opened (refused handshake, timeout, connection
   error): its cached token may be the reason, so it should fetch a new one.
 * **State restore**: ``getState`` is sent after every (re)connect; the reply goes to
-  ``on_state``. A connection counts as healthy (and resets the backoff) once that reply came.
+  ``on_state``. A connection counts as healthy (and resets the backoff) once that reply came
+  and it then stayed open ``min_healthy_seconds``; ``last_close_code`` and
+  ``last_close_reason`` say how the last one ended.
 * **Callbacks** for state replies, region changes (every reply names its region), connection
   status changes, and every message.
 * **No endless retries on authorization failures**: a handshake refused with HTTP 401 or 403
@@ -155,6 +157,9 @@ class ClientConfig:
     gap_timeout: float = 2.0
     max_buffered_per_stream: int = DEFAULT_MAX_BUFFERED
     follow_server_subscriptions: bool = True
+    # A connection resets the backoff only once its state was restored and it stayed open this
+    # long: a server that answers getState and then closes is backed off from, not hammered.
+    min_healthy_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -177,6 +182,10 @@ class ClientConfig:
             raise ValueError("max_auth_retries: must be zero or more")
         if self.max_buffered_per_stream < 1:
             raise ValueError("max_buffered_per_stream: must be at least 1")
+        if not (math.isfinite(self.min_healthy_seconds) and self.min_healthy_seconds >= 0):
+            raise ValueError(
+                "min_healthy_seconds: must be a finite number of seconds, zero or more"
+            )
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -316,6 +325,11 @@ class ReconnectingClient:
         self._pending_unsubscribes: set[str] = set()
         self.last_delay: float | None = None
         self.delays: list[float] = []
+        # Attempts since the last connection that stayed healthy (the backoff's exponent + 1).
+        self.consecutive_failures = 0
+        # How the last connection ended: its close code and reason (None: no closing frame).
+        self.last_close_code: int | None = None
+        self.last_close_reason: str | None = None
         self._ws: ClientConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -599,6 +613,7 @@ class ReconnectingClient:
         force_refresh = False  # the previous attempt failed before the socket opened
         try:
             while not self._closing:
+                self.consecutive_failures = failures
                 if not first:
                     delay = backoff_delay(
                         max(failures - 1, 0),
@@ -636,9 +651,16 @@ class ReconnectingClient:
                     continue
                 auth_refusals = 0
                 force_refresh = False
-                # One more failure unless the session proves healthy (its getState answered),
-                # so a server that accepts and drops at once still backs off exponentially.
-                failures = 0 if await self._session(ws) else failures + 1
+                # One more failure unless the session proves healthy (its getState answered)
+                # and stays so for min_healthy_seconds, so a server that accepts and drops at
+                # once, or answers and then drops, still backs off exponentially.
+                opened_at = asyncio.get_running_loop().time()
+                healthy = await self._session(ws)
+                lasted = asyncio.get_running_loop().time() - opened_at
+                if healthy and lasted >= self.config.min_healthy_seconds:
+                    failures = 0
+                else:
+                    failures += 1
                 # The first retry after a healthy connection waits random(0, base).
                 failures = max(failures, 1)
                 # A token the server said has expired is not offered again.
@@ -714,6 +736,7 @@ class ReconnectingClient:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self.config.close_timeout):
                     await ws.close()
+            self.last_close_code, self.last_close_reason = ws.close_code, ws.close_reason
         return self._session_healthy
 
     async def _restore_state(self, ws: ClientConnection) -> None:

@@ -167,6 +167,11 @@ export interface StreamFleetClientOptions {
   reconnectInterval?: (attempt: number) => number;
   /** A socket that has not opened after this long counts as a failed attempt. Default 10 000 ms. */
   openTimeoutMs?: number;
+  /**
+   * A connection resets the backoff only once its state was restored and it stayed open this
+   * long, so a server that answers and then closes is backed off from. Default 10 000 ms.
+   */
+  minHealthyMs?: number;
   /** Default per-request timeout. Default 10 000 ms. */
   requestTimeoutMs?: number;
   /** Extra fields of the `getState` sent after every connect, e.g. `{auction: 'a1'}`. */
@@ -272,6 +277,16 @@ const SOCKET_CLOSING = 2;
 const CLOSE_FORCED = 4000;
 const CLOSE_NORMAL = 1000;
 
+function nonNegativeMs(name: string, value: number | undefined, fallback: number): number {
+  const ms = value ?? fallback;
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
+    throw new RangeError(
+      `StreamFleetClient: ${name} must be a finite number of milliseconds, zero or more, got ${String(value)}`,
+    );
+  }
+  return ms;
+}
+
 function positiveMs(name: string, value: number | undefined, fallback: number): number {
   const ms = value ?? fallback;
   if (typeof ms !== 'number' || !Number.isFinite(ms) || ms <= 0) {
@@ -318,6 +333,7 @@ export class StreamFleetClient {
       | 'backoffBaseMs'
       | 'backoffCapMs'
       | 'openTimeoutMs'
+      | 'minHealthyMs'
       | 'requestTimeoutMs'
       | 'maxFrameBytes'
       | 'tokenTransport'
@@ -374,6 +390,8 @@ export class StreamFleetClient {
   private tokenExpired = false;
   private ws: WebSocketLike | null = null;
   private opened = false;
+  /** When the current connection opened (the timers' clock). */
+  private openedAt = 0;
   private healthy = false;
   private stateRequestId: string | null = null;
   /** getState attempts on this connection; its timer sends it again when unanswered. */
@@ -435,6 +453,7 @@ export class StreamFleetClient {
       backoffBaseMs: positiveMs('backoffBaseMs', options.backoffBaseMs, DEFAULT_BACKOFF_BASE_MS),
       backoffCapMs: positiveMs('backoffCapMs', options.backoffCapMs, DEFAULT_BACKOFF_CAP_MS),
       openTimeoutMs: positiveMs('openTimeoutMs', options.openTimeoutMs, 10000),
+      minHealthyMs: nonNegativeMs('minHealthyMs', options.minHealthyMs, 10000),
       requestTimeoutMs: positiveMs('requestTimeoutMs', options.requestTimeoutMs, 10000),
       maxFrameBytes,
       tokenTransport: transport,
@@ -482,7 +501,7 @@ export class StreamFleetClient {
       status: this._status,
       ready: this._ready,
       region: this._region,
-      reconnectAttempt: this.failures,
+      reconnectAttempt: this.healthy ? 0 : this.failures,
       attempts: this.attempts,
       connections: this.connections,
       forcedReconnects: this.forcedReconnects,
@@ -879,6 +898,7 @@ export class StreamFleetClient {
   private onOpen(generation: number): void {
     this.clearTimer('openTimer');
     this.opened = true;
+    this.openedAt = this.timers.now();
     this.connections += 1;
     this.setStatus('open');
     this.outstanding = [];
@@ -977,7 +997,6 @@ export class StreamFleetClient {
         this.healthy = true;
         this._ready = true;
         this.clearTimer('stateTimer');
-        this.failures = 0;
         this.failedBeforeOpen = false;
         this.emit('ready', state);
         this.followSubscriptions(state);
@@ -1059,6 +1078,7 @@ export class StreamFleetClient {
     const ws = this.ws;
     const opened = this.opened;
     const healthy = this.healthy;
+    const lasted = opened && this.timers.now() - this.openedAt >= this.options.minHealthyMs;
     // Nothing of this connection may fire any more.
     this.generation += 1;
     this.teardownSocket();
@@ -1066,10 +1086,11 @@ export class StreamFleetClient {
     if (ws !== null) closeQuietly(ws, info.forced ? CLOSE_FORCED : CLOSE_NORMAL, info.reason);
     this.failPending(new ConnectionLostError(`connection ended before the reply (${info.reason})`));
     this.emit('disconnect', { ...info, opened, healthy });
-    // One more failure unless the connection proved healthy, so a server that accepts and
-    // drops at once still backs off exponentially; the first retry after a healthy connection
-    // waits random() * base.
-    this.failures = Math.max(healthy ? 0 : this.failures + 1, 1);
+    // One more failure unless the connection proved healthy and stayed so, so a server that
+    // accepts and drops at once, or answers and then drops, still backs off exponentially; the
+    // first retry after a healthy connection waits random() * base.
+    this.failures = Math.max(healthy && lasted ? 0 : this.failures + 1, 1);
+    this.healthy = false;
     this.failedBeforeOpen = !opened;
     this.scheduleRetry();
   }
