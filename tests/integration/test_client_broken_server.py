@@ -39,12 +39,16 @@ class Script:
     connections: list[ServerConnection] = field(default_factory=list)
     down: bool = False  # refuse every handshake (HTTP 503), as a Region that is down
     close_after_state: bool = False  # answer getState, then close at once (code 4000)
+    junk_first: bool = False  # a binary and a 200 KB message before anything else
 
     def refuse_while_down(self, connection: ServerConnection, request: Any) -> Any:
         return connection.respond(503, "down\n") if self.down else None
 
     async def serve(self, ws: ServerConnection) -> None:
         self.connections.append(ws)
+        if self.junk_first:
+            await ws.send(b'{"type":"state"}')
+            await ws.send('"' + "x" * 200 * 1024 + '"')
         async for raw in ws:
             if raw == '{"action":"heartbeat"}':
                 await ws.send("pong")
@@ -171,3 +175,12 @@ async def test_a_connection_that_answers_and_then_closes_is_backed_off_from():
     async with client_of(script, dataclasses.replace(CONFIG, min_healthy_seconds=0)) as client:
         await until(lambda: client.connections >= 5, "five connections")
         assert client.consecutive_failures == 1  # healthy at once: the backoff starts over
+
+
+async def test_a_binary_or_oversized_message_is_skipped_never_a_reason_to_reconnect():
+    """A message over the limit closed the connection (1009) and the client dialled again for
+    ever; a binary one was read as text. Both are now skipped and counted, as in the browser."""
+    script = Script(junk_first=True)
+    async with client_of(script) as client:
+        await client.wait_ready(20)
+        assert (client.frames_skipped, client.connections) == (2, 1)

@@ -144,6 +144,22 @@ describe('StreamFleetClient reconnecting', () => {
     client.close();
   });
 
+  it('skips a binary or oversized message and counts it, never reconnecting for it', async () => {
+    // Binary messages were decoded as text, and a 10 MB one was taken whole.
+    const { client, factory } = setup();
+    client.start();
+    await settle();
+    const socket = factory.last();
+    socket.open();
+    socket.deliverRaw(new TextEncoder().encode('{"type":"state"}').buffer);
+    socket.deliverRaw('"' + 'x'.repeat(200 * 1024) + '"');
+    socket.restoreState('us-east-1');
+    expect(client.snapshot().framesSkipped).toBe(2);
+    expect(client.snapshot().ready).toBe(true);
+    expect(client.snapshot().connections).toBe(1);
+    client.close();
+  });
+
   it('uses the reconnectInterval option instead of the formula when given', async () => {
     const seen: number[] = [];
     const { client, factory } = setup({

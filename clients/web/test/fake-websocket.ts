@@ -39,6 +39,11 @@ export class FakeSocket implements WebSocketLike {
     this.onopen?.call(this as unknown as WebSocket, new Event('open'));
   }
 
+  /** A message as the socket received it: text, or binary data. */
+  deliverRaw(data: unknown): void {
+    this.onmessage?.call(this as unknown as WebSocket, { data } as MessageEvent);
+  }
+
   /** A text frame from the server (an object is sent as JSON). */
   deliver(frame: string | object): void {
     const data = typeof frame === 'string' ? frame : JSON.stringify(frame);

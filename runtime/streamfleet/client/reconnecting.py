@@ -188,6 +188,11 @@ class ClientConfig:
             )
 
 
+# The most one message may hold before the connection is closed (1009): bigger than any the
+# server sends (max_message_bytes), so that a message over that is read and skipped.
+MAX_READ_BYTES = 1024 * 1024
+
+
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Full jitter: ``random(0, min(cap, base * 2**attempt))`` seconds."""
     ceiling = min(cap, base * 2 ** min(attempt, 62))  # no float overflow for a huge attempt
@@ -317,6 +322,7 @@ class ReconnectingClient:
         self.auth_failures = 0
         self.pongs = 0
         self.forced_refreshes = 0  # provider calls with force_refresh=True
+        self.frames_skipped = 0  # binary, or text over max_message_bytes
         self._token_expired = False  # the server said so: the next attempt asks for a new one
         self._state_failed = asyncio.Event()  # the current getState was answered with an error
         # Streams the application unsubscribed from: never followed from getState again; and
@@ -684,7 +690,9 @@ class ReconnectingClient:
             open_timeout=self.config.open_timeout,
             close_timeout=self.config.close_timeout,
             ping_interval=self.config.ping_interval,
-            max_size=self.config.max_message_bytes,
+            # Read up to MAX_READ_BYTES, so that a bigger message is skipped (below) rather
+            # than the connection closed with 1009 and dialled again: the same in both clients.
+            max_size=MAX_READ_BYTES,
             compression=None,
             proxy=None,
         )
@@ -782,6 +790,11 @@ class ReconnectingClient:
             if raw == model.WS_PONG_FRAME:  # the heartbeat's reply, a bare text frame
                 self.pongs += 1
                 self._last_pong_at = loop.time()
+                continue
+            if isinstance(raw, bytes) or _oversized(raw, self.config.max_message_bytes):
+                # The server sends text of at most max_message_bytes: anything else is skipped
+                # and counted, never a reason to reconnect (the browser client does the same).
+                self.frames_skipped += 1
                 continue
             try:
                 message = json.loads(raw)
@@ -927,3 +940,8 @@ def _position(value: object) -> StreamPosition | None:
         if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, seq)):
             return StreamPosition(epoch, seq)
     return None
+
+
+def _oversized(text: str, limit: int) -> bool:
+    """Whether ``text`` takes more than ``limit`` bytes in UTF-8 (encoded only when it may)."""
+    return len(text) * 3 > limit and len(text.encode("utf-8")) > limit

@@ -184,19 +184,16 @@ class StreamCursor:
     def _message(self, entry: Any, source: str, region: str | None) -> StreamMessage | None:
         if not isinstance(entry, dict):
             return None
-        seq = entry.get("seq")
+        seq = wire_whole(entry.get("seq"))
         data = entry.get("data")
-        epoch = entry.get("epoch", 0)
-        if not (_whole(seq) and _whole(epoch) and epoch >= 0 and isinstance(data, str)):
+        epoch = wire_whole(entry.get("epoch", 0))
+        if seq is None or epoch is None or not isinstance(data, str):
             return None
-        at = entry.get("at")
-        received = at if isinstance(at, int) and not isinstance(at, bool) else None
+        received = wire_whole(entry.get("at"))
         is_json = entry.get("format") == "json"
         if "parts" in entry:
-            part, parts = entry.get("part"), entry.get("parts")
-            if not (
-                _whole(part) and _whole(parts) and 0 <= part < parts <= MAX_PARTS  # type: ignore[operator]
-            ):
+            part, parts = wire_whole(entry.get("part")), wire_whole(entry.get("parts"))
+            if part is None or parts is None or not part < parts <= MAX_PARTS:
                 return None
             if epoch != self.epoch or (self.position is not None and seq <= self.position):
                 return StreamMessage(self.stream, seq, "", received, source, region, epoch=epoch)
@@ -296,15 +293,27 @@ class StreamCursor:
         self.gap_since = now if (self.buffer or self.parts or self.ahead) else None
 
 
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# The wire's whole numbers, as both clients read them: 0 to 2**53 - 1 (what JavaScript counts
+# exactly), written with or without a fraction of zero (``1.0`` is 1, as JSON.parse has it).
+MAX_WIRE_WHOLE = 2**53 - 1
+
+
+def wire_whole(value: object) -> int | None:
+    """``value`` as a wire whole number; ``None`` for anything else (the field is then
+    unreadable and its entry skipped, in both clients alike)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_WIRE_WHOLE:
+        return value
+    return None
 
 
 def _reply_position(reply: dict[str, Any], name: str) -> StreamPosition | None:
     """``reply[name]`` in epoch ``reply[name + "Epoch"]`` (0 when absent); ``None`` if no seq."""
-    seq, epoch = reply.get(name), reply.get(f"{name}Epoch", 0)
-    if epoch is None:
-        epoch = 0
-    if not (_whole(seq) and _whole(epoch)) or seq < 0 or epoch < 0:
+    raw_epoch = reply.get(f"{name}Epoch")
+    seq, epoch = wire_whole(reply.get(name)), 0 if raw_epoch is None else wire_whole(raw_epoch)
+    if seq is None or epoch is None:
         return None
     return StreamPosition(epoch, seq)

@@ -49,6 +49,7 @@ import {
   isErrorReply,
   MAX_BID_AMOUNT,
   MAX_FRAME_BYTES,
+  MAX_MESSAGE_BYTES,
   MAX_REQUEST_ID_CHARS,
   type MessagesFrame,
   PONG_FRAME,
@@ -233,6 +234,8 @@ export interface ClientSnapshot {
   nextAttemptAt: number | null;
   /** The last `getState` reply. */
   state: StateReply | null;
+  /** Messages from the server skipped: binary, or over `MAX_MESSAGE_BYTES`. */
+  framesSkipped: number;
 }
 
 export interface ClientEvents {
@@ -390,6 +393,7 @@ export class StreamFleetClient {
   private tokenExpired = false;
   private ws: WebSocketLike | null = null;
   private opened = false;
+  private framesSkipped = 0;
   /** When the current connection opened (the timers' clock). */
   private openedAt = 0;
   private healthy = false;
@@ -507,6 +511,7 @@ export class StreamFleetClient {
       forcedReconnects: this.forcedReconnects,
       lastDelayMs: this.lastDelayMs,
       nextAttemptAt: this.nextAttemptAt,
+      framesSkipped: this.framesSkipped,
       state: this._state,
     };
   }
@@ -957,14 +962,15 @@ export class StreamFleetClient {
   }
 
   private onMessage(generation: number, data: unknown): void {
-    let text: string;
-    if (typeof data === 'string') {
-      text = data;
-    } else if (data instanceof ArrayBuffer) {
-      text = new TextDecoder().decode(data);
-    } else {
-      return; // Blob: the API sends text frames only
+    // The API sends text of at most MAX_MESSAGE_BYTES: anything else is skipped and counted.
+    if (
+      typeof data !== 'string' ||
+      (data.length * 3 > MAX_MESSAGE_BYTES && frameBytes(data) > MAX_MESSAGE_BYTES)
+    ) {
+      this.framesSkipped += 1;
+      return;
     }
+    const text = data;
     if (text === PONG_FRAME) {
       this.lastPongAt = this.timers.now();
       this.emit('pong');

@@ -29,6 +29,9 @@ export const PONG_FRAME = 'pong';
  * lose every reply in flight, so the client refuses to send one.
  */
 export const MAX_FRAME_BYTES = 32 * 1024;
+/** The most one message from the server holds (API Gateway's limit): a bigger one, or a binary
+ * one, is skipped and counted, never a reason to reconnect (the Python client does the same). */
+export const MAX_MESSAGE_BYTES = 128 * 1024;
 /** The server refuses longer request ids. */
 export const MAX_REQUEST_ID_CHARS = 64;
 /** The server refuses bids outside 1..MAX_BID_AMOUNT (kept below 2**53 for JavaScript). */

@@ -229,10 +229,8 @@ export class StreamCursor {
     if (entry === null || typeof entry !== 'object') return null;
     const { seq, data } = entry;
     const epoch = entry.epoch ?? 0;
-    if (!Number.isSafeInteger(seq) || !Number.isSafeInteger(epoch) || epoch < 0 || typeof data !== 'string') {
-      return null;
-    }
-    const receivedAtMs = Number.isSafeInteger(entry.at) ? (entry.at as number) : null;
+    if (!wireWhole(seq) || !wireWhole(epoch) || typeof data !== 'string') return null;
+    const receivedAtMs = wireWhole(entry.at) ? (entry.at as number) : null;
     const base = {
       stream: this.stream,
       seq,
@@ -244,7 +242,7 @@ export class StreamCursor {
     };
     if (entry.parts === undefined) return { ...base, data };
     const { part, parts } = entry;
-    if (!Number.isInteger(part) || !Number.isInteger(parts) || part! < 0 || part! >= parts!) return null;
+    if (!wireWhole(part) || !wireWhole(parts) || part! >= parts!) return null;
     if (parts! > MAX_PARTS) return null;
     if (epoch !== this.epoch || (this.position !== null && seq <= this.position)) {
       return { ...base, data: '' }; // a duplicate, or of a newer epoch: judged by the caller
@@ -315,10 +313,14 @@ export class StreamCursor {
   }
 }
 
+/** A wire whole number, as both clients read it: 0 to 2**53 - 1 (`1.0` is 1 once parsed). */
+function wireWhole(value: unknown): value is number {
+  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
+}
+
 /** A reply's `seq` in `epoch` (0 when absent); null without a seq. */
 function replyPosition(seq: unknown, epoch: unknown): StreamPosition | null {
   const inEpoch = epoch ?? 0;
-  if (typeof seq !== 'number' || !Number.isSafeInteger(seq) || seq < 0) return null;
-  if (typeof inEpoch !== 'number' || !Number.isSafeInteger(inEpoch) || inEpoch < 0) return null;
+  if (!wireWhole(seq) || !wireWhole(inEpoch)) return null;
   return { epoch: inEpoch, seq };
 }
