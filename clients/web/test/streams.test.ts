@@ -23,6 +23,16 @@ function frame(stream: string, seqs: number[], source = 'live'): MessagesFrame {
 }
 
 describe('StreamCursor', () => {
+  it('tells a forward jump once, and none for a first subscribe from the newest', () => {
+    const cursor = new StreamCursor('s', 5);
+    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 9, replayed: 0, upTo: 9, more: false }, 0);
+    expect(cursor.takeSkip()).toEqual({ stream: 's', epoch: 0, after: 5, to: 9 });
+    expect(cursor.takeSkip()).toBeNull();
+    const first = new StreamCursor('t');
+    first.onSubscribed({ type: 'subscribed', stream: 't', after: 40, replayed: 0, upTo: 40, more: false }, 0);
+    expect(first.takeSkip()).toBeNull();
+  });
+
   it('drops what it held of the old epoch when moved to a newer one', () => {
     // The application's own position in a newer epoch kept the old buffer: its next seq was
     // delivered as the new epoch's.

@@ -18,7 +18,7 @@ from .reconnecting import (
     TokenTransport,
     backoff_delay,
 )
-from .streams import EpochChange, StreamCursor, StreamMessage, StreamPosition
+from .streams import EpochChange, Skip, StreamCursor, StreamMessage, StreamPosition
 
 __all__ = [
     "AuthorizationFailed",
@@ -31,6 +31,7 @@ __all__ = [
     "FrameTooLarge",
     "NotConnected",
     "ReconnectingClient",
+    "Skip",
     "StreamCursor",
     "StreamMessage",
     "StreamPosition",

@@ -290,6 +290,7 @@ class ReconnectingClient:
         on_stream_message: Callback | None = None,
         on_subscription_error: Callback | None = None,
         on_stream_epoch: Callback | None = None,
+        on_stream_skip: Callback | None = None,
         positions: MutableMapping[str, StreamPosition] | None = None,
         rng: random.Random | None = None,
         name: str = "client",
@@ -304,6 +305,8 @@ class ReconnectingClient:
         self.on_subscription_error = on_subscription_error  # (error: SubscriptionRefused)
         # (change: EpochChange), before the first message of the stream's newer epoch
         self.on_stream_epoch = on_stream_epoch
+        # (skip: Skip), before what follows seqs the log will never hold (expired, never sent)
+        self.on_stream_skip = on_stream_skip
         # The last position delivered per stream: what every (re)connect resumes from. Pass a
         # persistent mapping to resume across restarts (a plain seq counts as epoch 0's).
         self.positions: MutableMapping[str, StreamPosition] = {} if positions is None else positions
@@ -537,6 +540,9 @@ class ReconnectingClient:
         change = cursor.take_epoch_change()
         if change is not None:
             await self._emit(self.on_stream_epoch, change)
+        skip = cursor.take_skip()
+        if skip is not None:
+            await self._emit(self.on_stream_skip, skip)
         for message in messages:
             self.positions[message.stream] = message.position
             await self._emit(self.on_stream_message, message)

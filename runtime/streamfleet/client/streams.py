@@ -62,6 +62,17 @@ class StreamMessage:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Seqs ``after + 1 .. to`` of ``epoch`` will never be delivered: the log cannot hold them
+    (expired, or never sent). Told to the application before what follows them."""
+
+    stream: str
+    epoch: int
+    after: int
+    to: int
+
+
+@dataclass(frozen=True)
 class EpochChange:
     """The stream went on in a newer epoch: its seqs count from the upstream's again."""
 
@@ -106,6 +117,7 @@ class StreamCursor:
     acknowledged: bool = False  # a subscribe of the current connection was answered
     ahead: bool = False  # an entry of a newer epoch arrived: waited for like a gap
     _epoch_change: EpochChange | None = None
+    _skip: Skip | None = None
 
     # Server replies --------------------------------------------------------------------------
 
@@ -131,6 +143,8 @@ class StreamCursor:
             # ended): nothing to wait for.
             if after.epoch != self.epoch and self.position is not None:
                 self._epoch_change = EpochChange(self.stream, after.epoch, self.epoch)
+            elif self.position is not None:
+                self._skip = Skip(self.stream, self.epoch, self.position, after.seq)
             self.move_to(after)
         self.more_up_to = up_to if reply.get("more") and up_to is not None else None
         self.promised_up_to = up_to
@@ -145,6 +159,11 @@ class StreamCursor:
                 self._drop_parts(seq)
             self.epoch, self.ahead = position.epoch, False
         self.position = position.seq
+
+    def take_skip(self) -> Skip | None:
+        """The forward jump the last reply made within the epoch, once (``None``: none)."""
+        skip, self._skip = self._skip, None
+        return skip
 
     def take_epoch_change(self) -> EpochChange | None:
         """The epoch change the last reply made, once (``None``: none): tell the application

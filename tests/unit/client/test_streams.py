@@ -150,3 +150,15 @@ def test_moving_to_a_newer_epoch_drops_what_was_held_of_the_old():
         [{"seq": 7, "epoch": 1, "data": "new 7"}], source="live", region="r", now=0
     )
     assert [(m.epoch, m.seq, m.data) for m in ready] == [(1, 7, "new 7")]
+
+
+def test_a_forward_jump_is_told_to_the_application_once():
+    """A reply that moved the cursor past seqs the log will never hold did so without a word."""
+    cursor = StreamCursor("s", position=5)
+    subscribed(cursor, after=9, up_to=9, more=False, now=0)
+    skip = cursor.take_skip()
+    assert (skip.stream, skip.epoch, skip.after, skip.to) == ("s", 0, 5, 9)
+    assert cursor.take_skip() is None
+    first = StreamCursor("t")  # a first subscribe from the newest: no jump
+    subscribed(first, after=40, up_to=40, more=False, now=0)
+    assert first.take_skip() is None

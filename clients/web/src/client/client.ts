@@ -60,6 +60,7 @@ import {
   ROUTE_UNSUBSCRIBE,
   type StateReply,
   type StreamMessage,
+  type Skip,
   type StreamPosition,
   type SubscribedReply,
   TOKEN_QUERY_PARAMETER,
@@ -260,6 +261,9 @@ export interface ClientEvents {
   /** A subscribed stream went on in a newer epoch (its upstream restarted its numbering): told
    * before the new epoch's first message. */
   streamEpoch: (change: EpochChange) => void;
+  /** Seqs of a subscribed stream the log will never hold (expired, or never sent): told
+   * before what follows them. */
+  streamSkip: (skip: Skip) => void;
   /** A subscribe was answered (the replay of `reply.replayed` messages follows). */
   subscribed: (reply: SubscribedReply) => void;
   /** The server refused a subscribe; the stream is not subscribed any more. */
@@ -362,6 +366,7 @@ export class StreamFleetClient {
     change: new Set(),
     streamMessage: new Set(),
     streamEpoch: new Set(),
+    streamSkip: new Set(),
     subscribed: new Set(),
     subscriptionError: new Set(),
   };
@@ -688,6 +693,8 @@ export class StreamFleetClient {
     if (reply.type === 'subscribed') this.emit('subscribed', reply as SubscribedReply);
     const change = cursor.takeEpochChange();
     if (change !== null) this.emit('streamEpoch', change);
+    const skip = cursor.takeSkip();
+    if (skip !== null) this.emit('streamSkip', skip);
     for (const message of ready) {
       this.positions.set(message.stream, { epoch: message.epoch, seq: message.seq });
       this.emit('streamMessage', message);

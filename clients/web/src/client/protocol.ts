@@ -85,6 +85,15 @@ export function comparePositions(a: StreamPosition, b: StreamPosition): number {
   return a.epoch !== b.epoch ? a.epoch - b.epoch : a.seq - b.seq;
 }
 
+/** Seqs `after + 1 .. to` of `epoch` will never be delivered: the log cannot hold them (expired,
+ * or never sent). Told to the application (the `streamSkip` event) before what follows them. */
+export interface Skip {
+  stream: string;
+  epoch: number;
+  after: number;
+  to: number;
+}
+
 /** The stream went on in a newer epoch: its seqs count from the upstream's again. Told to the
  * application (the `streamEpoch` event) before the new epoch's first message. */
 export interface EpochChange {

@@ -25,6 +25,7 @@ import {
   comparePositions,
   type EpochChange,
   type MessagesFrame,
+  type Skip,
   type StreamEntry,
   type StreamMessage,
   type StreamPosition,
@@ -87,6 +88,7 @@ export class StreamCursor {
    * were lost is asked for again even on a quiet or stopped stream. */
   private promisedUpTo: StreamPosition | null = null;
   private epochChange: EpochChange | null = null;
+  private skip: Skip | null = null;
 
   constructor(
     stream: string,
@@ -115,6 +117,13 @@ export class StreamCursor {
       this.ahead = false;
     }
     this.position = position.seq;
+  }
+
+  /** The forward jump the last reply made within the epoch, once (null: none). */
+  takeSkip(): Skip | null {
+    const skip = this.skip;
+    this.skip = null;
+    return skip;
   }
 
   /** The epoch change the last reply made, once (null: none): tell the application before
@@ -146,6 +155,8 @@ export class StreamCursor {
       // between (before the stream's origin, expired, or the rest of an epoch that ended).
       if (after.epoch !== this.epoch && at !== null) {
         this.epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
+      } else if (at !== null) {
+        this.skip = { stream: this.stream, epoch: this.epoch, after: at.seq, to: after.seq };
       }
       this.moveTo(after);
     }
