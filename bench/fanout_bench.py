@@ -1,4 +1,4 @@
-"""Live delivery figures (issue 12), on :class:`~streamfleet_dev.wsapi.e2e.LiveWorld`: the whole
+"""Live delivery figures, on :class:`~streamfleet_dev.wsapi.e2e.LiveWorld`: the whole
 system on loopback (the fake upstream, real worker processes, the messages table on moto's
 server with its real DynamoDB Stream, each Region's fan-out Lambda from its synthesized asset
 behind the local event source mapping, both Regions' API, canaries and failover resolver).
@@ -855,7 +855,7 @@ def markdown(figures: dict[str, Any]) -> str:
     m = figures["machine"]
     t = figures["timings"]
     lines = [
-        "# Live delivery benchmark (issue 12)",
+        "# Live delivery benchmark",
         "",
         f"`python -m bench.fanout_bench{' --quick' if figures['quick'] else ''}`, "
         f"{figures['date']}, {figures['duration_s']:.0f} s. Machine: {m['cores']} cores, "

@@ -328,7 +328,7 @@ def report(figures: Figures, upkeep_connections: int, idle: int) -> str:
                 f"START burst of {streams} on 3 workers: START → connected",
                 f"p50 {percentile(lat, 0.5) * 1000:.0f} ms, "
                 f"p99 {percentile(lat, 0.99) * 1000:.0f} ms",
-                "(no target; the seed served a burst one message at a time)",
+                "(no target; a burst is served in parallel, not one message at a time)",
             )
             for streams, lat in figures.bursts.items()
         ),

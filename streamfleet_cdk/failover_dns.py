@@ -9,7 +9,7 @@ cross-Region references). :class:`FailoverRecords` accepts both halves too, for 
 
 Records are aliases (A) to the API Gateway regional domain name by default: free to query and
 answered with the target's own TTL. ``RecordKind.CNAME`` writes CNAMEs with a 60 s TTL instead
-(the seed's 60-120 s: fast propagation of a failover, bounded query volume).
+(short enough for a failover to propagate fast, long enough to bound the query volume).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Asynchronous access to AWS through boto3 clients run in a bounded thread pool.
 
-boto3 is synchronous; calling it inside ``async def`` blocks the event loop (one of the seed's
-measured defects). Each :class:`AsyncClient` owns a small executor, so a slow DynamoDB cannot
-queue unbounded threads, and the worker gives its session renewals a pool of their own so they
+boto3 is synchronous; calling it inside ``async def`` blocks the event loop, and every heartbeat
+with it. Each :class:`AsyncClient` owns a small executor, so a slow DynamoDB cannot queue
+unbounded threads, and the worker gives its session renewals a pool of their own so they
 are never stuck behind message writes.
 
 Endpoints come only from the standard variables (``AWS_ENDPOINT_URL``,

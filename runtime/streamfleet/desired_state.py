@@ -1,8 +1,9 @@
 """START and STOP: the only writers of ``desired_state`` (the event router calls these).
 
-START never disturbs a running lease (a conditional write, not the seed's overwriting
-``put_item``); STOP flags the row for its current owner through the sparse ``stop-requested``
-index, so each worker finds its stopped connections with one query instead of polling each one.
+START never disturbs a running lease (a conditional write: an overwriting ``put_item`` would
+reset the lease its owner holds); STOP flags the row for its current owner through the sparse
+``stop-requested`` index, so each worker finds its stopped connections with one query instead of
+polling each one.
 
 A START's ``ws_url`` and ``readers`` land in one conditional write, so a readers change applies
 only to the START that made it. A START naming another ``ws_url`` than the stream's is refused

@@ -92,7 +92,7 @@ def session_pk(worker_id: str, session_version: int) -> str:
     return f"{SESSION_PREFIX}{worker_id}#{session_version}"
 
 
-# --- Connection item attributes (the seed's names where they mean the same) ---
+# --- Connection item attributes ---
 
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
@@ -468,7 +468,7 @@ WS_REPLY_ERROR = "error"
 WS_REPLY_SUBSCRIBED = "subscribed"
 WS_REPLY_UNSUBSCRIBED = "unsubscribed"
 WS_REPLY_MESSAGES = "messages"  # one or more messages of one stream, each with its seq
-# API Gateway's WebSocket limits (design.md).
+# API Gateway's WebSocket limits (README.md, "Protocol").
 WS_MAX_FRAME_BYTES = 32 * 1024
 WS_MAX_MESSAGE_BYTES = 128 * 1024
 WS_MAX_CONNECTION_SECONDS = 2 * 60 * 60
@@ -612,7 +612,7 @@ CANARY_ENV = (
 )
 
 
-# --- Live delivery of ingested streams to subscribed clients (issue 12) ---
+# --- Live delivery of ingested streams to subscribed clients ---
 #
 # A client subscribes to a stream (an upstream connection id of the fleet) and gets its stored
 # messages first (a replay from the messages table, by the subscribe handler) and then every new

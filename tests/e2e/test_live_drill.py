@@ -1,4 +1,4 @@
-"""The end-to-end drill of live delivery (issue 12), its short version: the real fleet, both
+"""The end-to-end drill of live delivery, its short version: the real fleet, both
 regions' fan-out from their assets, Python clients and a browser page, then a worker
 ``kill -9``, a network drop and a regional failover, and every client's log checked exactly.
 

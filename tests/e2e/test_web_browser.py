@@ -6,8 +6,8 @@ is driven by playwright-core from ``clients/web/scripts/browser-test.mjs``; this
 (``clients/web/dist``, built by ``make web``), runs the script, and asserts on the JSON report it
 prints. Nothing is mocked: the pages fetch ``/resolve`` and ``/token`` from LocalRegions, and
 talk to the real handlers and authorizer behind the local API Gateway stand-ins; the primary
-is failed with ``POST /fail?mode=throttled`` (the seed's failure: the handlers stop answering,
-sockets stay open) and restored with ``POST /restore``.
+is failed with ``POST /fail?mode=throttled`` (the failure hardest to notice: the handlers stop
+answering, sockets stay open) and restored with ``POST /restore``.
 
 Screenshots and the reports land in ``clients/web/test-artifacts/<test>/`` (git-ignored; set
 ``STREAMFLEET_TEST_ARTIFACTS`` to put them elsewhere); each test prints its directory.
@@ -170,7 +170,7 @@ async def test_auction_page_fails_over_with_its_state_and_comes_back(
 async def test_react_use_websocket_with_the_articles_configuration(
     web_build: Path, dynalite_endpoint: str, artifacts: Path
 ) -> None:
-    """react-use-websocket 4.13.0 itself, configured as the seed article does: healthy, the
+    """react-use-websocket 4.13.0 itself, configured as a typical app does: healthy, the
     text ``pong`` is filtered out of ``lastMessage`` and keeps the connection open; degraded
     (the primary throttled: its frames say "Internal server error", which the hook counts as
     alive), the canary closes the connection and the hook reconnects through the failover name

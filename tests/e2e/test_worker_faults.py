@@ -1,6 +1,7 @@
 """Whole workers under scripted faults: the simulation harness (real ``Worker`` objects on
 their own loops, dynalite behind the fault layer, SQS on moto, the fake upstream in its own
-process), one test per defect of issue 9 that needs a worker rather than a lease store.
+process), one test per interleaving a hostile review found that needs a worker rather than a
+lease store.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def events(world: World, name: str, worker: str | None = None) -> list[tuple]:
 
 
 async def test_the_audit_and_a_redelivered_notification_never_both_act_on_one_row(make_world):
-    """Defect 2: the audit checked that the row was not run, then awaited its release; intake's
+    """The audit checked that the row was not run, then awaited its release; intake's
     acquire took the "ours already" path and started a connection; the release then landed and
     the row was owned by nobody while this worker streamed it (a peer would add a second)."""
     world = make_world(**ROOMY_LEASE)  # the release's read timeout is the holder window
@@ -162,7 +163,7 @@ async def test_the_audit_and_a_redelivered_notification_never_both_act_on_one_ro
 
 
 async def test_a_stream_never_checkpointed_is_resumed_from_its_origin_not_joined_live(make_world):
-    """Defect 4: "checkpointed at 0" and "never checkpointed" were both last_seq = 0, so a
+    """Both "checkpointed at 0" and "never checkpointed" were last_seq = 0, so a
     successor of an owner killed before its first stored batch joined live and lost 1..n."""
     world = make_world()
     slow_writes = Script(Rule(on("batch_write_item"), Decision(Fault.DELAY, 5.0)))
@@ -189,7 +190,7 @@ async def test_a_stream_never_checkpointed_is_resumed_from_its_origin_not_joined
 
 
 async def test_a_frozen_owner_stops_receiving_when_its_successor_dials(make_world, upstream):
-    """Defect 8: a worker frozen with its upstream socket open kept it open (the upstream's own
+    """A worker frozen with its upstream socket open kept it open (the upstream's own
     keepalive is 20 s): two clients received the stream. The successor's epoch closes it."""
     world = make_world()
     holder = world.start_worker("holder")
@@ -211,7 +212,7 @@ async def test_a_frozen_owner_stops_receiving_when_its_successor_dials(make_worl
 
 
 async def test_a_dead_workers_streams_are_shared_out_not_taken_by_one_survivor(make_world):
-    """Defect 9: the first survivor to reconcile took every orphan (3 of 3, 12 of 12 in
+    """The first survivor to reconcile took every orphan (3 of 3, 12 of 12 in
     `make local`). Now each claims up to its fair share, plus a little."""
     # Orphans still unclaimed FAIR_SHARE_GRACE_RECONCILES intervals after their owner died go
     # to whoever looks (a peer may be dead too): at the simulation's 0.3 s interval a loaded
@@ -273,7 +274,7 @@ class OwnNotifications:
 
 
 async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world):
-    """Defect 10: the stopping worker's SQS long poll (in flight, production wait) received some
+    """The stopping worker's SQS long poll (in flight, production wait) received some
     of its own handoff notifications and dropped them: those streams waited for a reconcile.
     It also deleted those whose connection was still ending when the poll returned (found by
     the handoff bench's 1.3 s outliers): a stopping worker deletes none of its own handoff
@@ -319,7 +320,7 @@ async def test_a_sigterm_handoff_does_not_wait_for_its_own_long_poll(make_world)
 async def test_after_an_outage_longer_than_the_window_streams_return_without_waiting_for_reconcile(
     make_world,
 ):
-    """Defect 11: after every worker lost DynamoDB for 1.5 leases, a failed reconcile slept a
+    """After every worker lost DynamoDB for 1.5 leases, a failed reconcile slept a
     whole interval: streams came back up to 2.8 leases after the heal. Now it retries as soon
     as the store answers, and a reopened session reconciles at once."""
     world = make_world(reconcile_every=30.0)
@@ -342,7 +343,7 @@ async def test_after_an_outage_longer_than_the_window_streams_return_without_wai
 
 
 async def test_a_slow_but_working_dynamodb_keeps_every_stream_up(make_world):
-    """Defect 12: with one heartbeat of added latency on every request the renewals' read
+    """With one heartbeat of added latency on every request the renewals' read
     timeout (min(3 s, heartbeat)) gave up and the fleet dropped everything, although the
     holder's window would have absorbed it."""
     # ROOMY_LEASE, not the simulation's 0.6 s lease: with its 0.48 s holder window a loaded CI

@@ -1,4 +1,4 @@
-"""The operator CLI as a newcomer meets it (issue 11): START checks the allow-list and says so,
+"""The operator CLI as a newcomer meets it: START checks the allow-list and says so,
 ``--json`` output pipes into a JSON tool even through ``make``, the lag is in messages as in the
 live view, and a missing region or an unreachable endpoint is one clear line, not a traceback."""
 

@@ -1,9 +1,9 @@
 """The lease store under the faults real networks produce, each one scripted against a real
 server (moto and dynalite) through the fault layer of the simulation suite.
 
-One test per defect found by the hostile review of issue 9: each reproduces its interleaving
-exactly (a lost answer, a late delivery, a START landing between two writes of one operation)
-and fails on the code before the fix.
+One test per interleaving a hostile review found: each reproduces it exactly (a lost answer,
+a late delivery, a START landing between two writes of one operation) and fails on code that
+does not guard against it.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def release(params: dict) -> bool:
 async def test_a_session_whose_first_put_lost_its_answer_trusts_itself_no_longer_than_the_table(
     table_names, faulty, script
 ):
-    """Defect 1: the retry fails on the condition (the first put was applied), and the deadline
+    """The retry fails on the condition (the first put was applied), and the deadline
     used to count from that retry while the table held the first attempt's expiry."""
     script.add(Rule(on("put_item"), Decision(Fault.LOSE_ANSWER, 0.5)))
     store = store_on(faulty, table_names[0], "w1", clock=SimpleClock())
@@ -104,7 +104,7 @@ async def test_a_session_whose_first_put_lost_its_answer_trusts_itself_no_longer
 async def test_a_renewal_delivered_late_never_lowers_the_expiry(
     table_names, faulty, script, network, plain
 ):
-    """Defect 7: an attempt that timed out and is applied after the next renewal took
+    """An attempt that timed out and is applied after the next renewal took
     ``expires_at`` back, so a taker could fence while the holder still trusted its window."""
     store = store_on(faulty, table_names[0], "w1", clock=SimpleClock())
     await store.session.open()
@@ -123,7 +123,7 @@ async def test_a_renewal_delivered_late_never_lowers_the_expiry(
 async def test_a_claim_whose_answer_was_lost_is_recognised_as_ours(
     table_names, faulty, script, plain
 ):
-    """Defect 6: only acquire() checked "ours already"; a claim of an orphan whose answer was
+    """Only acquire() checked "ours already"; a claim of an orphan whose answer was
     lost left a row owned by this live session and run by nobody."""
     clock = SimpleClock()
     dead, finder = (
@@ -149,7 +149,7 @@ async def test_a_claim_whose_answer_was_lost_is_recognised_as_ours(
 async def test_a_start_between_the_two_writes_of_a_release_leaves_the_row_claimable(
     table_names, faulty, script, plain
 ):
-    """Defect 3: the release found the row STOPPED, a START landed, and the second write
+    """The release found the row STOPPED, a START landed, and the second write
     (unconditioned on the desired state) left it STARTED, unowned and in no index."""
     writer = DesiredStateWriter(dynamodb=plain, table_name=table_names[0])
     pk = await start(writer, "c1")
@@ -175,7 +175,7 @@ async def test_a_start_between_the_two_writes_of_a_release_leaves_the_row_claima
 async def test_a_start_that_revives_a_dead_owners_stopped_row_keeps_it_discoverable(
     table_names, faulty, script, plain
 ):
-    """Defect 5: reconcile read the row as STOPPED, a START revived it, the disown failed and
+    """Reconcile read the row as STOPPED, a START revived it, the disown failed and
     was ignored, and the session was forgotten: STARTED and unreachable for ever."""
     clock = SimpleClock()
     writer = DesiredStateWriter(dynamodb=plain, table_name=table_names[0])

@@ -199,8 +199,8 @@ async def test_two_missed_pongs_force_a_reconnect_on_an_open_socket(
         await client.wait_ready(5)
         await eventually(lambda: client.pongs >= 1)  # the text frame "pong" counts
         (connection_id,) = gateway.connection_ids
-        # The seed's failure: the handler is throttled. The socket stays open and protocol
-        # pings would still be answered, but no pong comes back.
+        # The failure hardest to notice: the handler is throttled. The socket stays open and
+        # protocol pings would still be answered, but no pong comes back.
         failed_at = time.monotonic()
         gateway.fail(FailureMode.THROTTLED)
         await eventually(lambda: client.forced_reconnects == 1, timeout=5)

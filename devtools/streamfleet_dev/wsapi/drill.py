@@ -11,9 +11,9 @@ closing every client connection of its region while the region reports unhealthy
 instances whose endpoint provider asks the resolver for the "failover name" and mints a fresh
 token on every attempt.
 
-The scenario: connect every client, bid, make the primary fail (by default the seed article's
-way: the handler is throttled, sockets stay open, nothing answers), keep bidding, and measure the
-time to detect (resolver switched), the time until every client is served by the secondary
+The scenario: connect every client, bid, make the primary fail (by default the hardest way to
+notice: the handler is throttled, sockets stay open, nothing answers), keep bidding, and measure
+the time to detect (resolver switched), the time until every client is served by the secondary
 again, and whether every acknowledged bid survived; then recover the primary and check the slow
 fail-back (``healthy_runs_to_recover`` good canary runs first) and that the clients, moved back,
 find their state there too.

@@ -18,11 +18,11 @@ What it reproduces, because the handlers, the authorizer, the canary and the cli
   ``Data`` to the socket, ``GET`` describes the connection, ``DELETE`` closes it; an unknown id
   answers 410 ``GoneException``. The handlers reach it with the *same* boto3 code as in AWS,
   through ``endpoint_url`` (:attr:`LocalGateway.management_endpoint`).
-* Failure modes, switched at run time: ``THROTTLED`` is the seed article's drill (the handler
-  Lambda's reserved concurrency set to 0): sockets stay open and protocol pings are answered,
-  but no handler runs: every message gets API Gateway's ``Internal server error`` frame instead
-  of a reply, and new handshakes fail with HTTP 500. ``DOWN`` drops every socket and refuses new
-  handshakes with HTTP 503.
+* Failure modes, switched at run time: ``THROTTLED`` is a handler Lambda whose reserved
+  concurrency is set to 0: sockets stay open and protocol pings are answered, but no handler
+  runs: every message gets API Gateway's ``Internal server error`` frame instead of a reply, and
+  new handshakes fail with HTTP 500. ``DOWN`` drops every socket and refuses new handshakes with
+  HTTP 503.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Two local regions of the client-facing WebSocket API, with failover, behind one HTTP port.
 
 What :class:`LocalRegions` runs, each piece standing in for its AWS counterpart and running the
-real runtime code (the contract with the browser client: ``/work/notes/wsapi-contract.md``):
+real runtime code (the contract with the browser client: README.md, "Protocol"):
 
 * a primary (``us-east-1``) and a secondary (``us-west-2``) region, each a
   :class:`~.local_gateway.LocalGateway` (API Gateway's WebSocket routing and Management API)

@@ -1,4 +1,4 @@
-"""The lease store: sessions with fencing tokens on DynamoDB (see ``design.md``).
+"""The lease store: sessions with fencing tokens on DynamoDB (README.md, "The lease model").
 
 Small classes with one job each, wired together by :class:`LeaseStore`:
 

@@ -1,7 +1,7 @@
 """Worker configuration from environment variables, validated once at start.
 
-The seed's names are kept (``TABLE_NAME``, ``MESSAGES_TABLE_NAME``, ``QUEUE_URL``, ``WORKER_ID``,
-``LEASE_SECONDS``, ``HEARTBEAT_EVERY``, ``RECONCILE_EVERY``, ``MAX_CONNECTIONS``); seconds may be
+The variables: ``TABLE_NAME``, ``MESSAGES_TABLE_NAME``, ``QUEUE_URL``, ``WORKER_ID``,
+``LEASE_SECONDS``, ``HEARTBEAT_EVERY``, ``RECONCILE_EVERY``, ``MAX_CONNECTIONS``; seconds may be
 fractional. A bad value stops the worker before it touches anything, with the variable's name.
 """
 

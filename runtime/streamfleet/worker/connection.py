@@ -2,7 +2,8 @@
 
 A connection is a single task. Whatever ends it first (STOP, lease lost, deadline, shutdown,
 handoff) cancels that task and records the reason; :meth:`Connection._finish` then does what the
-reason calls for. Nothing waits for "all of" anything (the seed's ``gather`` bug).
+reason calls for. Nothing waits for "all of" anything: a ``gather`` that waits for all of them
+lets one stuck step hold the rest.
 """
 
 from __future__ import annotations

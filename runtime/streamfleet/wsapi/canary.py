@@ -7,7 +7,7 @@ identity, sends ``{"action": "heartbeat"}`` and expects the TEXT frame ``pong`` 
 throttled, API Gateway's ``Internal server error`` frame, silence) is a failed probe.
 
 **Fail-back hysteresis.** Route 53 only understands the alarm's plain "2 of 2 datapoints"
-(no M-of-N, no metric math), so the asymmetry the seed recommends (fail over after 2 bad
+(no M-of-N, no metric math), so the asymmetry that stops flapping (fail over after 2 bad
 minutes, fail back only after more than 5 good ones) lives here. Once ``CANARY_FAILURES_TO_TRIP``
 (default 2: the alarm's datapoints) consecutive probes failed, i.e. once the alarm fires, the
 canary is *tripped* and keeps reporting 0 until ``CANARY_HEALTHY_RUNS_TO_RECOVER`` (default 5)

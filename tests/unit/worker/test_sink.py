@@ -287,7 +287,7 @@ async def test_what_settle_drops_no_longer_counts_against_the_bound():
 
 
 async def test_each_item_names_the_message_before_it_and_when_that_one_expires():
-    """How a reader proves that a hole can never be filled (issue 25): the message before it
+    """How a reader proves that a hole can never be filled: the message before it
     was sent and has expired, or nothing was sent in between."""
     dynamo, owner = ScriptedDynamo(), Owner("CONN#a")
     sink = make_sink(dynamo, retention_seconds=86400)

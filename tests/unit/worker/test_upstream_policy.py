@@ -147,7 +147,7 @@ async def test_an_allowed_name_resolves_to_the_address_to_dial():
     assert await FEEDS.resolve("ws://127.0.0.1:8765/streams/a") == ("127.0.0.1", 8765)
 
 
-# --- Issue 36: one canonical host, only global addresses, wildcards that name a domain ------------
+# --- One canonical host, only global addresses, wildcards that name a domain ----------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-/** Exponential backoff with full jitter, the seed article's reconnect interval. */
+/** Exponential backoff with full jitter: 2 s base, 20 s cap. */
 
 export const DEFAULT_BACKOFF_BASE_MS = 2000;
 export const DEFAULT_BACKOFF_CAP_MS = 20000;

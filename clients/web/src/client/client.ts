@@ -152,7 +152,7 @@ export interface StreamFleetClientOptions {
   token?: TokenProvider;
   /** `subprotocol` (default: `streamfleet.v1, bearer.<jwt>`, kept out of URLs and logs) or `query`. */
   tokenTransport?: TokenTransport;
-  /** Default 30 000 ms (the seed article's value). */
+  /** Default 30 000 ms. */
   heartbeatIntervalMs?: number;
   /** Default 35 000 ms. */
   heartbeatTimeoutMs?: number;

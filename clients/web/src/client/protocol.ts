@@ -19,7 +19,7 @@ export const ROUTE_BID = 'bid';
 export const ROUTE_SUBSCRIBE = 'subscribe';
 export const ROUTE_UNSUBSCRIBE = 'unsubscribe';
 
-/** The heartbeat frame: exactly what the seed article's react-use-websocket configuration sends. */
+/** The heartbeat frame: exactly what a typical react-use-websocket configuration sends. */
 export const HEARTBEAT_FRAME = JSON.stringify({ action: ROUTE_HEARTBEAT });
 /** The server answers a heartbeat with this TEXT frame (four bytes, not JSON). */
 export const PONG_FRAME = 'pong';

@@ -1,5 +1,5 @@
 /**
- * The seed article's demo: a live auction. Everyone bids on the same item; the page shows the
+ * A live auction demo. Everyone bids on the same item; the page shows the
  * current highest bid, the region that served the last reply, the connection state and the
  * reconnect attempts, so a regional failover can be watched as it happens.
  *

@@ -1,13 +1,14 @@
 /**
- * react-use-websocket 4.13.0 with the seed article's configuration, unchanged: the heartbeat
- * option `{ message: JSON.stringify({ action: 'heartbeat' }), returnMessage: 'pong', timeout,
- * interval }`, reconnect on every close, and the article's full-jitter `reconnectInterval`.
+ * react-use-websocket 4.13.0 with the configuration a typical app uses, unchanged: the
+ * heartbeat option `{ message: JSON.stringify({ action: 'heartbeat' }), returnMessage: 'pong',
+ * timeout, interval }` (every 30 s by default), reconnect on every close, and a full-jitter
+ * `reconnectInterval` (2 s base, 20 s cap).
  * It proves the API works with a third-party client: the text `pong` is filtered out of
  * `lastMessage` and keeps the connection alive; when a region degrades, its canary closes the
  * connections and the hook reconnects through the failover name to the other region.
  *
- * Query string: `user`, `auction`, `interval` and `timeout` (the heartbeat's, ms; default the
- * article's 30000 / 35000). The token goes in the query string (`?token=`), fetched for every
+ * Query string: `user`, `auction`, `interval` and `timeout` (the heartbeat's, ms; default
+ * 30000 / 35000). The token goes in the query string (`?token=`), fetched for every
  * connection along with the URL: react-use-websocket calls an async URL function per attempt.
  */
 import { StrictMode, useCallback, useEffect, useRef, useState } from 'react';
@@ -85,7 +86,7 @@ function App() {
   const getUrl = useCallback(socketUrl, []);
 
   const { sendJsonMessage, lastMessage, readyState } = useWebSocket(getUrl, {
-    // The article's configuration.
+    // The configuration a typical app uses.
     shouldReconnect: () => true,
     reconnectAttempts: 1000,
     reconnectInterval: (attempt) => {
@@ -113,7 +114,7 @@ function App() {
     },
   });
 
-  // After every (re)connect, ask for the state, as the article's client does.
+  // After every (re)connect, ask for the state: a reconnect must restore what the page shows.
   useEffect(() => {
     observed.readyState = readyState;
     if (readyState === ReadyState.OPEN) {
@@ -145,7 +146,7 @@ function App() {
 
   return (
     <main style={{ fontFamily: 'system-ui, sans-serif', maxWidth: 720, margin: '0 auto', padding: 16 }}>
-      <h1>react-use-websocket 4.13.0 · the article's configuration</h1>
+      <h1>react-use-websocket 4.13.0 · a typical app's configuration</h1>
       <p>
         user <b id="user">{user}</b>, heartbeat every {interval} ms, timeout {timeout} ms
       </p>
