@@ -9,7 +9,7 @@
 // failover: two bidders (two pages), each bid seen by the other; the primary region is
 // throttled (POST /fail?mode=throttled); both pages must reconnect to the secondary with the
 // highest bid intact, bid there, and come back after POST /restore and a reconnect.
-// react-use-websocket: the article's configuration against the API, healthy (pong filtered out
+// react-use-websocket: a typical app's configuration against the API, healthy (pong filtered out
 // of lastMessage, stays open) and degraded (the primary throttled: it ends up on the secondary).
 // Exit status 0 when every step passed; the report says which step failed otherwise.
 
@@ -236,7 +236,7 @@ async function failover(context) {
   };
 }
 
-// --- react-use-websocket with the article's configuration ---------------------------------
+// --- react-use-websocket with a typical app's configuration ---------------------------------
 
 const readRws = (page) =>
   page.evaluate(() => ({
@@ -245,7 +245,7 @@ const readRws = (page) =>
   }));
 
 async function reactUseWebSocket(context) {
-  // The article's heartbeat, compressed in time only: interval 500 ms, timeout 1500 ms.
+  // Its heartbeat, compressed in time only: interval 500 ms, timeout 1500 ms.
   const interval = 500;
   const timeout = 1500;
   const page = await context.newPage();
