@@ -41,8 +41,9 @@ from streamfleet_dev.wsapi.local_gateway import (
     FailureMode,
     GatewaySettings,
     LocalGateway,
+    wsapi_gateway,
 )
-from tests.wsapi_support import AUDIENCE, CANARY_KEY, KEY, REGION, user_token
+from tests.wsapi_support import AUDIENCE, CANARY_KEY, KEY, REGION, authorizer, user_token
 
 TOKENS = MintedToken(CANARY_KEY, AUDIENCE, subject="canary")
 
@@ -271,6 +272,43 @@ async def test_probe_outcomes(gateway: LocalGateway) -> None:
     gateway.recover()
     unauthenticated = await probe(Endpoint(gateway.url, None), timeout=2)
     assert not unauthenticated.healthy and "HTTP 401" in (unauthenticated.error or "")
+
+
+async def test_a_region_whose_state_store_fails_is_unhealthy_to_the_canary(
+    tables: tuple[str, str],
+) -> None:
+    """The canary's $connect wrote nothing and its heartbeat read nothing: with every DynamoDB
+    call failing, users' handshakes got HTTP 500 and the canary reported the Region healthy."""
+    state, connections = tables
+    endpoint_token = await TOKENS.token()
+    async with wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=authorizer(),
+        state_table=state,
+        connections_table="no-such-table",  # every write and read of it fails
+    ) as broken:
+        refused = await probe(Endpoint(broken.url, endpoint_token), timeout=2)
+        assert not refused.healthy and "HTTP 500" in (refused.error or "")
+    async with wsapi_gateway(
+        GatewaySettings(region=REGION),
+        authorizer=authorizer(),
+        state_table=state,
+        connections_table=connections,
+    ) as gateway:
+        endpoint = Endpoint(gateway.url, endpoint_token)
+        url, subprotocols = endpoint.handshake()
+        async with connect(url, subprotocols=subprotocols) as ws:
+            # The store stops answering after the handshake: the heartbeat must not be ponged.
+            boto3.client("dynamodb", region_name=REGION).delete_table(TableName=connections)
+            await ws.send(json.dumps({"action": "heartbeat"}))
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert (reply["type"], reply["error"]) == ("error", "unavailable")
+        boto3.client("dynamodb", region_name=REGION).create_table(
+            TableName=connections,
+            KeySchema=[{"AttributeName": model.PK, "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": model.PK, "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )  # for the fixture's clean-up
 
 
 async def test_a_silent_backend_times_out() -> None:

@@ -590,8 +590,8 @@ class WsApiHandlers:
             sub=user_id,
             connectionId=connection_id,
         )
-        if kind == model.WS_PRINCIPAL_CANARY:
-            return response  # the canary owns no state, not even a connection record
+        # The canary's connection is recorded as every user's: a Region whose state store cannot
+        # be written refuses the canary's handshake as it refuses its users'.
         now_ms = self.clock.wall_ms()
         self.dynamodb.put_item(
             TableName=self.config.connections_table,
@@ -660,6 +660,10 @@ class WsApiHandlers:
             message = parse_message(text)
             request_id = message.request_id
             if isinstance(message, Heartbeat):
+                if _principal_kind(request_context) == model.WS_PRINCIPAL_CANARY:
+                    # The canary's heartbeat reads its connection record first: a Region whose
+                    # state store cannot be read answers it with an error, not with a pong.
+                    self._read_connection(connection_id)
                 self.send_pong(request_context, connection_id)
                 return {"statusCode": 200}
             if _principal_kind(request_context) == model.WS_PRINCIPAL_CANARY:
@@ -812,20 +816,27 @@ class WsApiHandlers:
             )
             return False
 
+    def _read_connection(self, connection_id: str) -> dict[str, Any]:
+        """The connection's record as ``$connect`` wrote it (consistent; ``{}``: none)."""
+        return (
+            from_item(
+                self.dynamodb.get_item(
+                    TableName=self.config.connections_table,
+                    Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
+                    ConsistentRead=True,
+                ).get("Item")
+            )
+            or {}
+        )
+
     def _user_of(self, request_context: Mapping[str, Any], connection_id: str) -> str:
         """The verified user of a connection: from the authorizer context API Gateway passes
         with every message, else from the connection record written at ``$connect``."""
         user_id = _authorized_sub(request_context)
         if user_id is not None:
             return user_id
-        item = from_item(
-            self.dynamodb.get_item(
-                TableName=self.config.connections_table,
-                Key={model.PK: to_attr(model.ws_connection_pk(connection_id))},
-                ConsistentRead=True,
-            ).get("Item")
-        )
-        if not item or not isinstance(item.get(model.WS_USER_ID), str):
+        item = self._read_connection(connection_id)
+        if not isinstance(item.get(model.WS_USER_ID), str):
             raise _NotAuthorized("no verified user for this connection; reconnect")
         return item[model.WS_USER_ID]
 
