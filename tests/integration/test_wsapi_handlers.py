@@ -353,7 +353,7 @@ def canary_token() -> str:
     return jwt.sign(claims, CANARY_KEY)
 
 
-async def test_the_canary_may_send_heartbeat_only_and_writes_nothing(
+async def test_the_canary_may_send_heartbeat_only_and_writes_no_state(
     gateway: LocalGateway, tables: tuple[str, str]
 ) -> None:
     state, connections = tables
@@ -369,8 +369,11 @@ async def test_the_canary_may_send_heartbeat_only_and_writes_nothing(
             assert reply["requestId"] == message["requestId"]
             assert "heartbeat only" in reply["message"]
         assert gateway.stats.connects == 1
-    assert scan(state) == {}
-    assert scan(connections) == {}  # not even a connection record
+        # Its connection is recorded as a user's (so a state store that fails fails its probe)
+        [record] = scan(connections).values()
+        assert record[model.WS_USER_ID].startswith(model.CANARY_PRINCIPAL_PREFIX)
+    assert scan(state) == {}  # and it writes nothing else
+    await until(lambda: not scan(connections), timeout=10)  # $disconnect removes the record
 
 
 # --- Management API and stale connections -------------------------------------------------------
