@@ -598,14 +598,19 @@ class ConnectionSweeper:
         self._budget = budget_seconds
 
     async def connection_ids(self) -> list[str]:
-        """Every connection id recorded now."""
+        """Every client connection recorded now (a canary's own probes close themselves)."""
         ids: list[str] = []
         params: dict[str, Any] = {
             "TableName": self._table,
-            "FilterExpression": "begins_with(#pk, :prefix)",
+            "FilterExpression": (
+                "begins_with(#pk, :prefix) AND NOT begins_with(#user_id, :canary)"
+            ),
             "ProjectionExpression": "#pk",
-            "ExpressionAttributeNames": names(model.PK),
-            "ExpressionAttributeValues": {":prefix": to_attr(model.WS_CONNECTION_PREFIX)},
+            "ExpressionAttributeNames": names(model.PK, model.WS_USER_ID),
+            "ExpressionAttributeValues": {
+                ":prefix": to_attr(model.WS_CONNECTION_PREFIX),
+                ":canary": to_attr(model.CANARY_PRINCIPAL_PREFIX),
+            },
         }
         while True:
             page = await self._dynamodb.call("scan", **params)
