@@ -275,7 +275,7 @@ async def test_probe_outcomes(gateway: LocalGateway) -> None:
 
 
 async def test_a_region_whose_state_store_fails_is_unhealthy_to_the_canary(
-    tables: tuple[str, str],
+    gateway: LocalGateway, tables: tuple[str, str]
 ) -> None:
     """The canary's $connect wrote nothing and its heartbeat read nothing: with every DynamoDB
     call failing, users' handshakes got HTTP 500 and the canary reported the Region healthy."""
@@ -289,26 +289,19 @@ async def test_a_region_whose_state_store_fails_is_unhealthy_to_the_canary(
     ) as broken:
         refused = await probe(Endpoint(broken.url, endpoint_token), timeout=2)
         assert not refused.healthy and "HTTP 500" in (refused.error or "")
-    async with wsapi_gateway(
-        GatewaySettings(region=REGION),
-        authorizer=authorizer(),
-        state_table=state,
-        connections_table=connections,
-    ) as gateway:
-        endpoint = Endpoint(gateway.url, endpoint_token)
-        url, subprotocols = endpoint.handshake()
-        async with connect(url, subprotocols=subprotocols) as ws:
-            # The store stops answering after the handshake: the heartbeat must not be ponged.
-            boto3.client("dynamodb", region_name=REGION).delete_table(TableName=connections)
-            await ws.send(json.dumps({"action": "heartbeat"}))
-            reply = json.loads(await asyncio.wait_for(ws.recv(), 5))
-        assert (reply["type"], reply["error"]) == ("error", "unavailable")
-        boto3.client("dynamodb", region_name=REGION).create_table(
-            TableName=connections,
-            KeySchema=[{"AttributeName": model.PK, "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": model.PK, "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )  # for the fixture's clean-up
+    url, subprotocols = Endpoint(gateway.url, endpoint_token).handshake()
+    async with connect(url, subprotocols=subprotocols) as ws:
+        # The store stops answering after the handshake: the heartbeat must not be ponged.
+        boto3.client("dynamodb", region_name=REGION).delete_table(TableName=connections)
+        await ws.send(json.dumps({"action": "heartbeat"}))
+        reply = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    assert (reply["type"], reply["error"]) == ("error", "unavailable")
+    boto3.client("dynamodb", region_name=REGION).create_table(
+        TableName=connections,
+        KeySchema=[{"AttributeName": model.PK, "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": model.PK, "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )  # for the fixture's clean-up
 
 
 async def test_a_silent_backend_times_out() -> None:
