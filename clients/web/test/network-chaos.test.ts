@@ -79,6 +79,8 @@ function run(seed: number): { log: string[]; delivered: StreamMessage[] } {
           now,
         ),
       );
+    } else {
+      cursor.retryLater(now); // the reply is lost: the client asks again after a gap timeout
     }
     send('replay', after + 1, upTo);
   };

@@ -538,10 +538,12 @@ class ReconnectingClient:
         task.add_done_callback(self._session_tasks.discard)
 
     async def _deliver(self, cursor: StreamCursor, messages: list[StreamMessage]) -> None:
-        change = cursor.take_epoch_change()
+        change, skip = cursor.take_epoch_change(), cursor.take_skip()
+        if (change or skip) is not None and cursor.position is not None:
+            # Kept at once: a later cursor (a resubscribe, a restart) must not be told again.
+            self.positions[cursor.stream] = StreamPosition(cursor.epoch, cursor.position)
         if change is not None:
             await self._emit(self.on_stream_epoch, change)
-        skip = cursor.take_skip()
         if skip is not None:
             await self._emit(self.on_stream_skip, skip)
         for message in messages:
@@ -951,4 +953,5 @@ def _position(value: object) -> StreamPosition | None:
 
 def _oversized(text: str, limit: int) -> bool:
     """Whether ``text`` takes more than ``limit`` bytes in UTF-8 (encoded only when it may)."""
-    return len(text) * 3 > limit and len(text.encode("utf-8")) > limit
+    # A code point takes at most 4 bytes: only text that may be too big is encoded.
+    return len(text) * 4 > limit and len(text.encode("utf-8")) > limit

@@ -205,7 +205,8 @@ class StreamCursor:
             return None
         seq = wire_whole(entry.get("seq"))
         data = entry.get("data")
-        epoch = wire_whole(entry.get("epoch", 0))
+        raw_epoch = entry.get("epoch")
+        epoch = 0 if raw_epoch is None else wire_whole(raw_epoch)
         if seq is None or epoch is None or not isinstance(data, str):
             return None
         received = wire_whole(entry.get("at"))

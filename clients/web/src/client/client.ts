@@ -692,8 +692,11 @@ export class StreamFleetClient {
         : cursor.onFrame(reply as MessagesFrame, now);
     if (reply.type === 'subscribed') this.emit('subscribed', reply as SubscribedReply);
     const change = cursor.takeEpochChange();
-    if (change !== null) this.emit('streamEpoch', change);
     const skip = cursor.takeSkip();
+    const at = cursor.at;
+    // Kept at once: a later cursor (a resubscribe, a reload) must not be told again.
+    if ((change !== null || skip !== null) && at !== null) this.positions.set(cursor.stream, at);
+    if (change !== null) this.emit('streamEpoch', change);
     if (skip !== null) this.emit('streamSkip', skip);
     for (const message of ready) {
       this.positions.set(message.stream, { epoch: message.epoch, seq: message.seq });
@@ -975,6 +978,7 @@ export class StreamFleetClient {
       (data.length * 3 > MAX_MESSAGE_BYTES && frameBytes(data) > MAX_MESSAGE_BYTES)
     ) {
       this.framesSkipped += 1;
+      this.emitChange();
       return;
     }
     const text = data;
