@@ -212,10 +212,12 @@ class ObservedConnection(Connection):
 # exactly like the real class (and record nothing) outside a simulated world.
 worker_fleet.Connection = ObservedConnection  # type: ignore[misc]
 
-# Every upstream socket a simulated worker opens, by worker (its thread's name), so that a kill
-# can close them all, as the kernel closes a dead process's sockets.
-_UPSTREAM_SOCKETS: dict[str, list[Any]] = {}
+# Every upstream socket a simulated worker opens, by worker (its thread, not its name: two
+# worlds may run at once, each with a worker of the same name), so that a kill can close them
+# all, as the kernel closes a dead process's sockets.
+_UPSTREAM_SOCKETS: dict[threading.Thread, list[Any]] = {}
 _real_connect = connection_module.connect
+KILL_FREEZE_SECONDS = 30.0
 
 
 class _RecordingConnect:
@@ -224,7 +226,7 @@ class _RecordingConnect:
 
     async def __aenter__(self) -> Any:
         upstream = await self._connect.__aenter__()
-        _UPSTREAM_SOCKETS.setdefault(threading.current_thread().name, []).append(upstream)
+        _UPSTREAM_SOCKETS.setdefault(threading.current_thread(), []).append(upstream)
         return upstream
 
     async def __aexit__(self, *exc_info: Any) -> Any:
@@ -379,8 +381,11 @@ class SimWorker:
         self.killed = True
         for client in self.clients:
             client.dead = True
-        await asyncio.to_thread(self._stopped_now.wait, 5)  # nothing runs in it from here on
-        for upstream in _UPSTREAM_SOCKETS.pop(self.worker_id, []):
+        # Nothing runs in it from here on; a loop that never reached the freeze would keep its
+        # sockets, so that is an error of the harness, not a verdict on the worker.
+        if not await asyncio.to_thread(self._stopped_now.wait, KILL_FREEZE_SECONDS):
+            raise RuntimeError(f"{self.worker_id}: not frozen within {KILL_FREEZE_SECONDS} s")
+        for upstream in _UPSTREAM_SOCKETS.pop(self.thread, []):
             sock = upstream.transport.get_extra_info("socket")
             if sock is not None:
                 _reset(sock)
