@@ -32,6 +32,8 @@ from ..lease.errors import StoreUnavailable
 from ..waiting import wait_at_most
 from .protocol import UpstreamMessage
 
+# Above every position a stream can store (model.log_position's largest).
+NEWEST_POSITION = model.log_position(model.MAX_EPOCH, model.MAX_SEQ)
 MAX_BATCH_WRITE_ITEMS = 25  # DynamoDB's limit per BatchWriteItem request
 # At most this many messages per flush (80 requests): one flush never holds the event loop for
 # long, whatever the backlog; the next flush follows at once.
@@ -435,25 +437,9 @@ class MessageSink:
         self._last_expiry[id(owner)] = expires_at
 
     async def newest_stored(self, pk: str) -> int | None:
-        """The highest seq stored for ``pk`` (``None``: nothing)."""
-        response = await retry_until(
-            lambda: self._dynamodb.call(
-                "query",
-                TableName=self._table,
-                KeyConditionExpression="#pk = :pk",
-                ExpressionAttributeNames={"#pk": model.PK, "#seq": model.SEQ},
-                ExpressionAttributeValues={":pk": to_attr(pk)},
-                ProjectionExpression="#seq",
-                ScanIndexForward=False,
-                Limit=1,
-                ConsistentRead=True,
-            ),
-            deadline=self._session.deadline,
-            clock=self._session.clock,
-            what=f"newest stored seq of {pk}",
-        )
-        items = response.get("Items", [])
-        return int(items[0][model.SEQ]["N"]) if items else None
+        """The highest position stored for ``pk`` (``None``: nothing)."""
+        last = await self.last_stored(pk, NEWEST_POSITION)
+        return None if last is None else last[0]
 
     async def contiguous_end(self, pk: str, after: int) -> int:
         """The last seq of the run stored without a hole right after ``after`` (``after`` itself

@@ -729,14 +729,7 @@ class Canary:
             try:
                 sweep = await self.disconnector.sweep()
             except Exception as exc:  # e.g. the table does not answer: the next run retries
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "canary_disconnect",
-                    decision="error",
-                    apiId=self.config.api_id,
-                    detail=f"{type(exc).__name__}: {exc}",
-                )
+                self._warn("canary_disconnect", exc)
                 sweep = SweepResult(incomplete=True)
         log_event(
             logger,
@@ -755,19 +748,23 @@ class Canary:
         )
         return CanaryRun(result, state, value, applied, sweep)
 
+    def _warn(self, event: str, exc: BaseException) -> None:
+        """A step of the run failed for a reason it outlives (logged; the run goes on)."""
+        log_event(
+            logger,
+            logging.WARNING,
+            event,
+            decision="error",
+            apiId=self.config.api_id,
+            detail=f"{type(exc).__name__}: {exc}",
+        )
+
     async def _publish(self, value: int, probe_healthy: bool | None, tick_ms: int | None) -> None:
         for publisher in self.publishers:
             try:
                 await publisher.publish(self.config.api_id, value, probe_healthy, tick_ms=tick_ms)
             except Exception as exc:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "canary_publish",
-                    decision="error",
-                    apiId=self.config.api_id,
-                    detail=f"{type(exc).__name__}: {exc}",
-                )
+                self._warn("canary_publish", exc)
 
     async def _hold(self, tick_ms: int | None) -> None:
         """No probe could run for a reason of the canary's own: publish the Region's standing
@@ -780,14 +777,7 @@ class Canary:
             try:
                 previous = await self.store.load()
             except Exception as exc:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "canary_state",
-                    decision="error",
-                    apiId=self.config.api_id,
-                    detail=f"{type(exc).__name__}: {exc}",
-                )
+                self._warn("canary_state", exc)
                 return
         await self._publish(0 if previous.tripped else 1, None, tick_ms)
 
@@ -803,14 +793,7 @@ class Canary:
                 if await self.store.save(state, previous):
                     return state, True
         except Exception as exc:
-            log_event(
-                logger,
-                logging.WARNING,
-                "canary_state",
-                decision="error",
-                apiId=self.config.api_id,
-                detail=f"{type(exc).__name__}: {exc}",
-            )
+            self._warn("canary_state", exc)
         # Unknown history: report the probe itself rather than guess.
         return HealthState(reported_healthy=probe_healthy), False
 
