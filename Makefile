@@ -126,6 +126,7 @@ bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 
 	$(PYTHON) -m bench.lease_bench
 	$(PYTHON) -m bench.task_events_bench
 	$(PYTHON) -m bench.fanout_bench
+	$(PYTHON) -m bench.fanout_stall_bench
 
 sim: setup ## Fault simulation: 2,000 seeded schedules (~55 min); SIM_SEED=<n> replays one
 	$(PYTHON) -m streamfleet_dev.sim --schedules $${SIM_SCHEDULES:-2000}

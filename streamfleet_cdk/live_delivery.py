@@ -261,6 +261,9 @@ class StreamFanoutProps:
             recorded on the on-failure queue); subscribers then repair the gap from the log.
         max_record_age: records older than this are given up on (they are in the table).
         post_threads: concurrent posts in one invocation.
+        subscriber_budget: how long one subscriber's posts of a batch may take, plus
+            ``FRAME_ALLOWANCE_MS`` per frame, before it is closed to resume from the log: with
+            the post timeouts, what bounds how long one slow reader holds its shard.
         memory_mib / timeout: the function's.
         reserved_concurrency: reserved (and the cap of) the fan-out's concurrency: a shard runs
             one batch at a time (times ``parallelization_factor``), so this bounds shards.
@@ -280,6 +283,9 @@ class StreamFanoutProps:
     retry_attempts: int = 10
     max_record_age: Duration = field(default_factory=lambda: Duration.hours(1))
     post_threads: int = fanout_runtime.DEFAULT_POST_THREADS
+    subscriber_budget: Duration = field(
+        default_factory=lambda: Duration.millis(fanout_runtime.DEFAULT_SUBSCRIBER_BUDGET_MS)
+    )
     memory_mib: int = 512
     timeout: Duration = field(default_factory=lambda: Duration.seconds(60))
     reserved_concurrency: int | None = 10
@@ -293,12 +299,23 @@ class StreamFanoutProps:
         _check_whole("retry_attempts", self.retry_attempts, 0, 10_000)
         _check_whole("post_threads", self.post_threads, 1, fanout_runtime.MAX_POST_THREADS)
         _check_whole("memory_mib", self.memory_mib, 128, 10_240)
+        budget_ms = self.subscriber_budget.to_milliseconds()
+        if not 1 <= budget_ms <= fanout_runtime.MAX_SUBSCRIBER_BUDGET_MS:
+            raise ValueError(
+                f"subscriber_budget: 1 ms to {fanout_runtime.MAX_SUBSCRIBER_BUDGET_MS} ms"
+            )
         if not 0 <= self.max_batching_window.to_seconds() <= 300:
             raise ValueError("max_batching_window: 0 to 300 seconds")
         if not 60 <= self.max_record_age.to_seconds() <= 604_800:
             raise ValueError("max_record_age: 60 seconds to 7 days (Lambda's bounds)")
-        if not 1 <= self.timeout.to_seconds() <= 900:
-            raise ValueError("timeout: 1 to 900 seconds")
+        # Posting stops INVOCATION_MARGIN_MS before the timeout: a subscriber needs its budget
+        # before that, or every batch would close every subscriber.
+        shortest_ms = fanout_runtime.INVOCATION_MARGIN_MS + budget_ms
+        if not shortest_ms < self.timeout.to_milliseconds() <= 900_000:
+            raise ValueError(
+                f"timeout: more than {shortest_ms / 1000:g} seconds (the subscriber budget and "
+                "the time posts in flight may take), at most 900"
+            )
         if not self.iterator_age_alarm.to_seconds() >= 1:
             raise ValueError("iterator_age_alarm: at least one second")
         check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
@@ -354,6 +371,9 @@ class StreamFanout(Construct):
                 model.ENV_STREAMS_TABLE_NAME: props.streams_table.table_name,
                 model.ENV_APIGW_MANAGEMENT_ENDPOINT: self.management_endpoint,
                 model.ENV_FANOUT_POST_THREADS: str(props.post_threads),
+                model.ENV_FANOUT_SUBSCRIBER_BUDGET_MS: str(
+                    int(props.subscriber_budget.to_milliseconds())
+                ),
             },
         )
         self.event_source = lambda_.EventSourceMapping(

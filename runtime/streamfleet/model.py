@@ -676,11 +676,13 @@ WSAPI_SUBSCRIPTIONS_TABLE = TableSpec(
 # Environment of the fan-out function (runtime/streamfleet/wsapi/fanout.py), besides AWS_REGION:
 # the subscriptions table and the Management API endpoint of this Region's stage.
 ENV_FANOUT_POST_THREADS = "FANOUT_POST_THREADS"
+ENV_FANOUT_SUBSCRIBER_BUDGET_MS = "FANOUT_SUBSCRIBER_BUDGET_MS"
 FANOUT_ENV = (
     ENV_SUBSCRIPTIONS_TABLE_NAME,
     ENV_STREAMS_TABLE_NAME,
     ENV_APIGW_MANAGEMENT_ENDPOINT,
     ENV_FANOUT_POST_THREADS,
+    ENV_FANOUT_SUBSCRIBER_BUDGET_MS,
 )
 
 # Fan-out metrics (Embedded Metric Format, namespace METRIC_NAMESPACE, dimension
@@ -691,6 +693,9 @@ METRIC_FANOUT_POSTS = "FanoutPosts"  # Management API posts (each one frame, man
 METRIC_FANOUT_GONE = "FanoutGone"  # subscribers found gone (GoneException) and removed
 METRIC_FANOUT_FAILED_POSTS = "FanoutFailedPosts"  # posts that failed for another reason
 METRIC_FANOUT_DISCONNECTED = "FanoutDisconnected"  # subscribers closed to resume from the log
+# Subscribers whose frames could not all be posted within their budget, or before the invocation
+# stopped posting: closed (counted in FanoutDisconnected too when the close succeeded).
+METRIC_FANOUT_OVER_BUDGET = "FanoutOverBudget"
 # Subscribers closed because they may no longer read (readers changed, token expired).
 METRIC_FANOUT_REVOKED = "FanoutRevoked"
 METRIC_FANOUT_LAG_MS = "FanoutLagMs"  # worker receipt -> post, the batch's oldest message

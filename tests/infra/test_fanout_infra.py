@@ -8,6 +8,7 @@ names come from where the runtime reads them.
 from __future__ import annotations
 
 import pytest
+from aws_cdk import Duration
 from cdk_nag import AwsSolutionsChecks
 
 from streamfleet import model
@@ -143,10 +144,17 @@ def test_the_fanout_reads_the_regions_stream_in_order_and_records_what_it_gives_
                 model.ENV_STREAMS_TABLE_NAME: variables[model.ENV_STREAMS_TABLE_NAME],
                 model.ENV_APIGW_MANAGEMENT_ENDPOINT: "https://a.execute-api.r.amazonaws.com/v1",
                 model.ENV_FANOUT_POST_THREADS: variables[model.ENV_FANOUT_POST_THREADS],
+                model.ENV_FANOUT_SUBSCRIBER_BUDGET_MS: variables[
+                    model.ENV_FANOUT_SUBSCRIBER_BUDGET_MS
+                ],
                 "AWS_REGION": stack.region,
             }
         )
         assert config.post_threads == fanout_runtime.DEFAULT_POST_THREADS
+        assert config.subscriber_budget_ms == fanout_runtime.DEFAULT_SUBSCRIBER_BUDGET_MS
+        # Posting stops this long before the timeout: a subscriber still gets its budget.
+        room_ms = function["Timeout"] * 1000 - fanout_runtime.INVOCATION_MARGIN_MS
+        assert room_ms > config.subscriber_budget_ms
         # Readers are checked at every delivery: the fleet's lease table, read only.
         assert config.streams_table == model.DEFAULT_LEASE_TABLE_NAME
         grants = role_grants(template, logical_id(stack, fanout.role))
@@ -274,6 +282,8 @@ def test_live_props_are_validated(built):
         ("parallelization_factor", 11),
         ("post_threads", 65),
         ("reserved_concurrency", 0),
+        ("subscriber_budget", Duration.seconds(31)),
+        ("timeout", Duration.seconds(5)),  # posting would stop before it started
     ):
         with pytest.raises(ValueError, match=field):
             StreamFanoutProps(**common, **{field: value})

@@ -12,6 +12,7 @@ import asyncio
 import json
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -22,9 +23,16 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet.lease.dynamo import to_item
-from streamfleet.wsapi.fanout import Fanout, FanoutConfig, FanoutConfigError, messages_by_stream
+from streamfleet.wsapi.fanout import (
+    INVOCATION_MARGIN_MS,
+    Fanout,
+    FanoutConfig,
+    FanoutConfigError,
+    messages_by_stream,
+)
 from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
+from tests.support import ShiftableClock
 from tests.wsapi_support import REGION, authorizer, user_token
 
 CONFIG = FanoutConfig(
@@ -71,6 +79,8 @@ def test_the_configuration_names_what_is_missing() -> None:
         ("STREAMS_TABLE_NAME", ""),
         ("APIGW_MANAGEMENT_ENDPOINT", "wss://x"),
         ("FANOUT_POST_THREADS", "0"),
+        ("FANOUT_SUBSCRIBER_BUDGET_MS", "0"),
+        ("FANOUT_SUBSCRIBER_BUDGET_MS", "1.5"),
     ):
         with pytest.raises(FanoutConfigError, match=name):
             FanoutConfig.from_env({**env, name: value})
@@ -128,12 +138,25 @@ class FakeDynamo:
 
 
 class FakeManagement:
-    def __init__(self, gone: set[str] = frozenset(), failing: set[str] = frozenset()):
+    """A Management API: ``gone`` and ``failing`` connections refuse every post; a post to one
+    of ``slow`` advances ``clock`` by its value (a connection that drains slowly)."""
+
+    def __init__(
+        self,
+        gone: set[str] = frozenset(),
+        failing: set[str] = frozenset(),
+        *,
+        slow: dict[str, float] | None = None,
+        clock: ShiftableClock | None = None,
+    ):
         self.gone, self.failing = gone, failing
+        self.slow, self.clock = slow or {}, clock
         self.posts: dict[str, list[bytes]] = {}
         self.closed: list[str] = []
 
     def post_to_connection(self, *, ConnectionId: str, Data: bytes) -> None:
+        if ConnectionId in self.slow:
+            self.clock.advance(self.slow[ConnectionId])
         if ConnectionId in self.gone:
             raise ClientError({"Error": {"Code": "GoneException"}}, "PostToConnection")
         if ConnectionId in self.failing:
@@ -191,6 +214,62 @@ def test_gone_subscribers_are_removed_and_failing_ones_closed_to_resume_from_the
     )
     assert metrics["_aws"]["CloudWatchMetrics"][0]["Namespace"] == model.METRIC_NAMESPACE
     assert metrics["ServiceName"] == model.FANOUT_SERVICE_NAME
+
+
+def test_a_slow_subscriber_is_closed_at_its_budget_and_holds_nobody_else() -> None:
+    """A reader whose connection drains slowly made the shard wait for all its posts, every
+    batch: now no post starts past its budget, and it resumes from the log instead."""
+    clock = ShiftableClock()
+    config = replace(CONFIG, post_threads=1, subscriber_budget_ms=1000, frame_allowance_ms=0)
+    dynamo = FakeDynamo({"a": ["slow", "ok"], "b": ["ok"]})
+    management = FakeManagement(slow={"slow": 0.4}, clock=clock)
+    lines: list[str] = []
+    fanout = Fanout(
+        config, dynamodb=dynamo, management=management, clock=clock, metrics_out=lines.append
+    )
+    records = [record("INSERT", "a", seq, "d" * 20_000) for seq in range(1, 11)]
+
+    assert fanout({"Records": [*records, record("INSERT", "b", 1)]}) == {"batchItemFailures": []}
+
+    seqs = {
+        connection: [m["seq"] for f in frames for m in json.loads(f)["messages"]]
+        for connection, frames in management.posts.items()
+    }
+    assert seqs["ok"] == [*range(1, 11), 1]  # every frame of both streams
+    assert len(management.posts["slow"]) == 3  # at 0.4, 0.8, 1.2 s: the fourth would start late
+    assert management.closed == ["slow"]
+    (metrics,) = [json.loads(line) for line in lines]
+    assert metrics[model.METRIC_FANOUT_OVER_BUDGET] == 1
+    assert metrics[model.METRIC_FANOUT_DISCONNECTED] == 1
+    assert metrics[model.METRIC_FANOUT_FAILED_POSTS] == 0
+    assert metrics[model.METRIC_FANOUT_DELIVERED] == 11 + len(seqs["slow"])
+
+
+def test_a_batch_stops_posting_before_the_functions_timeout_and_closes_whom_it_did_not_serve():
+    """Past Lambda's timeout the whole batch is retried, holding every stream of the shard: the
+    batch ends in time instead, and the subscribers it could not serve resume from the log."""
+    clock = ShiftableClock()
+    config = replace(CONFIG, post_threads=1)
+    management = FakeManagement(slow={"first": 0.6}, clock=clock)
+    lines: list[str] = []
+    fanout = Fanout(
+        config,
+        dynamodb=FakeDynamo({"a": ["first", "second"]}),
+        management=management,
+        clock=clock,
+        metrics_out=lines.append,
+    )
+
+    class LambdaContext:  # the attribute of Lambda's context object the fan-out reads
+        @staticmethod
+        def get_remaining_time_in_millis() -> int:
+            return INVOCATION_MARGIN_MS + 500
+
+    result = fanout({"Records": [record("INSERT", "a", 1)]}, LambdaContext())
+
+    assert result == {"batchItemFailures": []}
+    assert list(management.posts) == ["first"] and management.closed == ["second"]
+    assert json.loads(lines[-1])[model.METRIC_FANOUT_OVER_BUDGET] == 1
 
 
 def test_a_failed_read_of_the_subscribers_fails_the_batch_so_lambda_retries_it() -> None:

@@ -26,9 +26,19 @@ function with a batch of records. For one batch it:
    subscribes again (refused if it may no longer read). A message stored after the START that
    changed ``readers`` was answered is processed after that write, so no such subscriber gets it;
 4. a ``GoneException`` (the client left without a ``$disconnect``) deletes that subscription; any
-   other failure to post, after the SDK's retries, closes the connection (``DeleteConnection``):
-   a subscriber that cannot take its messages now resumes from the stored log when it
-   reconnects, instead of holding a buffer anywhere or blocking the shard for everyone else.
+   other failure to post, after one retry, closes the connection (``DeleteConnection``): a
+   subscriber that cannot take its messages now resumes from the stored log when it reconnects,
+   instead of holding a buffer anywhere or blocking the shard for everyone else.
+
+How long one subscriber can hold its shard is bounded. A subscriber's frames must all be posted
+within its budget (``FANOUT_SUBSCRIBER_BUDGET_MS`` plus :data:`FRAME_ALLOWANCE_MS` per frame),
+counted from its first post; no post (and no retry) starts after that, and the subscriber is
+closed to resume from the log. A post that started ends within :data:`POST_TIMEOUT_S` (the
+SDK's connect and read timeouts, one attempt each), and so does the close after it, so one
+subscriber's delivery ends within ``budget + 2 x POST_TIMEOUT_S`` of its start, however slowly
+its connection drains. The batch as a whole stops posting :data:`INVOCATION_MARGIN_MS` before
+the function's timeout and closes the subscribers it did not serve: a batch never times out,
+and is never retried (holding every stream of its shard), for its subscribers' slowness.
 
 A failure to read the subscribers raises: Lambda retries the whole batch (posts already made
 are repeated, and the clients drop them as duplicates). At least once on the wire, exactly once
@@ -37,11 +47,12 @@ to the application.
 Metrics (Embedded Metric Format on stdout, one document per invocation, namespace
 :data:`~streamfleet.model.METRIC_NAMESPACE`, dimension ``ServiceName`` =
 :data:`~streamfleet.model.FANOUT_SERVICE_NAME`): messages delivered (messages x subscribers),
-posts, gone subscribers, failed posts, disconnected subscribers, and the lag from the worker's
-receipt of the batch's oldest message to its post.
+posts, gone subscribers, failed posts, subscribers over budget, disconnected subscribers, and
+the lag from the worker's receipt of the batch's oldest message to its post.
 
 Environment: ``SUBSCRIPTIONS_TABLE_NAME``, ``STREAMS_TABLE_NAME``, ``APIGW_MANAGEMENT_ENDPOINT``
-(required), ``FANOUT_POST_THREADS`` (default 16), ``AWS_REGION``.
+(required), ``FANOUT_POST_THREADS`` (default 16), ``FANOUT_SUBSCRIBER_BUDGET_MS`` (default 1000),
+``AWS_REGION``.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -71,14 +83,35 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_POST_THREADS = 16
 MAX_POST_THREADS = 64
+DEFAULT_SUBSCRIBER_BUDGET_MS = 1_000
+MAX_SUBSCRIBER_BUDGET_MS = 30_000
+# A healthy post takes tens of milliseconds: each frame of a subscriber's share of the batch adds
+# this much to its budget, so a big batch is not taken for a slow reader.
+FRAME_ALLOWANCE_MS = 50
 # A post that cannot be made in this time is worth less than the client's resume from the log.
-# One retry, then the subscriber is closed to resume from the log: the shard's next batch waits
-# for this one's slowest post ("max_attempts" would count retries, not attempts: 3 was 4 tries
-# and, with the backoff, several seconds of a throttled subscriber holding everyone up).
+# The SDK makes one attempt; the fan-out retries once itself, and only within the subscriber's
+# budget (the SDK's own retries and their backoff could not be stopped at a deadline).
+_POST_CONNECT_TIMEOUT_S = 1.0
+_POST_READ_TIMEOUT_S = 2.0
+POST_TIMEOUT_S = _POST_CONNECT_TIMEOUT_S + _POST_READ_TIMEOUT_S
+# What a post in flight and the close after it may still take when posting stops.
+INVOCATION_MARGIN_MS = int(2 * POST_TIMEOUT_S * 1000) + 1_000
+_RETRY_JITTER_S = 0.05
+# Answers worth one more attempt: throttled, or the service's own failure.
+_RETRYABLE_POST_ERRORS = frozenset(
+    {
+        "LimitExceededException",
+        "ThrottlingException",
+        "TooManyRequestsException",
+        "InternalServerError",
+        "InternalFailure",
+        "ServiceUnavailable",
+    }
+)
 _MANAGEMENT_CONFIG = Config(
-    connect_timeout=1.0,
-    read_timeout=3.0,
-    retries={"total_max_attempts": 2, "mode": "standard"},
+    connect_timeout=_POST_CONNECT_TIMEOUT_S,
+    read_timeout=_POST_READ_TIMEOUT_S,
+    retries={"total_max_attempts": 1, "mode": "standard"},
     max_pool_connections=MAX_POST_THREADS,
 )
 _DYNAMODB_CONFIG = Config(
@@ -102,6 +135,12 @@ class FanoutConfig:
     region: str
     streams_table: str  # the fleet's lease table: each stream's readers
     post_threads: int = DEFAULT_POST_THREADS
+    subscriber_budget_ms: int = DEFAULT_SUBSCRIBER_BUDGET_MS
+    frame_allowance_ms: int = FRAME_ALLOWANCE_MS
+
+    def budget_s(self, frames: int) -> float:
+        """How long one subscriber's ``frames`` may take to post, from its first post."""
+        return (self.subscriber_budget_ms + frames * self.frame_allowance_ms) / 1000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> FanoutConfig:
@@ -118,20 +157,29 @@ class FanoutConfig:
             raise FanoutConfigError(
                 f"{model.ENV_APIGW_MANAGEMENT_ENDPOINT}: expected the stage's https endpoint"
             )
-        raw = env.get(model.ENV_FANOUT_POST_THREADS, "").strip()
-        threads = DEFAULT_POST_THREADS
-        if raw:
-            if not raw.isdigit() or not 1 <= int(raw) <= MAX_POST_THREADS:
-                raise FanoutConfigError(
-                    f"{model.ENV_FANOUT_POST_THREADS}: {raw!r} is not 1 to {MAX_POST_THREADS}"
-                )
-            threads = int(raw)
+
+        def whole(name: str, default: int, low: int, high: int) -> int:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            if not raw.isdigit() or not low <= int(raw) <= high:
+                raise FanoutConfigError(f"{name}: {raw!r} is not {low} to {high}")
+            return int(raw)
+
         return cls(
             subscriptions_table=required(model.ENV_SUBSCRIPTIONS_TABLE_NAME),
             management_endpoint=endpoint,
             region=required("AWS_REGION"),
             streams_table=required(model.ENV_STREAMS_TABLE_NAME),
-            post_threads=threads,
+            post_threads=whole(
+                model.ENV_FANOUT_POST_THREADS, DEFAULT_POST_THREADS, 1, MAX_POST_THREADS
+            ),
+            subscriber_budget_ms=whole(
+                model.ENV_FANOUT_SUBSCRIBER_BUDGET_MS,
+                DEFAULT_SUBSCRIBER_BUDGET_MS,
+                1,
+                MAX_SUBSCRIBER_BUDGET_MS,
+            ),
         )
 
 
@@ -148,6 +196,7 @@ class FanoutStats:
     gone: int = 0
     failed_posts: int = 0
     disconnected: int = 0
+    over_budget: int = 0
     revoked: int = 0
     lag_ms: int | None = None
     by_stream: dict[str, int] = field(default_factory=dict)
@@ -227,13 +276,14 @@ class Fanout:
             received = [m.received_at_ms for m in messages if m.received_at_ms is not None]
             if received:
                 oldest = min(received) if oldest is None else min(oldest, *received)
-        for outcome in self._pool.map(lambda item: self._deliver(*item), work):
+        stop_at = self._stop_posting_at(context)
+        for outcome in self._pool.map(lambda item: self._deliver(*item, stop_at), work):
             stats.posts += outcome.posts
             stats.gone += outcome.gone
             stats.failed_posts += outcome.failed
+            stats.over_budget += outcome.over_budget
             stats.disconnected += outcome.disconnected
-            if outcome.gone or outcome.failed:
-                stats.delivered -= outcome.undelivered
+            stats.delivered -= outcome.undelivered
         if oldest is not None:
             stats.lag_ms = max(0, self.clock.wall_ms() - oldest)
         self._emit(stats)
@@ -312,27 +362,65 @@ class Fanout:
             self.management.delete_connection(ConnectionId=connection_id)
         return 1
 
-    def _deliver(self, stream: str, connection_id: str, frames: list[bytes]) -> _Outcome:
+    def _stop_posting_at(self, context: Any) -> float | None:
+        """The monotonic time at which this invocation stops posting, if it has a timeout."""
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
+        if remaining is None:
+            return None
+        return self.clock.monotonic() + (remaining() - INVOCATION_MARGIN_MS) / 1000
+
+    def _deliver(
+        self, stream: str, connection_id: str, frames: list[bytes], stop_at: float | None
+    ) -> _Outcome:
         outcome = _Outcome()
+        deadline = self.clock.monotonic() + self.config.budget_s(len(frames))
+        if stop_at is not None:
+            deadline = min(deadline, stop_at)
         for index, frame in enumerate(frames):
+            if self.clock.monotonic() >= deadline:
+                outcome.undelivered = _count_messages(frames[index:])
+                outcome.over_budget = 1
+                outcome.disconnected = self._disconnect(
+                    stream, connection_id, f"{index} of {len(frames)} frames posted in its budget"
+                )
+                return outcome
+            error = self._post(connection_id, frame, deadline)
+            if error is None:
+                outcome.posts += 1
+                continue
+            outcome.undelivered = _count_messages(frames[index:])
+            if isinstance(error, ClientError) and error_code(error) == "GoneException":
+                outcome.gone = 1
+                self._forget(stream, connection_id)
+            else:
+                outcome.failed = 1
+                outcome.disconnected = self._disconnect(
+                    stream, connection_id, f"{type(error).__name__}: {error}"
+                )
+            return outcome
+        return outcome
+
+    def _post(self, connection_id: str, frame: bytes, deadline: float) -> Exception | None:
+        """Post one frame: ``None``, or the error of its last attempt. A throttled or failed
+        attempt is tried once more if the subscriber's budget allows (after a few milliseconds'
+        jitter, so that the retries of many subscribers do not arrive together)."""
+        error: Exception | None = None
+        for attempt in range(2):
+            if attempt:
+                if self.clock.monotonic() >= deadline:
+                    return error
+                time.sleep(random.uniform(0, _RETRY_JITTER_S))
             try:
                 self.management.post_to_connection(ConnectionId=connection_id, Data=frame)
-                outcome.posts += 1
+                return None
             except ClientError as exc:
-                outcome.undelivered = _count_messages(frames[index:])
-                if error_code(exc) == "GoneException":
-                    outcome.gone = 1
-                    self._forget(stream, connection_id)
-                else:
-                    outcome.failed = 1
-                    outcome.disconnected = self._disconnect(stream, connection_id, exc)
-                return outcome
-            except BotoCoreError as exc:  # timeouts, connection errors after the retries
-                outcome.undelivered = _count_messages(frames[index:])
-                outcome.failed = 1
-                outcome.disconnected = self._disconnect(stream, connection_id, exc)
-                return outcome
-        return outcome
+                error = exc
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                if error_code(exc) not in _RETRYABLE_POST_ERRORS and status < 500:
+                    return error
+            except BotoCoreError as exc:  # a timeout or a connection error
+                error = exc
+        return error
 
     def _forget(self, stream: str, connection_id: str) -> None:
         try:
@@ -354,7 +442,7 @@ class Fanout:
                 detail=str(exc),
             )
 
-    def _disconnect(self, stream: str, connection_id: str, error: Exception) -> int:
+    def _disconnect(self, stream: str, connection_id: str, detail: str) -> int:
         """Close a subscriber that cannot take its messages: it resumes from the log."""
         log_event(
             logger,
@@ -363,7 +451,7 @@ class Fanout:
             decision="disconnect",
             stream=stream,
             connectionId=connection_id,
-            detail=f"{type(error).__name__}: {error}",
+            detail=detail,
         )
         try:
             self.management.delete_connection(ConnectionId=connection_id)
@@ -382,6 +470,7 @@ class Fanout:
             model.METRIC_FANOUT_GONE: (stats.gone, emf.COUNT),
             model.METRIC_FANOUT_FAILED_POSTS: (stats.failed_posts, emf.COUNT),
             model.METRIC_FANOUT_DISCONNECTED: (stats.disconnected, emf.COUNT),
+            model.METRIC_FANOUT_OVER_BUDGET: (stats.over_budget, emf.COUNT),
             model.METRIC_FANOUT_REVOKED: (stats.revoked, emf.COUNT),
         }
         if stats.lag_ms is not None:
@@ -404,6 +493,7 @@ class _Outcome:
     posts: int = 0
     gone: int = 0
     failed: int = 0
+    over_budget: int = 0
     disconnected: int = 0
     undelivered: int = 0
 
