@@ -125,6 +125,7 @@ bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 
 	$(PYTHON) -m bench.fleet_bench
 	$(PYTHON) -m bench.lease_bench
 	$(PYTHON) -m bench.task_events_bench
+	$(PYTHON) -m bench.hold_off_bench
 	$(PYTHON) -m bench.fanout_bench
 	$(PYTHON) -m bench.fanout_stall_bench
 

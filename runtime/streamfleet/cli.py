@@ -237,9 +237,19 @@ def connection_rows(
                 "lag": max(lag, 0) if lag is not None else None,
                 "updated_ago_s": round((now_ms - item.get(model.UPDATED_AT_MS, now_ms)) / 1000, 1),
                 "refused": item.get(model.REFUSED_REASON),
+                "held_for_s": _held_for_s(item, now_ms),
+                "last_failure": item.get(model.LAST_FAILURE),
             }
         )
     return rows
+
+
+def _held_for_s(item: dict[str, Any], now_ms: int) -> float | None:
+    """How much longer a stream that failed is held off, if it still is."""
+    held_until = item.get(model.HELD_UNTIL_MS)
+    if held_until is None or int(held_until) <= now_ms:
+        return None
+    return round((int(held_until) - now_ms) / 1000, 1)
 
 
 async def _newest_stored(dynamodb: AsyncClient, table: str, pks: list[str]) -> dict[str, int]:

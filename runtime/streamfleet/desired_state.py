@@ -144,7 +144,9 @@ class DesiredStateWriter:
                     update=(
                         "SET #desired_state = :started, #ws_url = :url, "
                         f"#awaiting_owner = :awaiting, #updated_at_ms = :now{set_readers} "
-                        f"REMOVE #refused_reason{remove_readers}"
+                        # A restart is somebody's decision to try again: no hold-off left over.
+                        "REMOVE #refused_reason, #dial_failures, #held_until_ms, #last_failure"
+                        f"{remove_readers}"
                     ),
                     # The URL it was stopped with, or none ever stored: see _has_history.
                     condition=(
@@ -279,6 +281,9 @@ class DesiredStateWriter:
                 model.UNSEALED,
                 model.READERS,
                 model.ORIGIN_SEQ,
+                model.DIAL_FAILURES,
+                model.HELD_UNTIL_MS,
+                model.LAST_FAILURE,
             ).items()
             if key in expression
         }

@@ -319,6 +319,10 @@ def connection_state(item: dict[str, Any]) -> dict[str, Any]:
     }
     if model.REFUSED_REASON in item:
         state[model.REFUSED_REASON] = item[model.REFUSED_REASON]
+    # A stream its owner failed with: held off until then, and why (cleared by progress).
+    for name in (model.DIAL_FAILURES, model.HELD_UNTIL_MS, model.LAST_FAILURE):
+        if name in item:
+            state[name] = item[name]
     if item.get(model.READERS):
         state[model.READERS] = sorted(item[model.READERS])
     return state

@@ -114,6 +114,25 @@ UPDATED_AT_MS = "updated_at_ms"
 AWAITING_OWNER = "awaiting_owner"  # sparse: present iff STARTED and unowned
 STOP_REQUESTED_FOR = "stop_requested_for"  # sparse: the owner asked to stop this connection
 REFUSED_REASON = "refused_reason"  # why a worker refused to dial ws_url
+# A stream whose owner failed with it (an error the redial loop does not retry, or a log it could
+# not seal) is released with a hold-off kept in the row, so the whole fleet waits, not only the
+# worker that failed: consecutive failures (reset by a checkpoint, i.e. by progress), the wall
+# time (ms) before which nobody claims it, and what went wrong last.
+DIAL_FAILURES = "dial_failures"
+HELD_UNTIL_MS = "held_until_ms"
+LAST_FAILURE = "last_failure"
+HOLD_OFF_BASE_MS = 1_000
+HOLD_OFF_CAP_MS = 300_000
+MAX_FAILURE_CHARS = 300
+
+
+def hold_off_ms(failures: int, fraction: float) -> int:
+    """How long to hold a stream off after its ``failures``-th consecutive failure: doubling from
+    :data:`HOLD_OFF_BASE_MS` up to :data:`HOLD_OFF_CAP_MS`, scaled into [half, whole] by
+    ``fraction`` in [0, 1] (jitter that never makes it zero, so streams failing together
+    spread out)."""
+    whole = min(HOLD_OFF_CAP_MS, HOLD_OFF_BASE_MS * 2 ** min(max(failures - 1, 0), 20))
+    return int(whole * (0.5 + 0.5 * fraction))
 
 
 class DesiredState(StrEnum):
@@ -324,6 +343,7 @@ METRIC_UPSTREAM_SEQ_BACKWARDS = "UpstreamSeqBackwards"
 # The upstream's numbering restarted (a seq received again with other content): a new epoch.
 METRIC_LOG_EPOCHS = "LogEpochsBegun"
 METRIC_UPSTREAM_DROPS = "UpstreamDrops"  # upstream connections that ended (then redialled)
+METRIC_STREAMS_HELD_OFF = "StreamsHeldOff"  # streams released with a hold-off after a failure
 
 
 # --- ECS task events (runtime/streamfleet/task_events.py, streamfleet_cdk/task_events.py) ---

@@ -117,3 +117,46 @@ async def test_a_hostile_upstream_hurts_only_its_own_stream(fleet: Fleet):
     # aborted stays open at the upstream, which is not reading, until its next ping fails.
     stats = fleet.upstream.stats()
     assert {s: n for s, n in stats["overlaps"].items() if s != "flooding" and n} == {}
+
+
+async def test_a_url_that_never_works_is_held_off_across_the_fleet(fleet: Fleet):
+    """A redirect to another origin can never be followed (the worker dials the checked address
+    only): each owner failed at once and offered the stream back, and the fleet claimed it
+    again at once, round and round. Now every failure holds the stream off in its row, for
+    every worker, twice as long each time, and says why."""
+    fleet.hostile["redirected"] = frozenset({"redirect"})
+    workers = [fleet.start_worker() for _ in range(2)]
+    await fleet.start_streams("redirected", *CALM)
+
+    row = await eventually(
+        lambda: (row := fleet.rows()["redirected"]).get(model.DIAL_FAILURES, 0) >= 4 and row,
+        timeout=120,  # holds of at least 0.5 + 1 + 2 s before the fourth failure
+        what="four consecutive failures of the redirected stream",
+    )
+    assert "cross-origin redirect" in row[model.LAST_FAILURE]
+    assert row[model.DESIRED_STATE] == "STARTED"  # kept: the upstream may come back
+    # One dial per claim, one claim per hold: nobody claimed it while it was held off.
+    redirected = fleet.upstream.stats()["redirected"]["redirected"]
+    assert redirected <= row[model.LEASE_VERSION] <= row[model.DIAL_FAILURES] + 1, (
+        redirected,
+        row,
+    )
+    held = [e for w in workers for e in w.events("stream_held_off")]
+    assert len(held) >= 4 and {e["pk"] for e in held} == {model.connection_pk("redirected")}
+    await eventually(  # the count goes out with the next metrics document
+        lambda: sum(m[model.METRIC_STREAMS_HELD_OFF] for w in workers for m in w.metrics()) >= 4,
+        timeout=30,
+        what="the hold-offs counted in the metric",
+    )
+    # The rest of the fleet never noticed.
+    assert fleet.all_live(CALM)
+
+    await fleet.stop_stream("redirected")
+    await eventually(
+        lambda: (
+            not {model.LEASE_OWNER, model.UNSEALED, model.AWAITING_OWNER}
+            & set(fleet.rows()["redirected"])
+        ),
+        timeout=120,  # a hold of up to 16 s first
+        what="the stopped stream released and closed",
+    )

@@ -213,6 +213,63 @@ async def test_release_makes_the_connection_claimable_at_once(make_store, writer
     assert taken is not None and taken.lease_version == lease.lease_version + 1
 
 
+async def test_a_stream_released_after_a_failure_is_held_off_for_the_whole_fleet(
+    make_store, writer, dynamodb: CountingClient
+):
+    """A stream that fails at once (a URL no worker can dial) went round the fleet as fast as
+    claims could be written. The hold-off is in the row: no worker claims it before it ends,
+    a worker that found it held asks nothing more until then, and progress clears it."""
+    clock = ShiftableClock()
+    [pk] = await started(writer, "broken")
+    first, second = make_store("first", clock), make_store("second", clock)
+    await first.session.open()
+    await second.session.open()
+    lease = await first.connections.acquire(pk)
+
+    released_at = clock.wall_ms()
+    assert await first.connections.release(lease, failure="ValueError: bad label") is True
+    item = await first.connections.read(pk)
+    assert (item[model.DIAL_FAILURES], item[model.LAST_FAILURE]) == (1, "ValueError: bad label")
+    assert released_at + 500 <= item[model.HELD_UNTIL_MS] <= clock.wall_ms() + 1000
+
+    [candidate] = await second.orphans.find(10)  # the index still names it
+    assert await second.connections.claim(candidate) is None
+    assert await first.connections.acquire(pk) is None
+    dynamodb.reset()
+    assert await second.connections.claim(candidate) is None
+    assert dynamodb.total() == 0  # known held: not even a failed write until the hold ends
+
+    clock.advance(model.HOLD_OFF_BASE_MS / 1000 + 0.1)
+    again = await second.connections.claim(candidate)
+    assert again is not None and again.dial_failures == 1
+    assert await second.connections.release(again, failure="ValueError: bad label") is True
+    item = await second.connections.read(pk)
+    assert item[model.DIAL_FAILURES] == 2  # consecutive failures: a longer hold
+    assert item[model.HELD_UNTIL_MS] >= clock.wall_ms() + model.HOLD_OFF_BASE_MS - 100
+
+    clock.advance(2 * model.HOLD_OFF_BASE_MS / 1000 + 0.1)
+    third = await first.connections.acquire(pk)
+    assert third is not None
+    await first.connections.checkpoint(third, 5)  # progress
+    item = await first.connections.read(pk)
+    assert not {model.DIAL_FAILURES, model.HELD_UNTIL_MS, model.LAST_FAILURE} & set(item)
+
+
+async def test_a_restart_clears_a_hold_off(make_store, writer):
+    """STOP then START is somebody deciding to try again (a fixed upstream): claimable at once."""
+    [pk] = await started(writer, "broken")
+    store = make_store("w1")
+    await store.session.open()
+    lease = await store.connections.acquire(pk)
+    await store.connections.release(lease, failure="OSError: refused")
+    await writer.stop("broken")
+    assert (await writer.start("broken", URL)).outcome is Outcome.RESTARTED
+
+    item = await store.connections.read(pk)
+    assert not {model.DIAL_FAILURES, model.HELD_UNTIL_MS, model.LAST_FAILURE} & set(item)
+    assert await store.connections.acquire(pk) is not None
+
+
 async def test_a_sealed_release_of_a_stopped_connection_closes_it(make_store, writer):
     [pk] = await started(writer, "c1")
     store = make_store("w1")

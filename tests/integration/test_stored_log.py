@@ -184,7 +184,7 @@ class Leases:
     async def checkpoint(self, lease, seq, *, origin=False) -> None:
         self.checkpoints.append(seq)
 
-    async def release(self, lease, *, sealed=False) -> bool:
+    async def release(self, lease, *, sealed=False, failure=None) -> bool:
         self.released.append(sealed)
         return False
 

@@ -20,7 +20,9 @@ owner sees the same): ``poison`` sends every 7th seq as a frame no JSON reader s
 (deep nesting, ``NaN``, a lone surrogate, not JSON, a 5,000-digit seq), ``gap`` never sends seqs
 ending in 3, ``oversize`` sends seq 50 of every hundred with 70,000 bytes of data (over a
 worker's default limit: it can never get past it), ``pingflood`` floods pings and stops reading
-(each ping queues a pong at the client), and ``close`` accepts the handshake and closes at once.
+(each ping queues a pong at the client), ``close`` accepts the handshake and closes at once, and
+``redirect`` answers every handshake with a redirect to another origin (a worker that dials the
+checked address cannot follow it: a URL that never works).
 :func:`stores` says which seqs a correct worker stores.
 
 **Epochs** (the worker sends its lease's fencing token as ``epoch``): a dial with an epoch higher
@@ -81,7 +83,8 @@ _LAST_SEQ = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also 
 
 
 HOSTILE_PARAMETER = "hostile"
-HOSTILE_MODES = frozenset({"poison", "gap", "oversize", "pingflood", "close"})
+HOSTILE_MODES = frozenset({"poison", "gap", "oversize", "pingflood", "close", "redirect"})
+REDIRECT_TARGET = "ws://elsewhere.invalid/streams/"
 OVERSIZE_BYTES = 70_000
 _POISON = (
     '{"seq": %d, "data": ' + "[" * 5000 + "]" * 5000 + "}",
@@ -197,6 +200,7 @@ class _Stream:
     epoch: int | None = None  # the highest epoch dialled
     superseded: int = 0  # clients closed because a higher epoch dialled
     stale_refused: int = 0  # dials refused for a lower epoch
+    redirected: int = 0  # handshakes answered with a redirect (hostile mode "redirect")
     restarts: int = 0  # times its numbering started again from 1 (restart())
 
     def head(self, now: float) -> int:
@@ -340,7 +344,7 @@ class FakeUpstream:
         without epochs) was attached; ``gaps`` how many resumes (or slow clients) skipped seqs
         that had left the replay buffer; ``drops`` connections cut by :meth:`drop_clients`;
         ``epoch`` the highest epoch dialled; ``superseded`` clients closed for a higher epoch;
-        ``stale_refused`` dials refused for a lower one.
+        ``stale_refused`` dials refused for a lower one; ``redirected`` handshakes redirected.
         """
         now = self._clock()
         streams = self._streams.values()
@@ -358,6 +362,7 @@ class FakeUpstream:
             "epoch": {s.stream_id: s.epoch for s in streams},
             "superseded": {s.stream_id: s.superseded for s in streams},
             "stale_refused": {s.stream_id: s.stale_refused for s in streams},
+            "redirected": {s.stream_id: s.redirected for s in streams},
             "overlap_events": list(self._overlap_events),
         }
 
@@ -422,6 +427,11 @@ class FakeUpstream:
             )
         if match := _STREAM_PATH.fullmatch(path):
             with contextlib.suppress(BadLastSeq):  # reported after the upgrade, as a close
+                if "redirect" in hostile_modes(urlsplit(request.path).query):
+                    self._stream(unquote(match["stream_id"])).redirected += 1
+                    response = connection.respond(http.HTTPStatus.FOUND, "moved\n")
+                    response.headers["Location"] = REDIRECT_TARGET + match["stream_id"]
+                    return response
                 epoch = parse_epoch(urlsplit(request.path).query)
                 stream = self._streams.get(unquote(match["stream_id"]))
                 if epoch is not None and stream is not None and (stream.epoch or 0) > epoch:

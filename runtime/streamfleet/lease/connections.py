@@ -7,6 +7,7 @@ write again once someone else has acquired the connection.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ class Lease:
     owner: str
     session_version: int
     desired_state: str = STARTED
+    dial_failures: int = 0  # consecutive failures of the stream before this lease
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> Lease:
@@ -61,6 +63,7 @@ class Lease:
             owner=item[model.LEASE_OWNER],
             session_version=int(item[model.LEASE_SESSION]),
             desired_state=item.get(model.DESIRED_STATE, STARTED),
+            dial_failures=int(item.get(model.DIAL_FAILURES, 0)),
         )
 
 
@@ -88,6 +91,9 @@ class ConnectionLeases:
         self._table = table_name
         self.session = session
         self.directory = directory
+        # Streams seen held off (pk -> held_until_ms): discovery keeps naming them (the index
+        # holds every unowned row), and each claim would be a failed write until the hold ends.
+        self._held: dict[str, int] = {}
 
     @property
     def worker_id(self) -> str:
@@ -95,13 +101,20 @@ class ConnectionLeases:
 
     # -- acquisition ---------------------------------------------------------------------------
 
-    async def acquire(self, pk: str) -> Lease | None:
+    async def acquire(self, pk: str, *, asked: bool = False) -> Lease | None:
         """Claim ``pk`` if it is claimable: STARTED and unowned, unowned and waiting to be sealed,
-        or owned by a session that has expired.
+        or owned by a session that has expired, and not held off after a failure (``asked``: a
+        notification named it, so what this worker remembers of a hold-off is asked again).
 
         ``None`` when it is not claimable (owned by a live session, STOPPED, or missing). Raises
         :class:`SessionLost` if this worker's own session is past its deadline.
         """
+        if asked:
+            # Named by a notification (a START): a hold-off this worker remembers may be over
+            # already (a restart clears it); the row's condition still holds it if not.
+            self._held.pop(pk, None)
+        elif self._known_held(pk):
+            return None
         return await self._claim_from(Claimable(pk))
 
     async def claim(self, candidate: Claimable) -> Lease | None:
@@ -111,9 +124,13 @@ class ConnectionLeases:
         half-way, out of step with it for good): a candidate whose row has another owner now is
         judged again on the row itself, so a stream whose current owner is gone is still taken.
         """
+        if self._known_held(candidate.pk):
+            return None
         current = await self._try_claim(candidate)
         if isinstance(current, Lease) or current is None:
             return current
+        if self._is_held(candidate.pk, current):
+            return None
         if (current.get(model.LEASE_OWNER), current.get(model.LEASE_SESSION)) == (
             candidate.owner,
             candidate.session_version,
@@ -142,13 +159,31 @@ class ConnectionLeases:
         if owner is None:
             if current.get(model.DESIRED_STATE) != STARTED and model.AWAITING_OWNER not in current:
                 return None
-            return Claimable(pk)
+            return None if self._is_held(pk, current) else Claimable(pk)
         if current.get(model.DESIRED_STATE) != STARTED:
             return None  # its owner closes it (or reconcile clears it once the owner is gone)
         version = int(current[model.LEASE_SESSION])
         if not await self._owner_is_gone(owner, version):
             return None
         return Claimable(pk, owner, version)
+
+    def _known_held(self, pk: str) -> bool:
+        """Whether this worker saw ``pk`` held off, until a time not yet reached."""
+        held_until = self._held.get(pk)
+        if held_until is None:
+            return False
+        if held_until > self.session.clock.wall_ms():
+            return True
+        del self._held[pk]
+        return False
+
+    def _is_held(self, pk: str, current: dict[str, Any]) -> bool:
+        """Whether the row is unowned and held off after a failure (remembered until then)."""
+        held_until = int(current.get(model.HELD_UNTIL_MS, 0))
+        if model.LEASE_OWNER in current or held_until <= self.session.clock.wall_ms():
+            return False
+        self._held[pk] = held_until
+        return True
 
     async def _owner_is_gone(self, owner: str, version: int) -> bool:
         session = await self.directory.read(owner, version)
@@ -174,10 +209,12 @@ class ConnectionLeases:
             ":yes": to_attr(True),
         }
         if candidate.owner is None:
-            # Unowned rows: STARTED ones, and STOPPED ones left waiting for an owner to seal them.
+            # Unowned rows: STARTED ones, and STOPPED ones left waiting for an owner to seal them,
+            # unless held off after a failure.
             ownership = (
                 "attribute_not_exists(#lease_owner) AND "
-                "(#desired_state = :started OR attribute_exists(#awaiting_owner))"
+                "(#desired_state = :started OR attribute_exists(#awaiting_owner)) AND "
+                "(attribute_not_exists(#held_until_ms) OR #held_until_ms <= :now)"
             )
         else:
             ownership = (
@@ -209,6 +246,7 @@ class ConnectionLeases:
                         model.AWAITING_OWNER,
                         model.STOP_REQUESTED_FOR,
                         model.DESIRED_STATE,
+                        *([model.HELD_UNTIL_MS] if candidate.owner is None else []),
                     ),
                     ExpressionAttributeValues=values,
                     ReturnValues="ALL_NEW",
@@ -254,6 +292,8 @@ class ConnectionLeases:
         update = "SET #last_seq = :seq, #updated_at_ms = :now"
         if origin:
             update += ", #origin_seq = if_not_exists(#origin_seq, :seq)"
+        if lease.dial_failures:
+            update += " REMOVE #dial_failures, #held_until_ms, #last_failure"  # progress
         current = await self._fenced_update(
             lease,
             update=update,
@@ -269,13 +309,21 @@ class ConnectionLeases:
             raise self._lost(lease, current)
         # Still ours: the checkpoint in the table is already later than this one.
 
-    async def release(self, lease: Lease, *, sealed: bool = False) -> bool:
+    async def release(
+        self, lease: Lease, *, sealed: bool = False, failure: str | None = None
+    ) -> bool:
         """Give the connection up. ``True`` if it is now claimable, so a peer should be told.
 
         ``sealed``: the holder's final flush stored everything it received and checkpointed it,
         so the log has no hole past the checkpoint. A STARTED row is offered to the fleet; a
         STOPPED one is closed for good if sealed, and otherwise left claimable so that another
         worker seals its log.
+
+        ``failure``: the holder failed with the stream (what went wrong). The row counts the
+        failure and is held off, for the whole fleet, for :func:`~streamfleet.model.hold_off_ms`
+        of the consecutive failures: claimable again only then (``True`` still means claimable,
+        but nobody should be told now). The count is absolute (the lease's + 1), so a release
+        applied twice counts once.
 
         Fenced: after someone else acquired it this raises :class:`LeaseLost` and changes
         nothing. A START or STOP that lands between attempts only changes which of the two forms
@@ -286,14 +334,22 @@ class ConnectionLeases:
         removed = "#lease_owner, #lease_session, #stop_requested_for"
         if sealed:
             removed += ", #unsealed"
-        values = {":now": to_attr(clock.wall_ms()), ":started": to_attr(STARTED)}
+        now_ms = clock.wall_ms()
+        values = {":now": to_attr(now_ms), ":started": to_attr(STARTED)}
+        held = ""
+        if failure is not None:
+            failures = lease.dial_failures + 1
+            held = ", #dial_failures = :failures, #held_until_ms = :until, #last_failure = :why"
+            values[":failures"] = to_attr(failures)
+            values[":until"] = to_attr(now_ms + model.hold_off_ms(failures, random.random()))
+            values[":why"] = to_attr(failure[: model.MAX_FAILURE_CHARS] or "failed")
         for _ in range(MAX_CLAIM_ROUNDS):
             for desired, claimable in ((STARTED, True), (STOPPED, not sealed)):
                 offer = ", #awaiting_owner = :started" if claimable else ""
                 values[":desired"] = to_attr(desired)
                 current = await self._fenced_update(
                     lease,
-                    update=f"REMOVE {removed} SET #updated_at_ms = :now{offer}",
+                    update=f"REMOVE {removed} SET #updated_at_ms = :now{offer}{held}",
                     condition="#desired_state = :desired",
                     extra_values=values,
                     deadline=deadline,
@@ -357,6 +413,9 @@ class ConnectionLeases:
                 model.STOP_REQUESTED_FOR,
                 model.DESIRED_STATE,
                 model.UNSEALED,
+                model.DIAL_FAILURES,
+                model.HELD_UNTIL_MS,
+                model.LAST_FAILURE,
             ).items()
             if key in expression
         }

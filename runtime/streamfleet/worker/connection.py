@@ -154,6 +154,7 @@ class Connection:
         self._started = False
         self._storage_failed = False
         self._refusal = ""
+        self._failure = ""  # what went wrong with the stream itself (EndReason.FAILED)
         self._drained = asyncio.Event()
         self._drained.set()
         # What the upstream can repeat at its own rate is logged at most once per interval.
@@ -205,6 +206,7 @@ class Connection:
                     # unsealed, for a later attempt.
                     sealed = await self._seal_log()
                     self.end_reason = EndReason.SEALED if sealed else EndReason.FAILED
+                    self._failure = "" if sealed else "its log could not be sealed"
                 else:
                     await self._stream()
         except asyncio.CancelledError:
@@ -219,7 +221,9 @@ class Connection:
             self.end_reason = EndReason.DEADLINE
         except Exception as exc:  # never leave a lease owned by a task that is gone
             self._context.log("connection_failed", pk=self.pk, error=repr(exc))
-            self.end_reason = self.end_reason or EndReason.FAILED
+            if self.end_reason is None:
+                self.end_reason = EndReason.FAILED
+                self._failure = f"{type(exc).__name__}: {exc}"
         finally:
             self.connected = False
         try:
@@ -566,7 +570,18 @@ class Connection:
                 context.counters.leases_lost += 1
                 context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
                 return
-            offered = await context.leases.release(self.lease, sealed=sealed)
+            failure = self._failure if reason is EndReason.FAILED else None
+            offered = await context.leases.release(self.lease, sealed=sealed, failure=failure)
+            if failure is not None:
+                # Held off in the row: the fleet claims it when the hold ends, nobody sooner.
+                context.counters.streams_held_off += 1
+                context.log(
+                    "stream_held_off",
+                    pk=self.pk,
+                    failures=self.lease.dial_failures + 1,
+                    error=failure[: model.MAX_FAILURE_CHARS],
+                )
+                return
         except LeaseLost:
             context.counters.leases_lost += 1
             context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)

@@ -326,7 +326,7 @@ class Worker:
         try:
             leases = self.store.connections
             if candidate.owner is None:
-                lease = await leases.acquire(pk)
+                lease = await leases.acquire(pk, asked=via == "intake")
             else:
                 lease = await leases.claim(candidate)
         except Exception as exc:  # one bad candidate must not stop intake or reconcile

@@ -75,6 +75,7 @@ class Counters:
     upstream_seq_backwards: int = 0
     log_epochs: int = 0
     upstream_drops: int = 0
+    streams_held_off: int = 0
 
     def reset(self) -> None:
         """Zero every count once a document has carried it (the connections share this one)."""
@@ -96,5 +97,6 @@ def emf_document(service_name: str, active: int, counters: Counters) -> dict[str
             model.METRIC_UPSTREAM_SEQ_BACKWARDS: (counters.upstream_seq_backwards, emf.COUNT),
             model.METRIC_LOG_EPOCHS: (counters.log_epochs, emf.COUNT),
             model.METRIC_UPSTREAM_DROPS: (counters.upstream_drops, emf.COUNT),
+            model.METRIC_STREAMS_HELD_OFF: (counters.streams_held_off, emf.COUNT),
         },
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -38,13 +39,15 @@ class Leases:
     session: Session
     checkpoint_error: Exception | None = None
     released: list[bool] = field(default_factory=list)
+    failures: list[str | None] = field(default_factory=list)
 
     async def checkpoint(self, lease, seq, *, origin=False) -> None:
         if self.checkpoint_error is not None:
             raise self.checkpoint_error
 
-    async def release(self, lease, *, sealed=False) -> bool:
+    async def release(self, lease, *, sealed=False, failure=None) -> bool:
         self.released.append(sealed)
+        self.failures.append(failure)
         return True
 
 
@@ -166,6 +169,34 @@ async def test_a_final_checkpoint_that_finds_the_session_over_still_releases():
 
     assert leases.released == [False]  # released, not sealed (nothing confirmed past 3)
     assert ("final_flush_failed", {"pk": "CONN#a", "error": "deadline passed"}) in events
+
+
+class UndialableProtocol(JsonSeqProtocol):
+    """A protocol that cannot make a URL of this lease's: an error the redial loop does not
+    retry (an IDNA failure, a pluggable protocol's bug)."""
+
+    def dial_url(self, ws_url, *, resume_after, epoch) -> str:
+        raise ValueError("label empty or too long")
+
+
+async def test_a_stream_that_fails_is_held_off_in_its_row_not_offered_at_once():
+    """It was released and offered to the fleet at once, claimed again at once, and failed
+    again within milliseconds: a hot loop through the fleet. Now the release carries the
+    failure (the row holds the stream off, for everyone) and nobody is told to claim it."""
+    leases, events = Leases(Session(deadline=time.monotonic() + 60)), []
+    shared = dataclasses.replace(context(leases, events), protocol=UndialableProtocol())
+    finished = asyncio.Event()
+    connection = Connection(LEASE, shared, acquired_at=0, on_finished=lambda c: finished.set())
+
+    await asyncio.wait_for(finished.wait(), timeout=10)
+
+    assert connection.end_reason is EndReason.FAILED
+    assert leases.failures == ["ValueError: label empty or too long"]
+    assert shared.notifier.notified == []  # type: ignore[attr-defined]
+    assert shared.counters.streams_held_off == 1
+    assert [f for e, f in events if e == "stream_held_off"] == [
+        {"pk": "CONN#a", "failures": 1, "error": "ValueError: label empty or too long"}
+    ]
 
 
 def frame(seq: int, data: object = "d") -> str:
