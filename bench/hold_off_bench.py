@@ -26,7 +26,7 @@ from typing import Any
 
 from streamfleet import model
 from streamfleet_dev.local.fleet import Fleet, WorkerProcess, eventually
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
+from streamfleet_dev.local.servers import fleet_servers
 from streamfleet_dev.upstream.fake import FakeUpstream
 
 RESULTS = Path(__file__).with_name("hold_off_results.md")
@@ -82,25 +82,17 @@ async def one_run(endpoint: str, tmp: Path, window: float) -> dict[str, Any]:
 
 
 async def run(window: float, runs: int) -> dict[str, Any]:
-    os.environ.update(LOCAL_AWS_ENV)
     load = os.getloadavg()
     results = []
     keep = os.environ.get("BENCH_LOGS")
     with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        sqs = moto_server(root / "moto.log").start()
-        dynamo = dynalite_server(root / "dynalite.log").start()
-        os.environ["AWS_ENDPOINT_URL_SQS"] = sqs.endpoint
-        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamo.endpoint
-        try:
+        with fleet_servers(root) as (dynamodb, _):
             for n in range(runs):
                 directory = root / f"run{n}"
                 directory.mkdir()
-                results.append(await one_run(dynamo.endpoint, directory, window))
+                results.append(await one_run(dynamodb.endpoint, directory, window))
                 print(results[-1], flush=True)
-        finally:
-            sqs.stop()
-            dynamo.stop()
     return {"window": window, "load": [round(x, 2) for x in load], "runs": results}
 
 

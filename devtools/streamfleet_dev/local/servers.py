@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,3 +162,26 @@ def dynalite_server(log_path: Path | None = None, data_dir: Path | None = None) 
     ``data_dir`` so that a stop and a start (an outage) keep the data."""
     command = dynalite_command() + (["--path", str(data_dir)] if data_dir else [])
     return LocalServer("dynalite", command, log_path=log_path)
+
+
+@contextlib.contextmanager
+def fleet_servers(log_dir: Path) -> Iterator[tuple[LocalServer, LocalServer]]:
+    """dynalite (DynamoDB) and moto (SQS) on loopback, logging under ``log_dir``, with the
+    environment pointing at them (and the local credentials) until the block ends."""
+    dynamodb = dynalite_server(log_dir / "dynalite.log").start()
+    sqs = moto_server(log_dir / "moto.log").start()
+    names = (*LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(LOCAL_AWS_ENV)
+    os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamodb.endpoint
+    os.environ["AWS_ENDPOINT_URL_SQS"] = sqs.endpoint
+    try:
+        yield dynamodb, sqs
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        dynamodb.stop()
+        sqs.stop()

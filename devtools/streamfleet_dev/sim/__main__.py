@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
+from streamfleet_dev.local.servers import fleet_servers
 from streamfleet_dev.sim.checker import LATE_FACTOR
 from streamfleet_dev.sim.schedule import Outcome, Schedule, run_schedule
 from streamfleet_dev.upstream.process import UpstreamProcess
@@ -109,26 +109,11 @@ def local_servers():
     if os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") and os.environ.get("AWS_ENDPOINT_URL_SQS"):
         yield
         return
-    with tempfile.TemporaryDirectory(prefix="streamfleet-sim-") as tmp:
-        dynamodb = dynalite_server(Path(tmp) / "dynalite.log").start()
-        sqs = moto_server(Path(tmp) / "moto.log").start()
-        saved = {
-            k: os.environ.get(k)
-            for k in (*LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS")
-        }
-        os.environ.update(LOCAL_AWS_ENV)
-        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamodb.endpoint
-        os.environ["AWS_ENDPOINT_URL_SQS"] = sqs.endpoint
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            dynamodb.stop()
-            sqs.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="streamfleet-sim-") as tmp,
+        fleet_servers(Path(tmp)),
+    ):
+        yield
 
 
 def main(argv: list[str] | None = None) -> int:

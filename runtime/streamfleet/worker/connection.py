@@ -155,6 +155,7 @@ class Connection:
         self._storage_failed = False
         self._refusal = ""
         self._failure = ""  # what went wrong with the stream itself (EndReason.FAILED)
+        self._dialling = False  # making the URL, or dialling it, up to its handshake
         self._drained = asyncio.Event()
         self._drained.set()
         # What the upstream can repeat at its own rate is logged at most once per interval.
@@ -223,7 +224,8 @@ class Connection:
             self._context.log("connection_failed", pk=self.pk, error=repr(exc))
             if self.end_reason is None:
                 self.end_reason = EndReason.FAILED
-                self._failure = f"{type(exc).__name__}: {exc}"
+                if self._dialling:  # the stream's own failure, not the store's: hold it off
+                    self._failure = f"{type(exc).__name__}: {exc}"
         finally:
             self.connected = False
         try:
@@ -249,6 +251,7 @@ class Connection:
             if resume_from is not None:
                 # A redial in this lease, perhaps in a newer epoch than the one it resumed in.
                 resume_from = max(resume_from, self.last_received_seq, self.stored_seq)
+            self._dialling = True
             url = context.protocol.dial_url(
                 self.lease.ws_url,
                 resume_after=self._dial_after(resume_from),
@@ -259,6 +262,7 @@ class Connection:
             try:
                 async with await self._dial(url) as upstream:
                     dialled = upstream
+                    self._dialling = False
                     try:
                         self.connected = True
                         async for frame in upstream:
@@ -278,6 +282,7 @@ class Connection:
                 cut_off = dialled is not None and dialled.cut_off
                 self._dropped(_close_code(exc), "not reading" if cut_off else type(exc).__name__)
             self.connected = False
+            self._dialling = False
             # A failure the stream repeats backs off further each time: a handshake alone is
             # no progress (an upstream that accepts and closes at once, or replays a message
             # over the limit, would otherwise be redialled several times a second for ever).
@@ -570,7 +575,7 @@ class Connection:
                 context.counters.leases_lost += 1
                 context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
                 return
-            failure = self._failure if reason is EndReason.FAILED else None
+            failure = self._failure if reason is EndReason.FAILED and self._failure else None
             offered = await context.leases.release(self.lease, sealed=sealed, failure=failure)
             if failure is not None:
                 # Held off in the row: the fleet claims it when the hold ends, nobody sooner.

@@ -199,6 +199,26 @@ async def test_a_stream_that_fails_is_held_off_in_its_row_not_offered_at_once():
     ]
 
 
+async def test_a_stream_that_fails_for_the_store_is_offered_at_once_not_held_off():
+    """Only the stream's own failure (making its URL, dialling it) is held off: one the store
+    caused says nothing about the stream, and a peer should take it up at once."""
+
+    class FailingSink(Sink):
+        async def contiguous_end(self, pk, after) -> int:
+            raise RuntimeError("the store answered nonsense")
+
+    leases, events = Leases(Session(deadline=time.monotonic() + 60)), []
+    shared = context(leases, events, sink=FailingSink())
+    finished = asyncio.Event()
+    connection = Connection(LEASE, shared, acquired_at=0, on_finished=lambda c: finished.set())
+
+    await asyncio.wait_for(finished.wait(), timeout=10)
+
+    assert connection.end_reason is EndReason.FAILED
+    assert leases.failures == [None]
+    assert shared.notifier.notified == ["CONN#a"]  # type: ignore[attr-defined]
+
+
 def frame(seq: int, data: object = "d") -> str:
     return json.dumps({"seq": seq, "data": data})
 
