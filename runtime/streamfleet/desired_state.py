@@ -194,10 +194,13 @@ class DesiredStateWriter:
             owner = current.get(model.LEASE_OWNER)
             if owner is None and model.UNSEALED in current:
                 # Its last owner never sealed its log (it may hold a hole past the checkpoint):
-                # it stays claimable, and the worker that takes it seals the log and closes it.
+                # it stays claimable, and the worker that takes it seals the log and closes it,
+                # at once: a hold-off after a failure to dial is no reason to wait (one to seal
+                # holds it again).
                 written = await self._write(
                     pk,
-                    update="SET #desired_state = :stopped, #updated_at_ms = :now",
+                    update="SET #desired_state = :stopped, #updated_at_ms = :now "
+                    "REMOVE #held_until_ms",
                     condition="#desired_state = :started AND attribute_not_exists(#lease_owner) "
                     "AND attribute_exists(#unsealed)",
                     values={":stopped": to_attr(STOPPED)},

@@ -8,6 +8,7 @@ tests (``tests/unit/worker``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -135,12 +136,18 @@ async def test_a_url_that_never_works_is_held_off_across_the_fleet(fleet: Fleet)
     )
     assert "cross-origin redirect" in row[model.LAST_FAILURE]
     assert row[model.DESIRED_STATE] == "STARTED"  # kept: the upstream may come back
-    # One dial per claim, one claim per hold: nobody claimed it while it was held off.
+    # One dial per claim, and no claim before the shortest hold its failures earned had
+    # passed (the k-th failure holds it at least half of 2^(k-1) base holds).
     redirected = fleet.upstream.stats()["redirected"]["redirected"]
     assert redirected <= row[model.LEASE_VERSION] <= row[model.DIAL_FAILURES] + 1, (
         redirected,
         row,
     )
+    pk = model.connection_pk("redirected")
+    claimed_at = sorted(e["ts"] for w in workers for e in w.events("lease_gained") if e["pk"] == pk)
+    shortest = [0.5 * model.HOLD_OFF_BASE_MS / 1000 * 2**k for k in range(len(claimed_at) - 1)]
+    waited = [later - earlier for earlier, later in itertools.pairwise(claimed_at)]
+    assert all(w >= s for w, s in zip(waited, shortest, strict=True)), (waited, shortest)
     held = [e for w in workers for e in w.events("stream_held_off")]
     assert len(held) >= 4 and {e["pk"] for e in held} == {model.connection_pk("redirected")}
     await eventually(  # the count goes out with the next metrics document

@@ -78,11 +78,17 @@ class LeaseStore:
         directory = SessionDirectory(
             dynamodb=dynamodb, table_name=table_name, timing=timing, clock=clock, group=group
         )
+        connections = ConnectionLeases(
+            dynamodb=dynamodb, table_name=table_name, session=session, directory=directory
+        )
         return cls(
             session=session,
             directory=directory,
-            connections=ConnectionLeases(
-                dynamodb=dynamodb, table_name=table_name, session=session, directory=directory
+            connections=connections,
+            orphans=OrphanFinder(
+                dynamodb=dynamodb,
+                table_name=table_name,
+                directory=directory,
+                known_held=connections.known_held,
             ),
-            orphans=OrphanFinder(dynamodb=dynamodb, table_name=table_name, directory=directory),
         )

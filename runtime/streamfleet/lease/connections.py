@@ -113,7 +113,7 @@ class ConnectionLeases:
             # Named by a notification (a START): a hold-off this worker remembers may be over
             # already (a restart clears it); the row's condition still holds it if not.
             self._held.pop(pk, None)
-        elif self._known_held(pk):
+        elif self.known_held(pk):
             return None
         return await self._claim_from(Claimable(pk))
 
@@ -124,7 +124,7 @@ class ConnectionLeases:
         half-way, out of step with it for good): a candidate whose row has another owner now is
         judged again on the row itself, so a stream whose current owner is gone is still taken.
         """
-        if self._known_held(candidate.pk):
+        if self.known_held(candidate.pk):
             return None
         current = await self._try_claim(candidate)
         if isinstance(current, Lease) or current is None:
@@ -167,12 +167,12 @@ class ConnectionLeases:
             return None
         return Claimable(pk, owner, version)
 
-    def _known_held(self, pk: str) -> bool:
+    def known_held(self, pk: str) -> bool:
         """Whether this worker saw ``pk`` held off, until a time not yet reached."""
         held_until = self._held.get(pk)
         if held_until is None:
             return False
-        if held_until > self.session.clock.wall_ms():
+        if self._holds_now(held_until):
             return True
         del self._held[pk]
         return False
@@ -180,10 +180,19 @@ class ConnectionLeases:
     def _is_held(self, pk: str, current: dict[str, Any]) -> bool:
         """Whether the row is unowned and held off after a failure (remembered until then)."""
         held_until = int(current.get(model.HELD_UNTIL_MS, 0))
-        if model.LEASE_OWNER in current or held_until <= self.session.clock.wall_ms():
+        if model.LEASE_OWNER in current or not self._holds_now(held_until):
             return False
         self._held[pk] = held_until
         return True
+
+    def _holds_now(self, held_until: int) -> bool:
+        """Whether a hold that ends at ``held_until`` (the releaser's wall clock) still holds. A
+        hold longer than the longest there is came from a clock far ahead: it holds nothing."""
+        now = self.session.clock.wall_ms()
+        return now < held_until <= self._latest_hold_end(now)
+
+    def _latest_hold_end(self, now: int) -> int:
+        return now + model.HOLD_OFF_CAP_MS + self.session.timing.max_clock_skew_ms
 
     async def _owner_is_gone(self, owner: str, version: int) -> bool:
         session = await self.directory.read(owner, version)
@@ -200,12 +209,13 @@ class ConnectionLeases:
         of this claim was applied and its answer lost (or a notification was delivered twice).
         """
         my_version = self.session.require_live()
+        now = self.session.clock.wall_ms()
         values = {
             ":me": to_attr(self.worker_id),
             ":session": to_attr(my_version),
             ":one": to_attr(1),
             ":started": to_attr(STARTED),
-            ":now": to_attr(self.session.clock.wall_ms()),
+            ":now": to_attr(now),
             ":yes": to_attr(True),
         }
         if candidate.owner is None:
@@ -214,8 +224,10 @@ class ConnectionLeases:
             ownership = (
                 "attribute_not_exists(#lease_owner) AND "
                 "(#desired_state = :started OR attribute_exists(#awaiting_owner)) AND "
-                "(attribute_not_exists(#held_until_ms) OR #held_until_ms <= :now)"
+                "(attribute_not_exists(#held_until_ms) OR #held_until_ms <= :now OR "
+                "#held_until_ms > :latest_hold_end)"
             )
+            values[":latest_hold_end"] = to_attr(self._latest_hold_end(now))
         else:
             ownership = (
                 "#desired_state = :started AND "

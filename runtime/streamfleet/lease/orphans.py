@@ -13,7 +13,9 @@ own nothing any more are marked cleared (never asked again) and left to the tabl
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import model
 from ..aws import AsyncClient
@@ -26,6 +28,10 @@ from .sessions import SessionDirectory, SessionInfo
 # made just before the session died must have reached the by-owner index before an empty answer
 # can mean "owns nothing". Even then the session is only marked cleared, never deleted.
 INDEX_LAG_ALLOWANCE_MS = 60_000
+# Unowned rows are read this many keys a page, at most this many pages a reconcile: enough to see
+# past the held-off rows a worker knows, bounded whatever their number.
+UNOWNED_PAGE = 100
+UNOWNED_PAGES = 5
 
 
 @dataclass
@@ -43,10 +49,20 @@ class Orphans:
 class OrphanFinder:
     """Finds connections that should be running and have no live owner."""
 
-    def __init__(self, *, dynamodb: AsyncClient, table_name: str, directory: SessionDirectory):
+    def __init__(
+        self,
+        *,
+        dynamodb: AsyncClient,
+        table_name: str,
+        directory: SessionDirectory,
+        known_held: Callable[[str], bool] = lambda pk: False,
+    ):
         self._dynamodb = dynamodb
         self._table = table_name
         self.directory = directory
+        # Unowned rows this worker knows to be held off after a failure: still in the index,
+        # they are passed over, or the first few keys would fill every answer for ever.
+        self._known_held = known_held
 
     def _deadline(self) -> float:
         return self.directory.clock.monotonic() + self.directory.timing.lease_seconds
@@ -181,16 +197,31 @@ class OrphanFinder:
         return from_item(response.get("Item"))
 
     async def _unowned(self, limit: int) -> list[Claimable]:
-        items = await query_all(
-            self._dynamodb,
-            clock=self.directory.clock,
-            deadline=self._deadline(),
-            what="unowned connections",
-            TableName=self._table,
-            IndexName=model.AWAITING_OWNER_INDEX.name,
-            KeyConditionExpression="#awaiting_owner = :started",
-            ExpressionAttributeNames=names(model.AWAITING_OWNER),
-            ExpressionAttributeValues={":started": to_attr(model.AWAITING_OWNER_VALUE)},
-            Limit=limit,
-        )
-        return [Claimable(item[model.PK]) for item in items][:limit]
+        """Up to ``limit`` unowned rows, past those known to be held off (a few pages at most:
+        the index lists keys only)."""
+        params: dict[str, Any] = {
+            "TableName": self._table,
+            "IndexName": model.AWAITING_OWNER_INDEX.name,
+            "KeyConditionExpression": "#awaiting_owner = :started",
+            "ExpressionAttributeNames": names(model.AWAITING_OWNER),
+            "ExpressionAttributeValues": {":started": to_attr(model.AWAITING_OWNER_VALUE)},
+            "Limit": max(limit, UNOWNED_PAGE),
+        }
+        found: list[Claimable] = []
+        deadline = self._deadline()
+        for _ in range(UNOWNED_PAGES):
+            response = await retry_until(
+                lambda params=dict(params): self._dynamodb.call("query", **params),
+                deadline=deadline,
+                clock=self.directory.clock,
+                what="unowned connections",
+            )
+            for raw in response.get("Items", []):
+                pk = str(from_item(raw)[model.PK])
+                if not self._known_held(pk):
+                    found.append(Claimable(pk))
+            last = response.get("LastEvaluatedKey")
+            if len(found) >= limit or not last:
+                break
+            params["ExclusiveStartKey"] = last
+        return found[:limit]

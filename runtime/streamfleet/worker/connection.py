@@ -165,6 +165,12 @@ class Connection:
     # -- control ------------------------------------------------------------------------------
 
     @property
+    def failure(self) -> str | None:
+        """What went wrong with the stream itself, if that is why it ended: its release holds it
+        off (see :meth:`ConnectionLeases.release`)."""
+        return self._failure if self.end_reason is EndReason.FAILED and self._failure else None
+
+    @property
     def session_version(self) -> int:
         """The session this connection's lease belongs to."""
         return self.lease.session_version
@@ -340,6 +346,13 @@ class Connection:
             proxy=None,  # dial exactly the checked address, never via an ambient proxy
         )
 
+    async def _checkpoint(self, position: int, *, origin: bool = False) -> None:
+        """Checkpoint ``position``; progress clears the stream's failures in the row (see
+        :meth:`ConnectionLeases.checkpoint`), so this lease counts from none again."""
+        await self._context.leases.checkpoint(self.lease, position, origin=origin)
+        if self.lease.dial_failures:
+            self.lease = dataclasses.replace(self.lease, dial_failures=0)
+
     async def _backpressure(self) -> None:
         """Stop reading while too much of this connection, or of the whole worker, is unstored:
         the upstream's TCP window holds the rest."""
@@ -371,7 +384,7 @@ class Connection:
         stream's origin, before anything is stored, so every later owner knows where the log
         begins (and that it has to replay from there)."""
         origin = model.log_position(self.log_epoch, first - 1)
-        await self._context.leases.checkpoint(self.lease, origin, origin=True)
+        await self._checkpoint(origin, origin=True)
         self.checkpointed_seq = self.stored_seq = self.last_received_seq = origin
         return origin
 
@@ -456,7 +469,7 @@ class Connection:
         end, _ = await context.sink.close_holes(self.pk, self.stored_seq)
         epoch = self.log_epoch + 1
         origin = model.log_position(epoch, first - 1)
-        await context.leases.checkpoint(self.lease, origin)
+        await self._checkpoint(origin)
         self.log_epoch = epoch
         self.checkpointed_seq = self.stored_seq = self._stored_high = origin
         self.last_received_seq, self._follows = end, None
@@ -472,7 +485,7 @@ class Connection:
         if seq <= self.checkpointed_seq or self.end_reason is not None or self._storage_failed:
             return
         try:
-            await self._context.leases.checkpoint(self.lease, seq)
+            await self._checkpoint(seq)
         except LeaseLost:
             self.end(EndReason.LOST)
             return
@@ -499,7 +512,7 @@ class Connection:
                     return False
                 end, gaps = await sink.close_holes(self.pk, end)
         if end > self.checkpointed_seq:
-            await self._context.leases.checkpoint(self.lease, end)
+            await self._checkpoint(end)
         self.checkpointed_seq = self.stored_seq = end
         self._context.log(
             "log_sealed",
@@ -559,7 +572,7 @@ class Connection:
                     if not self._storage_failed:
                         stored = self.stored_seq
                         if stored > self.checkpointed_seq:
-                            await context.leases.checkpoint(self.lease, stored)
+                            await self._checkpoint(stored)
                             self.checkpointed_seq = stored
                         if reason is EndReason.STOPPED:
                             sealed = await self._seal_log()
@@ -575,7 +588,7 @@ class Connection:
                 context.counters.leases_lost += 1
                 context.log("lease_lost", pk=self.pk, lease_version=self.lease.lease_version)
                 return
-            failure = self._failure if reason is EndReason.FAILED and self._failure else None
+            failure = self.failure
             offered = await context.leases.release(self.lease, sealed=sealed, failure=failure)
             if failure is not None:
                 # Held off in the row: the fleet claims it when the hold ends, nobody sooner.

@@ -199,7 +199,9 @@ class Worker:
         self._busy: set[str] = set()
         # Leases whose release failed (DynamoDB out) while this session stayed live: given back
         # at the next reconcile, not left owned-but-not-run until the audit finds them.
-        self._unreleased: dict[str, Lease] = {}
+        # Releases that failed while the session stayed live: the lease, and the stream's own
+        # failure if that is why it ended (the retry holds it off too).
+        self._unreleased: dict[str, tuple[Lease, str | None]] = {}
         self._recently_shed: dict[str, float] = {}
         self._capacity_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -368,7 +370,7 @@ class Worker:
             del self.connections[connection.pk]
             self._capacity_freed.set()
         if connection.abandoned:
-            self._unreleased[connection.pk] = connection.lease
+            self._unreleased[connection.pk] = (connection.lease, connection.failure)
 
     def dead_loops(self) -> list[str]:
         """Loops that ended although nothing asked them to (what the health check reports)."""
@@ -597,7 +599,7 @@ class Worker:
     async def _release_abandoned(self) -> None:
         """Retry the releases that failed while this session stayed live."""
         session = self.store.session
-        for pk, lease in list(self._unreleased.items()):
+        for pk, (lease, failure) in list(self._unreleased.items()):
             if pk in self.connections or pk in self._busy:
                 continue  # taken up again meanwhile
             if lease.session_version != session.version:
@@ -605,7 +607,7 @@ class Worker:
                 continue
             self._busy.add(pk)
             try:
-                offered = await self.store.connections.release(lease)
+                offered = await self.store.connections.release(lease, failure=failure)
             except LeaseLost:
                 offered = False
             except (StoreUnavailable, SessionLost):
@@ -613,7 +615,7 @@ class Worker:
             finally:
                 self._busy.discard(pk)
             del self._unreleased[pk]
-            if offered:
+            if offered and failure is None:  # a held stream is claimed when its hold ends
                 with contextlib.suppress(Exception):
                     await self.context.notifier.notify(pk)
             self.log("lease_released", pk=pk, reason="retried")

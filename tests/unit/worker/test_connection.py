@@ -199,6 +199,23 @@ async def test_a_stream_that_fails_is_held_off_in_its_row_not_offered_at_once():
     ]
 
 
+async def test_progress_clears_the_failures_this_lease_began_with():
+    """A checkpoint clears the failures in the row; the lease kept the count it was claimed
+    with, so a stream that failed nine times, then ran for a day, was held for minutes on its
+    next failure instead of a second."""
+    leases, events = Leases(Session(deadline=time.monotonic() + 60)), []
+    lease = dataclasses.replace(LEASE, dial_failures=9)
+    connection = Connection(
+        lease, context(leases, events), acquired_at=0, on_finished=lambda c: None
+    )
+    connection.stored_seq = 10  # something stored since the claim
+
+    await connection.checkpoint()
+
+    assert connection.lease.dial_failures == 0
+    await shut_down(connection)
+
+
 async def test_a_stream_that_fails_for_the_store_is_offered_at_once_not_held_off():
     """Only the stream's own failure (making its URL, dialling it) is held off: one the store
     caused says nothing about the stream, and a peer should take it up at once."""
