@@ -206,9 +206,10 @@ this one, so the batch's duration is what the other streams of the shard wait.
 
 Stated bound for one subscriber: budget {config.subscriber_budget_ms} ms + \
 {config.frame_allowance_ms} ms x {frames} frames + 2 x {fanout_runtime.POST_TIMEOUT_S:g} s \
-(the post in flight, the close after it) = **{bound:.2f} s**. Whatever the subscribers, the \
-batch stops posting {fanout_runtime.INVOCATION_MARGIN_MS / 1000:g} s before the function's \
-timeout (60 s in the template) and closes whom it did not serve.
+(the post in flight, the close after it; each call's timeouts are botocore's, per socket \
+operation) = **{bound:.2f} s**. Whatever the subscribers, the batch stops posting \
+{fanout_runtime.INVOCATION_MARGIN_MS / 1000:g} s before the function's timeout (60 s in the \
+template), and closes whom it did not serve for {fanout_runtime.POST_TIMEOUT_S:g} s more.
 
 | Bad subscriber | Batch median | min / max | Posts | Over budget | Failed posts | Closed | \
 Delivered |

@@ -32,13 +32,17 @@ function with a batch of records. For one batch it:
 
 How long one subscriber can hold its shard is bounded. A subscriber's frames must all be posted
 within its budget (``FANOUT_SUBSCRIBER_BUDGET_MS`` plus :data:`FRAME_ALLOWANCE_MS` per frame),
-counted from its first post; no post (and no retry) starts after that, and the subscriber is
-closed to resume from the log. A post that started ends within :data:`POST_TIMEOUT_S` (the
-SDK's connect and read timeouts, one attempt each), and so does the close after it, so one
-subscriber's delivery ends within ``budget + 2 x POST_TIMEOUT_S`` of its start, however slowly
-its connection drains. The batch as a whole stops posting :data:`INVOCATION_MARGIN_MS` before
-the function's timeout and closes the subscribers it did not serve: a batch never times out,
-and is never retried (holding every stream of its shard), for its subscribers' slowness.
+counted from its first post; a throttled or failed post is retried with backoff only within
+it, and past it the subscriber is closed to resume from the log. A post, or the close (or the
+one-attempt ``DeleteItem`` of a gone subscriber's subscription) after it, gives up after
+:data:`POST_TIMEOUT_S` of silence (botocore's connect and read timeouts, per socket operation:
+an answer that trickles in byte by byte could take longer). So one subscriber's delivery ends
+within about ``budget + 2 x POST_TIMEOUT_S`` of its start, however slowly its connection
+drains. The batch as a whole stops posting :data:`INVOCATION_MARGIN_MS` before the function's
+timeout; it still closes the subscribers it did not serve for :data:`POST_TIMEOUT_S` more, and
+leaves any others to find the gap themselves (their cursor asks the log for it when a later
+message shows it, or when they reconnect). A batch therefore does not time out, and is not
+retried (holding every stream of its shard), for its subscribers' slowness.
 
 A failure to read the subscribers raises: Lambda retries the whole batch (posts already made
 are repeated, and the clients drop them as duplicates). At least once on the wire, exactly once
@@ -91,12 +95,17 @@ FRAME_ALLOWANCE_MS = 50
 # A post that cannot be made in this time is worth less than the client's resume from the log.
 # The SDK makes one attempt; the fan-out retries once itself, and only within the subscriber's
 # budget (the SDK's own retries and their backoff could not be stopped at a deadline).
-_POST_CONNECT_TIMEOUT_S = 1.0
+# Connect above 1 s: Linux retransmits a lost SYN after 1 s, and one lost SYN is no reason to
+# close a subscriber.
+_POST_CONNECT_TIMEOUT_S = 2.0
 _POST_READ_TIMEOUT_S = 2.0
 POST_TIMEOUT_S = _POST_CONNECT_TIMEOUT_S + _POST_READ_TIMEOUT_S
 # What a post in flight and the close after it may still take when posting stops.
 INVOCATION_MARGIN_MS = int(2 * POST_TIMEOUT_S * 1000) + 1_000
-_RETRY_JITTER_S = 0.05
+# A throttled or failed post is tried again within the subscriber's budget, backing off
+# (full jitter from 50 ms, doubling), at most this many times in all.
+_MAX_POST_ATTEMPTS = 4
+_RETRY_BASE_S = 0.05
 # Answers worth one more attempt: throttled, or the service's own failure.
 _RETRYABLE_POST_ERRORS = frozenset(
     {
@@ -109,6 +118,12 @@ _RETRYABLE_POST_ERRORS = frozenset(
     }
 )
 _MANAGEMENT_CONFIG = Config(
+    connect_timeout=_POST_CONNECT_TIMEOUT_S,
+    read_timeout=_POST_READ_TIMEOUT_S,
+    retries={"total_max_attempts": 1, "mode": "standard"},
+    max_pool_connections=MAX_POST_THREADS,
+)
+_ONE_ATTEMPT_DYNAMODB_CONFIG = Config(
     connect_timeout=_POST_CONNECT_TIMEOUT_S,
     read_timeout=_POST_READ_TIMEOUT_S,
     retries={"total_max_attempts": 1, "mode": "standard"},
@@ -244,6 +259,11 @@ class Fanout:
             region_name=config.region,
             config=_MANAGEMENT_CONFIG,
         )
+        # Forgetting a gone subscriber is a courtesy (its subscription has a TTL): one attempt,
+        # so that it fits the time a subscriber may hold its shard.
+        self._forget_dynamodb = dynamodb or session.client(
+            "dynamodb", region_name=config.region, config=_ONE_ATTEMPT_DYNAMODB_CONFIG
+        )
         self.clock = clock
         self._pool = ThreadPoolExecutor(config.post_threads, thread_name_prefix="fanout-post")
         self._metrics_out = metrics_out or emf.write
@@ -374,42 +394,47 @@ class Fanout:
     ) -> _Outcome:
         outcome = _Outcome()
         deadline = self.clock.monotonic() + self.config.budget_s(len(frames))
+        # Past this, nothing more is started, not even a close: what is in flight then still
+        # ends before the function's timeout.
+        close_by = None if stop_at is None else stop_at + POST_TIMEOUT_S
         if stop_at is not None:
             deadline = min(deadline, stop_at)
         for index, frame in enumerate(frames):
-            if self.clock.monotonic() >= deadline:
-                outcome.undelivered = _count_messages(frames[index:])
-                outcome.over_budget = 1
-                outcome.disconnected = self._disconnect(
-                    stream, connection_id, f"{index} of {len(frames)} frames posted in its budget"
-                )
-                return outcome
-            error = self._post(connection_id, frame, deadline)
-            if error is None:
-                outcome.posts += 1
-                continue
+            error = None
+            if self.clock.monotonic() < deadline:
+                error = self._post(connection_id, frame, deadline)
+                if error is None:
+                    outcome.posts += 1
+                    continue
             outcome.undelivered = _count_messages(frames[index:])
+            in_time = close_by is None or self.clock.monotonic() < close_by
             if isinstance(error, ClientError) and error_code(error) == "GoneException":
                 outcome.gone = 1
-                self._forget(stream, connection_id)
+                if in_time:
+                    self._forget(stream, connection_id)
+                return outcome
+            if error is None:
+                outcome.over_budget = 1
+                detail = f"{index} of {len(frames)} frames posted in its budget"
             else:
                 outcome.failed = 1
-                outcome.disconnected = self._disconnect(
-                    stream, connection_id, f"{type(error).__name__}: {error}"
-                )
+                detail = f"{type(error).__name__}: {error}"
+            if in_time:
+                outcome.disconnected = self._disconnect(stream, connection_id, detail)
             return outcome
         return outcome
 
     def _post(self, connection_id: str, frame: bytes, deadline: float) -> Exception | None:
         """Post one frame: ``None``, or the error of its last attempt. A throttled or failed
-        attempt is tried once more if the subscriber's budget allows (after a few milliseconds'
-        jitter, so that the retries of many subscribers do not arrive together)."""
+        attempt is tried again while the subscriber's budget allows, backing off (full jitter,
+        so that the retries of many subscribers do not arrive together)."""
         error: Exception | None = None
-        for attempt in range(2):
+        for attempt in range(_MAX_POST_ATTEMPTS):
             if attempt:
-                if self.clock.monotonic() >= deadline:
+                pause = random.uniform(0, _RETRY_BASE_S * 2 ** (attempt - 1))
+                if self.clock.monotonic() + pause >= deadline:
                     return error
-                time.sleep(random.uniform(0, _RETRY_JITTER_S))
+                time.sleep(pause)
             try:
                 self.management.post_to_connection(ConnectionId=connection_id, Data=frame)
                 return None
@@ -424,7 +449,7 @@ class Fanout:
 
     def _forget(self, stream: str, connection_id: str) -> None:
         try:
-            self.dynamodb.delete_item(
+            self._forget_dynamodb.delete_item(
                 TableName=self.config.subscriptions_table,
                 Key={
                     model.PK: to_attr(model.stream_subscribers_pk(stream)),
