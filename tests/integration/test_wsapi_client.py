@@ -245,6 +245,23 @@ async def test_authorization_failures_are_retried_a_bounded_number_of_times(
         await client.wait_stopped()
 
 
+async def test_a_refused_handshake_is_retried_with_a_fresh_token_and_reported(
+    gateway: LocalGateway,
+) -> None:
+    """The browser client retried for ever while the Python client gave up after 3 refusals:
+    the same refusal had two outcomes. Both now retry with backoff and a fresh token, report
+    each refusal, and connect once a token is accepted again (a fixed authorizer, a user who
+    signed in again)."""
+    tokens = Tokens(gateway, bad_for=5)  # the first five attempts are refused
+    refusals: list[int | None] = []
+    client = ReconnectingClient(tokens, FAST, on_handshake_failed=refusals.append)
+    async with client:
+        await client.wait_ready(30)
+    assert refusals == [403] * 5 and client.auth_failures == 5
+    assert gateway.stats.rejected == {403: 5}
+    assert tokens.refreshes == [False, True, True, True, True, True]  # a new token each time
+
+
 async def test_an_expired_token_makes_the_client_reconnect_with_a_fresh_one(
     gateway: LocalGateway,
 ) -> None:

@@ -29,11 +29,15 @@ What it does, and why:
   ``last_close_reason`` say how the last one ended.
 * **Callbacks** for state replies, region changes (every reply names its region), connection
   status changes, and every message.
-* **No endless retries on authorization failures**: a handshake refused with HTTP 401 or 403
-  (``websockets.exceptions.InvalidStatus``) is retried at most ``max_auth_retries`` times in a
-  row (the provider may have had a stale token); then the client stops with
-  :class:`AuthorizationFailed`. Other failures (5xx, refused connections, timeouts) are retried
-  with backoff for as long as the client runs.
+* **A refused handshake is retried like any failure, and reported**: one refused with HTTP 401
+  or 403, like one that failed for any other reason before the socket opened, is retried with
+  the same backoff and a token fetched anew (``force_refresh``), and each is reported to
+  ``on_handshake_failed`` (the HTTP status, ``None`` without one); ``auth_failures`` and
+  ``consecutive_failures`` count them. The client never gives up on its own by default, as
+  the browser client: a browser cannot tell a refusal from an outage (it hides the status),
+  and clients that gave up during a failover would never come back. The application decides
+  (sign the user in again, or ``close()``); ``max_auth_retries`` (default ``None``: no limit)
+  stops the client with :class:`AuthorizationFailed` after that many refusals in a row.
 * **Clean cancellation**: ``async with ReconnectingClient(...)`` or ``await client.close()``
   stops every task and fails pending requests with :class:`ClientClosed`.
 * **Subscribed streams, exactly once**: :meth:`ReconnectingClient.subscribe` asks for an
@@ -142,7 +146,7 @@ class ClientConfig:
     missed_pongs_before_reconnect: int = 2
     backoff_base: float = 2.0
     backoff_cap: float = 20.0
-    max_auth_retries: int = 2
+    max_auth_retries: int | None = None  # None: a refusal never stops the client on its own
     open_timeout: float = 10.0
     close_timeout: float = 2.0
     request_timeout: float = 10.0
@@ -179,8 +183,8 @@ class ClientConfig:
             raise ValueError("backoff_base: must be a finite number of seconds, zero or more")
         if self.missed_pongs_before_reconnect < 1:
             raise ValueError("missed_pongs_before_reconnect: must be at least 1")
-        if self.max_auth_retries < 0:
-            raise ValueError("max_auth_retries: must be zero or more")
+        if self.max_auth_retries is not None and self.max_auth_retries < 0:
+            raise ValueError("max_auth_retries: must be zero or more, or None")
         if self.max_buffered_per_stream < 1:
             raise ValueError("max_buffered_per_stream: must be at least 1")
         if not (math.isfinite(self.min_healthy_seconds) and self.min_healthy_seconds >= 0):
@@ -292,6 +296,7 @@ class ReconnectingClient:
         on_subscription_error: Callback | None = None,
         on_stream_epoch: Callback | None = None,
         on_stream_skip: Callback | None = None,
+        on_handshake_failed: Callback | None = None,
         positions: MutableMapping[str, StreamPosition] | None = None,
         rng: random.Random | None = None,
         name: str = "client",
@@ -308,6 +313,8 @@ class ReconnectingClient:
         self.on_stream_epoch = on_stream_epoch
         # (skip: Skip), before what follows seqs the log will never hold (expired, never sent)
         self.on_stream_skip = on_stream_skip
+        # (http_status: int | None), each attempt that failed before the socket opened
+        self.on_handshake_failed = on_handshake_failed
         # The last position delivered per stream: what every (re)connect resumes from. Pass a
         # persistent mapping to resume across restarts (a plain seq counts as epoch 0's).
         self.positions: MutableMapping[str, StreamPosition] = {} if positions is None else positions
@@ -649,20 +656,23 @@ class ReconnectingClient:
                     force_refresh = True
                     status = exc.response.status_code
                     failures += 1
+                    logger.info("%s: handshake refused with HTTP %s", self.name, status)
+                    await self._emit(self.on_handshake_failed, status)
                     if status in AUTH_FAILURE_STATUSES:
                         self.auth_failures += 1
                         auth_refusals += 1
-                        if auth_refusals > self.config.max_auth_retries:
+                        limit = self.config.max_auth_retries
+                        if limit is not None and auth_refusals > limit:
                             self.error = AuthorizationFailed(status, auth_refusals)
                             logger.warning("%s: %s; giving up", self.name, self.error)
                             await self._set_status(ClientStatus.FAILED)
                             return
-                    logger.info("%s: handshake refused with HTTP %s", self.name, status)
                     continue
                 except Exception as exc:  # refused, timed out, DNS, provider failure: retry
                     force_refresh = True
                     failures += 1
                     logger.info("%s: connect failed: %s: %s", self.name, type(exc).__name__, exc)
+                    await self._emit(self.on_handshake_failed, None)
                     continue
                 auth_refusals = 0
                 force_refresh = False
