@@ -68,6 +68,8 @@ CANARY_ACTIONS = {
     "sweep": ("dynamodb:Scan", "dynamodb:DeleteItem"),
     "disconnect": ("execute-api:ManageConnections",),
     "metrics": ("cloudwatch:PutMetricData",),
+    # Its own alarm's state, each run: fail-back waits for a healthy streak after any ALARM.
+    "alarm": ("cloudwatch:DescribeAlarms",),
     "signing_key": ("secretsmanager:GetSecretValue",),
     "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
 }
@@ -163,14 +165,15 @@ class WebSocketCanary(Construct):
         self._props = props
         self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention)
         self.signing_key = self._build_signing_key()
+        # The alarm first: the canary reads its state (the alarm does not depend on the canary).
+        self.metric = self._build_metric()
+        self.alarm = self._build_alarm()
         self.role = self._build_role()
         self.function = self._build_function()
         # A late or retried probe would report into a later minute: Lambda's own asynchronous
         # retries are off too (overlapping runs are safe: the state item is version-checked).
         self.function.configure_async_invoke(retry_attempts=0, max_event_age=Duration.minutes(1))
         self.rule = self._build_rule()
-        self.metric = self._build_metric()
-        self.alarm = self._build_alarm()
         self.health_check = self._build_health_check()
         self.function_alarms = function_alarms(self, self.function, what="the WebSocket canary")
         self._acknowledge_findings()
@@ -207,6 +210,9 @@ class WebSocketCanary(Construct):
             "log_group": iam.PolicyStatement(
                 actions=list(CANARY_ACTIONS["log_group"]),
                 resources=[self.log_group.log_group_arn],
+            ),
+            "alarm": iam.PolicyStatement(
+                actions=list(CANARY_ACTIONS["alarm"]), resources=[self.alarm.alarm_arn]
             ),
         }
         if props.disconnect_when_unhealthy:
@@ -247,6 +253,7 @@ class WebSocketCanary(Construct):
             "CANARY_FAILURES_TO_TRIP": str(ALARM_DATAPOINTS),
             "CANARY_STATE_TABLE_NAME": props.state_table.table_name,
             "CANARY_TOKEN_TRANSPORT": props.token_transport,
+            model.ENV_CANARY_ALARM_NAME: self.alarm.alarm_name,
             model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY: (
                 "true" if props.disconnect_when_unhealthy else "false"
             ),

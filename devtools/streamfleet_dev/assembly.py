@@ -810,6 +810,12 @@ class Stack:
                 attributes[(logical_id, "Arn")] = arn.format(
                     service="logs", rest=f"log-group:{name}:*"
                 )
+            elif kind == "AWS::CloudWatch::Alarm":
+                name = props.get("AlarmName", logical_id)
+                refs[logical_id] = name
+                attributes[(logical_id, "Arn")] = arn.format(
+                    service="cloudwatch", rest=f"alarm:{name}"
+                )
             else:
                 refs[logical_id] = logical_id
         return Bindings(refs=refs, attributes=attributes, pseudo=self.pseudo_parameters(url_suffix))

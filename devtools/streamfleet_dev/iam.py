@@ -116,6 +116,8 @@ def call_of(record: RecordedRequest, account: str, names: NameMap) -> list[Call]
         elif record.service == "secretsmanager" and resource.startswith("secret/"):
             secret = resource.removeprefix("secret/")
             arn = names.secrets.get(secret, secret)
+        elif record.service == "monitoring" and resource.startswith("alarm:"):
+            arn = f"arn:aws:cloudwatch:{region}:{account}:{resource}"
         elif record.service == "execute-api" and "/@connections/" in resource:
             arn = f"arn:aws:execute-api:{region}:{account}:{names.api_id}/{resource}"
         found.append(Call(action, arn, conditions))

@@ -614,6 +614,9 @@ ENV_CANARY_SUBJECT = "CANARY_SUBJECT"
 ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY = "CANARY_DISCONNECT_WHEN_UNHEALTHY"
 # Management API endpoint for those closes; default: the https form of CANARY_ENDPOINT_URL.
 ENV_CANARY_MANAGEMENT_ENDPOINT = "CANARY_MANAGEMENT_ENDPOINT"
+# The alarm the canary's metric feeds: read each run, so that fail-back waits for a healthy
+# streak after any ALARM, missing data included (not only after the canary's own failures).
+ENV_CANARY_ALARM_NAME = "CANARY_ALARM_NAME"
 CANARY_ENV = (
     ENV_CANARY_ENDPOINT_URL,
     ENV_CANARY_API_ID,
@@ -628,6 +631,7 @@ CANARY_ENV = (
     ENV_CANARY_SUBJECT,
     ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY,
     ENV_CANARY_MANAGEMENT_ENDPOINT,
+    ENV_CANARY_ALARM_NAME,
     ENV_JWT_AUDIENCE,
 )
 

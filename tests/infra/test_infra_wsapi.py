@@ -432,6 +432,9 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert variables["CANARY_API_ID"] == {"Ref": api_id}
         connections_id = logical_id(stack, stack.connections_table)
         assert variables["CANARY_STATE_TABLE_NAME"] == {"Ref": connections_id}
+        # The alarm its own metric feeds, which it reads each run (fail-back after any ALARM).
+        alarm_id = logical_id(stack, stack.canary.alarm)
+        assert variables[model.ENV_CANARY_ALARM_NAME] == {"Ref": alarm_id}
         env = {
             **variables,
             "CANARY_ENDPOINT_URL": (
@@ -439,8 +442,10 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
             ),
             "CANARY_API_ID": DEPLOYED_API_ID,
             "CANARY_STATE_TABLE_NAME": model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME,
+            model.ENV_CANARY_ALARM_NAME: "streamfleet-health",
         }
         config = canary_runtime.CanaryConfig.from_env(env)
+        assert config.alarm_name == "streamfleet-health"
         assert config.healthy_runs_to_recover == 7  # K, from streamfleet:canary_...recover
         assert config.failures_to_trip == ALARM_DATAPOINTS
         assert config.state_table == model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
@@ -544,6 +549,8 @@ def test_canary_role_has_exactly_its_grants(with_domain, built):
                 arn_text(stack, stack.connections_table.table_arn): state,
                 "*": {"cloudwatch:PutMetricData"},
                 arn_text(stack, canary.log_group.log_group_arn): LOG_ACTIONS,
+                # Its own alarm only: fail-back waits for a healthy streak after any ALARM.
+                arn_text(stack, canary.alarm.alarm_arn): {"cloudwatch:DescribeAlarms"},
             }
             if stack.role is Role.PRIMARY:  # closing this Region's clients while unhealthy
                 state |= {"dynamodb:Scan", "dynamodb:DeleteItem"}

@@ -26,6 +26,7 @@ from streamfleet.wsapi.canary import (
     Canary,
     CanaryConfig,
     CanaryConfigError,
+    CloudWatchAlarmState,
     CloudWatchPublisher,
     ConnectionSweeper,
     DynamoHealthStateStore,
@@ -127,6 +128,24 @@ def test_a_tick_counted_already_counts_nothing() -> None:
     late = h.next(again, False, 0)
     assert (late.tripped, late.failure_streak) == (False, 1)
     assert h.next(again, False, 2 * MINUTE_MS).tripped  # the next minute's does
+
+
+def test_a_failover_on_missing_data_fails_back_only_after_a_healthy_streak() -> None:
+    """Two silent minutes (the canary did not run, or could not publish) fail the Region over
+    without tripping the canary: its next good datapoint failed back at once. An ALARM that
+    began after its previous run trips it now, whatever caused it; the older ALARM that its own
+    reports keep up, or that CloudWatch has not ended yet after the recovery, does not."""
+    h = FailbackHysteresis(healthy_runs_to_recover=3, failures_to_trip=2)
+    state = h.next(HealthState(), True, 0)
+    silent_alarm = 150_000  # minutes 1 and 2 had no datapoint: ALARM at 2:30
+    values = []
+    for minute in range(3, 8):
+        state = h.next(state, True, minute * MINUTE_MS, alarm_since_ms=silent_alarm)
+        values.append(int(state.reported_healthy))
+    assert values == [0, 0, 1, 1, 1]  # three healthy minutes after the ALARM, then back
+    # A new ALARM later (a missing datapoint again) trips it again.
+    state = h.next(state, True, 9 * MINUTE_MS, alarm_since_ms=8 * MINUTE_MS + 30_000)
+    assert (state.tripped, state.reported_healthy) == (True, False)
 
 
 def test_the_schedule_tick_is_read_from_the_event() -> None:
@@ -362,6 +381,35 @@ async def test_runs_keep_state_in_dynamodb_and_publish_to_cloudwatch(
         model.HEALTH_METRIC_NAME,
         model.PROBE_METRIC_NAME,
     }
+
+
+async def test_the_alarm_state_is_read_from_cloudwatch(moto, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", moto.endpoint)
+    name = f"health-{uuid.uuid4().hex[:6]}"
+    client = boto3.client("cloudwatch", region_name=REGION)
+    client.put_metric_alarm(
+        AlarmName=name,
+        Namespace=model.HEALTH_METRIC_NAMESPACE,
+        MetricName=model.HEALTH_METRIC_NAME,
+        Statistic="Minimum",
+        Period=60,
+        EvaluationPeriods=2,
+        Threshold=1,
+        ComparisonOperator="LessThanThreshold",
+        TreatMissingData="breaching",
+    )
+    cloudwatch = AsyncClient("cloudwatch")
+    try:
+        alarm = CloudWatchAlarmState(cloudwatch, name)
+        client.set_alarm_state(AlarmName=name, StateValue="OK", StateReason="test")
+        assert await alarm.alarm_since_ms() is None
+        before = int(time.time() * 1000) - 5_000
+        client.set_alarm_state(AlarmName=name, StateValue="ALARM", StateReason="test")
+        since = await alarm.alarm_since_ms()
+        assert since is not None and since >= before
+        assert await CloudWatchAlarmState(cloudwatch, "no-such-alarm").alarm_since_ms() is None
+    finally:
+        cloudwatch.close()
 
 
 async def test_the_lambda_entry_point_reads_its_environment(

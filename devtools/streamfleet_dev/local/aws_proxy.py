@@ -251,6 +251,11 @@ def parse_request(method: str, path: str, headers: Mapping[str, str], body: byte
             resources.append(f"queue/{params['QueueName']}")
     elif service == "secretsmanager" and "SecretId" in params:
         resources.append(f"secret/{params['SecretId']}")
+    elif service == "monitoring" and operation == "DescribeAlarms":
+        names = params.get("AlarmNames")
+        if not isinstance(names, list):  # the query protocol: AlarmNames.member.<n>
+            names = [v for k, v in params.items() if str(k).startswith("AlarmNames.member.")]
+        resources.extend(f"alarm:{name}" for name in names)
     elif service == "monitoring" and "Namespace" in params:
         conditions["cloudwatch:namespace"] = str(params["Namespace"])
     elif service == "execute-api":

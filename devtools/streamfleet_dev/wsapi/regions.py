@@ -502,6 +502,7 @@ class LocalRegions:
                 canary_dynamodb, table_name=connections_table, api_id=api_id
             ),
             publishers=publishers,
+            alarm=alarm,
             disconnector=ConnectionSweeper(
                 dynamodb=canary_dynamodb,
                 management=self._async(
@@ -644,7 +645,9 @@ class LocalRegions:
         while not self._stop.is_set():
             started = self._clock()
             try:
-                run = await region.canary.run_once()
+                # Each run's tick, as EventBridge names it (wall-clock ms): what stamps its
+                # datapoint and ties an ALARM to the runs before it (see FailbackHysteresis).
+                run = await region.canary.run_once(time.time_ns() // 1_000_000)
             except Exception:  # a bug, not an outage: log it and keep the schedule
                 logger.exception("canary run failed in %s", region.name)
             else:

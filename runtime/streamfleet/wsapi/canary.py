@@ -14,7 +14,12 @@ canary is *tripped* and keeps reporting 0 until ``CANARY_HEALTHY_RUNS_TO_RECOVER
 *consecutive* probes succeeded. A region that flaps while recovering therefore does not pull
 traffic back and forth. A single failed probe does not trip it: it reports one 0, which the
 2-of-2 alarm ignores, exactly as without hysteresis (tripping on one blip would turn every blip
-into a failover). The small state is kept in a DynamoDB item
+into a failover). The canary also reads its alarm's state each run (``CANARY_ALARM_NAME``,
+``DescribeAlarms``): an ALARM it did not cause (missing data: the canary did not run, or could
+not publish, for two minutes) trips it too, so fail-back waits for the same healthy streak after
+any ALARM. Only an ALARM that began after the canary's previous run counts: the one its own
+reports keep up, and the minute CloudWatch takes to end it once the canary recovered, must not
+trip it again. An alarm it cannot read changes nothing. The small state is kept in a DynamoDB item
 (``CANARY#<api id>`` in ``CANARY_STATE_TABLE_NAME``, the regional connections table) written with
 an optimistic version check; without a table every run starts from "healthy" (no hysteresis).
 If the item cannot be read or written, the raw probe result is reported: a broken state store
@@ -115,6 +120,7 @@ class CanaryConfig:
     disconnect_when_unhealthy: bool = True
     management_endpoint: str | None = None  # None: derived from endpoint_url
     disconnect_budget_seconds: float = DEFAULT_DISCONNECT_BUDGET_SECONDS
+    alarm_name: str | None = None  # the alarm its metric feeds (read each run), if any
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.startswith(("ws://", "wss://")):
@@ -165,6 +171,7 @@ class CanaryConfig:
             token_transport=TokenTransport(transport),
             disconnect_when_unhealthy=raw_disconnect != "false",
             management_endpoint=env.get(model.ENV_CANARY_MANAGEMENT_ENDPOINT, "").strip() or None,
+            alarm_name=env.get(model.ENV_CANARY_ALARM_NAME, "").strip() or None,
         )
 
     def management_url(self) -> str:
@@ -392,14 +399,31 @@ class FailbackHysteresis:
     failures_to_trip: int = DEFAULT_FAILURES_TO_TRIP
 
     def next(
-        self, state: HealthState, probe_healthy: bool, tick_ms: int | None = None
+        self,
+        state: HealthState,
+        probe_healthy: bool,
+        tick_ms: int | None = None,
+        *,
+        alarm_since_ms: int | None = None,
     ) -> HealthState:
         """The state after one more probe at schedule tick ``tick_ms`` (epoch ms; ``None``:
-        unknown); ``reported_healthy`` is what to publish."""
+        unknown), with the alarm in ALARM since ``alarm_since_ms`` (``None``: not in ALARM);
+        ``reported_healthy`` is what to publish. An ALARM that began after the previous run
+        trips the canary whatever caused it (missing data too), and the healthy streak that
+        fail-back needs counts from there. An older one changes nothing: it is the ALARM the
+        canary's own reports keep up, or one CloudWatch has not ended yet after a recovery
+        (re-tripping on it would never let the Region back)."""
         version = state.version + 1
         if tick_ms is not None and state.last_tick_ms is not None and tick_ms <= state.last_tick_ms:
             return dataclasses.replace(state, version=version)  # counted already
         last_tick = state.last_tick_ms if tick_ms is None else tick_ms
+        if (
+            alarm_since_ms is not None
+            and state.last_tick_ms is not None
+            and alarm_since_ms > state.last_tick_ms
+            and not state.tripped
+        ):
+            state = dataclasses.replace(state, tripped=True, healthy_streak=0)
         if not probe_healthy:
             failures = min(state.failure_streak + 1, self.failures_to_trip)
             tripped = state.tripped or failures >= self.failures_to_trip
@@ -495,6 +519,31 @@ class DynamoHealthStateStore:
 
 
 # --- Publishing ---------------------------------------------------------------------------------
+
+
+class AlarmState(Protocol):
+    """The alarm the canary's metric feeds."""
+
+    async def alarm_since_ms(self) -> int | None:
+        """When it entered the ALARM it is in (epoch ms); ``None`` if it is not in ALARM."""
+
+
+class CloudWatchAlarmState:
+    """The alarm's state from ``DescribeAlarms`` (one call per run)."""
+
+    def __init__(self, cloudwatch: AsyncClient, alarm_name: str):
+        self._cloudwatch = cloudwatch
+        self._alarm_name = alarm_name
+
+    async def alarm_since_ms(self) -> int | None:
+        response = await self._cloudwatch.call(
+            "describe_alarms", AlarmNames=[self._alarm_name], AlarmTypes=["MetricAlarm"]
+        )
+        alarms = response.get("MetricAlarms") or []
+        if not alarms or alarms[0].get("StateValue") != "ALARM":
+            return None
+        since = alarms[0].get("StateUpdatedTimestamp")
+        return int(since.timestamp() * 1000) if isinstance(since, datetime.datetime) else None
 
 
 class MetricPublisher(Protocol):
@@ -698,11 +747,13 @@ class Canary:
         store: HealthStateStore | None,
         publishers: Sequence[MetricPublisher],
         disconnector: Disconnector | None = None,
+        alarm: AlarmState | None = None,
     ):
         self.config = config
         self.tokens = tokens
         self.store = store
         self.publishers = tuple(publishers)
+        self.alarm = alarm
         self.disconnector = disconnector if config.disconnect_when_unhealthy else None
         self.hysteresis = FailbackHysteresis(
             config.healthy_runs_to_recover, config.failures_to_trip
@@ -720,7 +771,9 @@ class Canary:
             raise CanaryFault(f"token: {type(exc).__name__}: {exc}") from exc
         endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
         result = await probe(endpoint, timeout=self.config.timeout_seconds)
-        state, applied = await self._apply_hysteresis(result.healthy, tick_ms)
+        state, applied = await self._apply_hysteresis(
+            result.healthy, tick_ms, alarm_since_ms=await self._alarm_since_ms()
+        )
         value = 1 if state.reported_healthy else 0
         await self._publish(value, result.healthy, tick_ms)
         # After publishing: by the time clients reconnect, the alarm has its datapoint.
@@ -781,15 +834,31 @@ class Canary:
                 return
         await self._publish(0 if previous.tripped else 1, None, tick_ms)
 
+    async def _alarm_since_ms(self) -> int | None:
+        """Since when the alarm is in ALARM, if it is (unreadable counts as not: the Region's
+        fail-back then rests on the canary's own failures, as without the alarm)."""
+        if self.alarm is None:
+            return None
+        try:
+            return await self.alarm.alarm_since_ms()
+        except Exception as exc:
+            self._warn("canary_alarm", exc)
+            return None
+
     async def _apply_hysteresis(
-        self, probe_healthy: bool, tick_ms: int | None
+        self, probe_healthy: bool, tick_ms: int | None, *, alarm_since_ms: int | None = None
     ) -> tuple[HealthState, bool]:
         if self.store is None:
-            return self.hysteresis.next(HealthState(), probe_healthy, tick_ms), False
+            state = self.hysteresis.next(
+                HealthState(), probe_healthy, tick_ms, alarm_since_ms=alarm_since_ms
+            )
+            return state, False
         try:
             for _ in range(SAVE_ATTEMPTS):
                 previous = await self.store.load()
-                state = self.hysteresis.next(previous, probe_healthy, tick_ms)
+                state = self.hysteresis.next(
+                    previous, probe_healthy, tick_ms, alarm_since_ms=alarm_since_ms
+                )
                 if await self.store.save(state, previous):
                     return state, True
         except Exception as exc:
@@ -827,12 +896,16 @@ def canary_from_env(env: Mapping[str, str] | None = None) -> Canary:
                 table_name=config.state_table,
                 budget_seconds=config.disconnect_budget_seconds,
             )
+    cloudwatch = AsyncClient("cloudwatch", CLIENT_SETTINGS)
     return Canary(
         config,
         tokens=token_source_from_env(env),
         store=store,
-        publishers=[CloudWatchPublisher(AsyncClient("cloudwatch", CLIENT_SETTINGS))],
+        publishers=[CloudWatchPublisher(cloudwatch)],
         disconnector=disconnector,
+        alarm=None
+        if config.alarm_name is None
+        else CloudWatchAlarmState(cloudwatch, config.alarm_name),
     )
 
 
