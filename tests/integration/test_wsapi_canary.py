@@ -6,6 +6,7 @@ Probes run against the local API Gateway stand-in; state and metrics go to moto'
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import time
 import uuid
@@ -146,6 +147,70 @@ def test_a_failover_on_missing_data_fails_back_only_after_a_healthy_streak() -> 
     # A new ALARM later (a missing datapoint again) trips it again.
     state = h.next(state, True, 9 * MINUTE_MS, alarm_since_ms=8 * MINUTE_MS + 30_000)
     assert (state.tripped, state.reported_healthy) == (True, False)
+
+
+def test_a_tripped_canary_that_went_silent_counts_its_streak_again() -> None:
+    """The streak fail-back needs is of consecutive minutes: a tripped canary that did not run
+    for minutes (the alarm breached meanwhile on missing data) starts counting again."""
+    h = FailbackHysteresis(healthy_runs_to_recover=3, failures_to_trip=2)
+    state = HealthState(tripped=True, reported_healthy=False, healthy_streak=2, last_tick_ms=0)
+    state = h.next(state, True, 10 * MINUTE_MS)  # ten minutes later
+    assert (state.tripped, state.healthy_streak, state.reported_healthy) == (True, 1, False)
+
+
+class FixedAlarm:
+    """The alarm as a test sets it: in ALARM since ``since`` (epoch ms), or not (``None``)."""
+
+    def __init__(self, since: int | None = None, error: Exception | None = None):
+        self.since, self.error = since, error
+
+    async def alarm_since_ms(self) -> int | None:
+        if self.error is not None:
+            raise self.error
+        return self.since
+
+
+async def test_each_run_reads_the_alarm_and_an_unreadable_one_changes_nothing(
+    gateway: LocalGateway,
+) -> None:
+    alarm = FixedAlarm()
+    canary = Canary(
+        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=2.0),
+        tokens=TOKENS,
+        store=MemoryHealthStateStore(),
+        publishers=[],
+        alarm=alarm,
+    )
+    assert (await canary.run_once(0)).value == 1
+    alarm.error = RuntimeError("AccessDenied")  # unreadable: as if there were no alarm
+    assert (await canary.run_once(MINUTE_MS)).value == 1
+    alarm.error, alarm.since = None, MINUTE_MS + 30_000  # an ALARM since the last run
+    run = await canary.run_once(2 * MINUTE_MS)
+    assert (run.value, run.state.tripped) == (0, True)
+
+
+class DescribedAlarm:
+    """A CloudWatch client answering DescribeAlarms with one alarm in ALARM."""
+
+    def __init__(self, **alarm: object):
+        self.alarm = {"StateValue": "ALARM", **alarm}
+
+    async def call(self, operation: str, **params: object) -> dict[str, object]:
+        assert operation == "describe_alarms" and params["AlarmNames"] == ["health"]
+        return {"MetricAlarms": [self.alarm]}
+
+
+async def test_an_alarm_is_in_alarm_since_its_transition_not_its_last_update() -> None:
+    """StateUpdatedTimestamp moves while the alarm stays in ALARM (its evaluation state or
+    reason changing): read as the ALARM's start, it passed for a new ALARM after a recovery."""
+    entered = datetime.datetime(2026, 12, 6, 13, 0, tzinfo=datetime.UTC)
+    updated = entered + datetime.timedelta(minutes=7)
+    client = DescribedAlarm(StateTransitionedTimestamp=entered, StateUpdatedTimestamp=updated)
+    since = await CloudWatchAlarmState(client, "health").alarm_since_ms()  # type: ignore[arg-type]
+    assert since == int(entered.timestamp() * 1000)
+    older = DescribedAlarm(StateUpdatedTimestamp=updated)  # a service without the newer field
+    since = await CloudWatchAlarmState(older, "health").alarm_since_ms()  # type: ignore[arg-type]
+    assert since == int(updated.timestamp() * 1000)
 
 
 def test_the_schedule_tick_is_read_from_the_event() -> None:

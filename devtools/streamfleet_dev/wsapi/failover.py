@@ -7,7 +7,6 @@ failover record pair: the primary while its alarm is OK, else the secondary.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +22,6 @@ class HealthAlarm:
         self._clock = clock
         self._values: list[int] = []
         self._last_at: float | None = None
-        self._alarm_since: float | None = None  # when it was first seen in the ALARM it is in
 
     async def publish(
         self, api_id: str, value: int, probe_healthy: bool, *, tick_ms: int | None = None
@@ -40,21 +38,6 @@ class HealthAlarm:
 
     def in_alarm(self) -> bool:
         """The alarm's state now."""
-        alarm = self._evaluate()
-        if not alarm:
-            self._alarm_since = None
-        elif self._alarm_since is None:
-            self._alarm_since = self._clock()
-        return alarm
-
-    async def alarm_since_ms(self) -> int | None:
-        """As :class:`~streamfleet.wsapi.canary.AlarmState`: since when it is in ALARM, in
-        wall-clock ms as CloudWatch says it (the canary's ticks are wall-clock ms)."""
-        if not self.in_alarm() or self._alarm_since is None:
-            return None
-        return time.time_ns() // 1_000_000 - round((self._clock() - self._alarm_since) * 1000)
-
-    def _evaluate(self) -> bool:
         if self._last_at is None:
             return False  # no data yet at all: INSUFFICIENT_DATA; the drill waits for data
         if self._clock() - self._last_at > self.datapoints * self.period * 1.5:

@@ -502,7 +502,10 @@ class LocalRegions:
                 canary_dynamodb, table_name=connections_table, api_id=api_id
             ),
             publishers=publishers,
-            alarm=alarm,
+            # No alarm to read: the local alarm's missing-data rule, at these compressed
+            # timings, would take a one-second stall of a loaded machine for two silent minutes
+            # and trip a healthy Region (tests/integration/test_wsapi_canary.py reads a real
+            # alarm in moto).
             disconnector=ConnectionSweeper(
                 dynamodb=canary_dynamodb,
                 management=self._async(

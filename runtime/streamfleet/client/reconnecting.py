@@ -179,8 +179,10 @@ class ClientConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be a finite number of seconds above zero")
-        if not (math.isfinite(self.backoff_base) and self.backoff_base >= 0):
-            raise ValueError("backoff_base: must be a finite number of seconds, zero or more")
+        # Above zero: a refused handshake is retried for as long as the client runs, and with
+        # no base every retry (and every token fetch it forces) would follow at once.
+        if not (math.isfinite(self.backoff_base) and self.backoff_base > 0):
+            raise ValueError("backoff_base: must be a finite number of seconds above zero")
         if self.missed_pongs_before_reconnect < 1:
             raise ValueError("missed_pongs_before_reconnect: must be at least 1")
         if self.max_auth_retries is not None and self.max_auth_retries < 0:

@@ -87,6 +87,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_HEALTHY_RUNS_TO_RECOVER = 5
+MINUTE_MS = 60_000  # the schedule's period and the alarm's
 DEFAULT_FAILURES_TO_TRIP = 2  # = the alarm's datapoints to alarm
 DEFAULT_TOKEN_LIFETIME_SECONDS = 300
 DEFAULT_SUBJECT = "canary"
@@ -424,6 +425,15 @@ class FailbackHysteresis:
             and not state.tripped
         ):
             state = dataclasses.replace(state, tripped=True, healthy_streak=0)
+        elif (
+            state.tripped
+            and tick_ms is not None
+            and state.last_tick_ms is not None
+            and tick_ms - state.last_tick_ms > MINUTE_MS * (self.failures_to_trip + 1)
+        ):
+            # Tripped, and silent since long enough for the alarm to have breached again:
+            # the healthy streak fail-back needs counts consecutive minutes, not runs.
+            state = dataclasses.replace(state, healthy_streak=0)
         if not probe_healthy:
             failures = min(state.failure_streak + 1, self.failures_to_trip)
             tripped = state.tripped or failures >= self.failures_to_trip
@@ -540,9 +550,23 @@ class CloudWatchAlarmState:
             "describe_alarms", AlarmNames=[self._alarm_name], AlarmTypes=["MetricAlarm"]
         )
         alarms = response.get("MetricAlarms") or []
-        if not alarms or alarms[0].get("StateValue") != "ALARM":
+        if not alarms:
+            log_event(
+                logger,
+                logging.WARNING,
+                "canary_alarm",
+                decision="not_found",
+                detail=f"no metric alarm named {self._alarm_name}: fail-back rests on the "
+                "canary's own failures",
+            )
             return None
-        since = alarms[0].get("StateUpdatedTimestamp")
+        if alarms[0].get("StateValue") != "ALARM":
+            return None
+        # When it entered ALARM: StateUpdatedTimestamp also moves while it stays there (its
+        # evaluation state or reason changing), which would pass for a new ALARM.
+        since = alarms[0].get("StateTransitionedTimestamp") or alarms[0].get(
+            "StateUpdatedTimestamp"
+        )
         return int(since.timestamp() * 1000) if isinstance(since, datetime.datetime) else None
 
 
