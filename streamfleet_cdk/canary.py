@@ -82,6 +82,10 @@ class WebSocketCanaryProps:
     Attributes:
         api: the WebSocket API to judge (its id is the metric's ``ApiId``).
         stage: its stage; the canary dials the stage's regional URL.
+        domain_name: the API's custom domain in this Region, if it has one: the canary then
+            dials the domain's URL, as users do, but connects to this Region's regional domain
+            name (``CANARY_CONNECT_HOST``), so the domain's certificate and mapping are
+            probed here whatever DNS answers.
         state_table: where the canary keeps its hysteresis streaks: the Region's connections
             table (per-Region state that must not be replicated), whose client records it also
             reads to close them while the Region is unhealthy.
@@ -110,6 +114,7 @@ class WebSocketCanaryProps:
     api: apigwv2.IWebSocketApi
     stage: apigwv2.WebSocketStage
     state_table: dynamodb.ITableV2
+    domain_name: apigwv2.IDomainName | None = None
     jwt_audience: str
     signing_key_secret_name: str | None = None
     disconnect_when_unhealthy: bool = True
@@ -254,6 +259,7 @@ class WebSocketCanary(Construct):
             "CANARY_STATE_TABLE_NAME": props.state_table.table_name,
             "CANARY_TOKEN_TRANSPORT": props.token_transport,
             model.ENV_CANARY_ALARM_NAME: self.alarm.alarm_name,
+            **self._domain_environment(),
             model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY: (
                 "true" if props.disconnect_when_unhealthy else "false"
             ),
@@ -268,6 +274,18 @@ class WebSocketCanary(Construct):
                 }
             )
         return env
+
+    def _domain_environment(self) -> dict[str, str]:
+        """With a custom domain: its URL, the regional name to connect to, and the stage's own
+        Management API (closing clients goes through the API, not the domain)."""
+        domain = self._props.domain_name
+        if domain is None:
+            return {}
+        return {
+            "CANARY_ENDPOINT_URL": f"wss://{domain.name}",
+            model.ENV_CANARY_CONNECT_HOST: domain.regional_domain_name,
+            model.ENV_CANARY_MANAGEMENT_ENDPOINT: self._props.stage.callback_url,
+        }
 
     def _build_function(self) -> lambda_.Function:
         props = self._props

@@ -525,10 +525,17 @@ class WebSocketRegion:
 
     def stage_url_values(self) -> dict[str, str]:
         """The regional stage URL the template builds (``wss://<api>.execute-api...``) ->
-        this gateway."""
+        this gateway; with a custom domain, its URL -> this gateway too, and its regional
+        domain name (where the canary connects) -> loopback."""
         region = self.region.name
         aws_url = f"wss://{self.region.api_id}.execute-api.{region}.amazonaws.com/{self.stage}"
-        return {aws_url: self.url}
+        values = {aws_url: self.url}
+        stack = self.region.websocket.stack
+        bindings = stack.template_bindings()
+        for logical_id in stack.of_type("AWS::ApiGatewayV2::DomainName"):
+            values[f"wss://{bindings.refs[logical_id]}"] = self.url
+            values[bindings.attributes[(logical_id, "RegionalDomainName")]] = "127.0.0.1"
+        return values
 
 
 def function_with_handler(stack: Stack, handler: str) -> FunctionSpec:

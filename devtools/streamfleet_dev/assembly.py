@@ -810,6 +810,13 @@ class Stack:
                 attributes[(logical_id, "Arn")] = arn.format(
                     service="logs", rest=f"log-group:{name}:*"
                 )
+            elif kind == "AWS::ApiGatewayV2::DomainName":
+                name = props.get("DomainName", logical_id)
+                refs[logical_id] = name
+                # API Gateway names it d-<id>; the logical id stands in for the id.
+                attributes[(logical_id, "RegionalDomainName")] = (
+                    f"d-{logical_id.lower()}.execute-api.{self.region}.{url_suffix}"
+                )
             elif kind == "AWS::CloudWatch::Alarm":
                 name = props.get("AlarmName", logical_id)
                 refs[logical_id] = name

@@ -617,6 +617,10 @@ ENV_CANARY_MANAGEMENT_ENDPOINT = "CANARY_MANAGEMENT_ENDPOINT"
 # The alarm the canary's metric feeds: read each run, so that fail-back waits for a healthy
 # streak after any ALARM, missing data included (not only after the canary's own failures).
 ENV_CANARY_ALARM_NAME = "CANARY_ALARM_NAME"
+# Where the canary opens its TCP (and TLS) connection when CANARY_ENDPOINT_URL names the custom
+# domain: this Region's regional domain name, so the probe goes through the domain's
+# certificate and mapping, as users do, yet judges this Region whatever DNS answers.
+ENV_CANARY_CONNECT_HOST = "CANARY_CONNECT_HOST"
 CANARY_ENV = (
     ENV_CANARY_ENDPOINT_URL,
     ENV_CANARY_API_ID,
@@ -632,6 +636,7 @@ CANARY_ENV = (
     ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY,
     ENV_CANARY_MANAGEMENT_ENDPOINT,
     ENV_CANARY_ALARM_NAME,
+    ENV_CANARY_CONNECT_HOST,
     ENV_JWT_AUDIENCE,
 )
 

@@ -424,11 +424,20 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert function["Handler"] == "streamfleet.wsapi.canary.handler"
         variables = variables_of(function)
         api_id = logical_id(stack, stack.websocket.api)
-        # The regional stage URL, never the failover name: the canary judges this Region.
-        assert flatten(variables["CANARY_ENDPOINT_URL"]) == (
-            f"wss://<{api_id}>.execute-api.{stack.region}.<AWS::URLSuffix>/v1"
+        # The custom domain, as users dial it, but connected through this Region's regional
+        # domain name, never through the failover name's DNS: the canary judges this Region,
+        # the domain's certificate and mapping included.
+        domain_id = logical_id(stack, stack.websocket.domain_name)
+        assert variables["CANARY_ENDPOINT_URL"] == {
+            "Fn::Join": ["", ["wss://", {"Ref": domain_id}]]  # Ref: the domain's name
+        }
+        assert variables[model.ENV_CANARY_CONNECT_HOST] == {
+            "Fn::GetAtt": [domain_id, "RegionalDomainName"]
+        }
+        # Closing clients goes to the stage's own Management API.
+        assert flatten(variables[model.ENV_CANARY_MANAGEMENT_ENDPOINT]) == (
+            f"https://<{api_id}>.execute-api.{stack.region}.<AWS::URLSuffix>/v1"
         )
-        assert DOMAIN not in json.dumps(variables)
         assert variables["CANARY_API_ID"] == {"Ref": api_id}
         connections_id = logical_id(stack, stack.connections_table)
         assert variables["CANARY_STATE_TABLE_NAME"] == {"Ref": connections_id}
@@ -437,8 +446,10 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert variables[model.ENV_CANARY_ALARM_NAME] == {"Ref": alarm_id}
         env = {
             **variables,
-            "CANARY_ENDPOINT_URL": (
-                f"wss://{DEPLOYED_API_ID}.execute-api.{stack.region}.amazonaws.com/v1"
+            "CANARY_ENDPOINT_URL": f"wss://{DOMAIN}",
+            model.ENV_CANARY_CONNECT_HOST: f"d-abc123.execute-api.{stack.region}.amazonaws.com",
+            model.ENV_CANARY_MANAGEMENT_ENDPOINT: (
+                f"https://{DEPLOYED_API_ID}.execute-api.{stack.region}.amazonaws.com/v1"
             ),
             "CANARY_API_ID": DEPLOYED_API_ID,
             "CANARY_STATE_TABLE_NAME": model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME,
@@ -446,6 +457,8 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         }
         config = canary_runtime.CanaryConfig.from_env(env)
         assert config.alarm_name == "streamfleet-health"
+        assert config.connect_host == f"d-abc123.execute-api.{stack.region}.amazonaws.com"
+        assert config.management_url().startswith(f"https://{DEPLOYED_API_ID}.execute-api.")
         assert config.healthy_runs_to_recover == 7  # K, from streamfleet:canary_...recover
         assert config.failures_to_trip == ALARM_DATAPOINTS
         assert config.state_table == model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
@@ -458,6 +471,16 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert config.disconnect_when_unhealthy is (stack.role is Role.PRIMARY)
         # Every variable the canary is given is one it reads (its issuer is its own, fixed).
         assert set(variables) <= set(model.CANARY_ENV), set(variables) - set(model.CANARY_ENV)
+
+
+def test_canary_without_a_custom_domain_dials_the_regional_stage_url(built):
+    for stack, template in stacks_of(built):
+        variables = variables_of(function_of(template, stack, stack.canary.function))
+        api_id = logical_id(stack, stack.websocket.api)
+        assert flatten(variables["CANARY_ENDPOINT_URL"]) == (
+            f"wss://<{api_id}>.execute-api.{stack.region}.<AWS::URLSuffix>/v1"
+        )
+        assert model.ENV_CANARY_CONNECT_HOST not in variables
 
 
 def test_canary_without_a_signing_key_connects_without_a_token(built):

@@ -358,6 +358,22 @@ async def test_probe_outcomes(gateway: LocalGateway) -> None:
     assert not unauthenticated.healthy and "HTTP 401" in (unauthenticated.error or "")
 
 
+async def test_a_custom_domain_is_probed_through_the_regional_name_given(
+    gateway: LocalGateway,
+) -> None:
+    """The probe dialled the regional execute-api URL, so the custom domain's mapping and
+    certificate were never probed. It now dials the domain's URL (its name in the Host header
+    and, over TLS, the SNI) connected to the regional name it is given, whatever DNS says."""
+    port = gateway.url.rsplit(":", 1)[1].split("/", 1)[0]
+    domain_url = f"ws://ws.streamfleet.test:{port}/"  # .test never resolves
+    endpoint = Endpoint(domain_url, await TOKENS.token())
+    assert (await probe(endpoint, timeout=2, connect_host="127.0.0.1")).healthy
+    unresolved = await probe(endpoint, timeout=2)
+    assert not unresolved.healthy
+    with pytest.raises(CanaryConfigError, match="CANARY_CONNECT_HOST"):
+        CanaryConfig(endpoint_url=domain_url, api_id="a", connect_host="bad host/")
+
+
 async def test_a_region_whose_state_store_fails_is_unhealthy_to_the_canary(
     gateway: LocalGateway, tables: tuple[str, str]
 ) -> None:

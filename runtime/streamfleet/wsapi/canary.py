@@ -1,7 +1,9 @@
 """The canary: probes one region's WebSocket API and publishes ``App/WebSocketHealth``.
 
 Every run (EventBridge, once a minute) it opens a WebSocket to the *regional* endpoint (not the
-failover name: it must judge this region, whatever DNS says), authenticates with its own
+failover name: it must judge this region, whatever DNS says): with a custom domain, the
+domain's URL connected to this Region's regional domain name (``CANARY_CONNECT_HOST``), so the
+domain's certificate and mapping are probed too, as users meet them. It authenticates with its own
 identity, sends ``{"action": "heartbeat"}`` and expects the TEXT frame ``pong`` within
 ``CANARY_TIMEOUT_SECONDS``. Anything else (refused handshake, HTTP 500 because the handler is
 throttled, API Gateway's ``Internal server error`` frame, silence) is a failed probe.
@@ -66,6 +68,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -88,6 +91,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_HEALTHY_RUNS_TO_RECOVER = 5
 MINUTE_MS = 60_000  # the schedule's period and the alarm's
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 DEFAULT_FAILURES_TO_TRIP = 2  # = the alarm's datapoints to alarm
 DEFAULT_TOKEN_LIFETIME_SECONDS = 300
 DEFAULT_SUBJECT = "canary"
@@ -122,6 +126,7 @@ class CanaryConfig:
     management_endpoint: str | None = None  # None: derived from endpoint_url
     disconnect_budget_seconds: float = DEFAULT_DISCONNECT_BUDGET_SECONDS
     alarm_name: str | None = None  # the alarm its metric feeds (read each run), if any
+    connect_host: str | None = None  # the regional domain name behind a custom domain URL
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.startswith(("ws://", "wss://")):
@@ -138,6 +143,8 @@ class CanaryConfig:
             raise CanaryConfigError("CANARY_HEALTHY_RUNS_TO_RECOVER: must be at least 1")
         if self.failures_to_trip < 1:
             raise CanaryConfigError("CANARY_FAILURES_TO_TRIP: must be at least 1")
+        if self.connect_host is not None and not _HOST_NAME.fullmatch(self.connect_host):
+            raise CanaryConfigError(f"{model.ENV_CANARY_CONNECT_HOST}: not a host name")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CanaryConfig:
@@ -173,6 +180,7 @@ class CanaryConfig:
             disconnect_when_unhealthy=raw_disconnect != "false",
             management_endpoint=env.get(model.ENV_CANARY_MANAGEMENT_ENDPOINT, "").strip() or None,
             alarm_name=env.get(model.ENV_CANARY_ALARM_NAME, "").strip() or None,
+            connect_host=env.get(model.ENV_CANARY_CONNECT_HOST, "").strip() or None,
         )
 
     def management_url(self) -> str:
@@ -196,8 +204,14 @@ class ProbeResult:
     error: str | None = None
 
 
-async def probe(endpoint: Endpoint, *, timeout: float) -> ProbeResult:
+async def probe(
+    endpoint: Endpoint, *, timeout: float, connect_host: str | None = None
+) -> ProbeResult:
     """Connect, send a heartbeat, wait for the pong; all within ``timeout`` seconds.
+
+    ``connect_host``: open the connection to this host instead of the URL's, which still names
+    the TLS server (SNI, certificate) and the HTTP ``Host``: a custom domain probed in one
+    Region, whatever its name resolves to.
 
     Closing the connection afterwards is not part of the verdict: a pong that arrived in time
     is a healthy probe even if the close handshake is slow.
@@ -213,6 +227,7 @@ async def probe(endpoint: Endpoint, *, timeout: float) -> ProbeResult:
         async with asyncio.timeout(timeout):
             ws = await connect(
                 url,
+                **({"host": connect_host} if connect_host else {}),
                 subprotocols=subprotocols,
                 open_timeout=None,  # the overall timeout bounds it
                 ping_interval=None,
@@ -794,7 +809,9 @@ class Canary:
             await self._hold(tick_ms)
             raise CanaryFault(f"token: {type(exc).__name__}: {exc}") from exc
         endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
-        result = await probe(endpoint, timeout=self.config.timeout_seconds)
+        result = await probe(
+            endpoint, timeout=self.config.timeout_seconds, connect_host=self.config.connect_host
+        )
         state, applied = await self._apply_hysteresis(
             result.healthy, tick_ms, alarm_since_ms=await self._alarm_since_ms()
         )
