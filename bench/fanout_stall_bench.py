@@ -26,11 +26,7 @@ import json
 import os
 import platform
 import statistics
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +34,7 @@ from streamfleet import model
 from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi import fanout as fanout_runtime
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
+from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
 
 RESULTS = Path(__file__).with_name("fanout_stall_results.md")
 REGION = "us-east-1"
@@ -49,41 +46,21 @@ HUNG_SECONDS = 60.0
 CASES = ("none", "slow", "throttled", "hung")
 
 
-class _Subscribers:
-    """The subscribers' Management API; the connection ``bad`` behaves as the case says."""
+def _answer_for(case: str):
+    """The Management API's answer to each request: the connection ``bad`` as the case says."""
 
-    def __init__(self, case: str):
-        self.case = case
+    def answer(method: str, connection_id: str) -> tuple[int, float]:
+        if method == "DELETE":
+            return 204, 0.0
+        if connection_id != "bad":
+            return 200, 0.0
+        return {
+            "slow": (200, SLOW_POST_SECONDS),
+            "hung": (200, HUNG_SECONDS),
+            "throttled": (429, 0.0),
+        }.get(case, (200, 0.0))
 
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        case = self.case
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                bad = self.path.endswith("/@connections/bad")
-                status = 204 if self.command == "DELETE" else 200
-                if bad and self.command == "POST":
-                    if case == "slow":
-                        time.sleep(SLOW_POST_SECONDS)
-                    elif case == "hung":
-                        time.sleep(HUNG_SECONDS)
-                    elif case == "throttled":
-                        status = 429
-                body = b'{"message":"slow down"}' if status == 429 else b""
-                self.send_response(status)
-                if status == 429:
-                    self.send_header("x-amzn-ErrorType", "LimitExceededException")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_POST = do_DELETE = _answer
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
+    return answer
 
 
 class _Subscriptions:
@@ -108,22 +85,6 @@ class _Subscriptions:
         pass
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # the default backlog of 5 drops the posting threads' connects
-
-
-@contextmanager
-def _management_api(case: str) -> Iterator[str]:
-    server = _Server(("127.0.0.1", 0), _Subscribers(case).handler())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def _batch() -> dict[str, Any]:
     records = []
     for stream in ("quiet", "loud"):
@@ -146,7 +107,8 @@ def measure(case: str, runs: int) -> dict[str, Any]:
     }
     durations: list[float] = []
     metrics: list[dict[str, Any]] = []
-    with _management_api(case) as endpoint:
+    with ScriptedManagementApi(_answer_for(case)) as api:
+        endpoint = api.url
         for _ in range(runs):
             lines: list[str] = []
             fanout = Fanout(

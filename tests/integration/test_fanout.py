@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -33,6 +31,7 @@ from streamfleet.wsapi.fanout import (
 )
 from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
+from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
 from tests.wsapi_support import REGION, authorizer, user_token
 
 CONFIG = FanoutConfig(
@@ -357,37 +356,18 @@ def test_a_subscriber_throttled_for_its_whole_budget_is_closed(monkeypatch) -> N
     stream of the shard."""
     for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
         monkeypatch.setenv(name, value)
-    seen: list[tuple[str, str]] = []
 
-    class Throttling(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            seen.append((self.command, self.path))
-            status, body = (204, b"") if self.command == "DELETE" else (429, b'{"message":"x"}')
-            self.send_response(status)
-            self.send_header("x-amzn-ErrorType", "LimitExceededException")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def throttled(method: str, connection_id: str) -> tuple[int, float]:
+        return (204, 0.0) if method == "DELETE" else (429, 0.0)
 
-        do_POST = do_DELETE = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    with ScriptedManagementApi(throttled) as api:
         fanout = Fanout(
-            FanoutConfig("subs", endpoint, REGION, "leases"),
+            FanoutConfig("subs", api.url, REGION, "leases"),
             dynamodb=FakeDynamo({"a": ["slow"]}),
             metrics_out=lambda line: None,
         )
         fanout({"Records": [record("INSERT", "a", 1)]})
-    finally:
-        server.shutdown()
-        server.server_close()
+    seen = api.seen
     *posts, close = seen
     assert 2 <= len(posts) <= 4 and set(posts) == {("POST", "/v1/@connections/slow")}
     assert close == ("DELETE", "/v1/@connections/slow")
