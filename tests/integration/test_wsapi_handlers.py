@@ -216,12 +216,24 @@ async def test_malformed_messages_get_an_error_naming_the_field(gateway: LocalGa
         # The request id is echoed even on errors, so a waiting client is answered.
         reply = await ask(ws, {"action": "bid", "auction": "a1", "amount": -1, "requestId": "r9"})
         assert reply["requestId"] == "r9" and reply["field"] == "amount"
-        # Binary frames are decoded and judged like text.
-        reply = await ask(ws, b"\xff\xfe")
-        assert reply["field"] == "body" and "UTF-8" in reply["message"]
         # Nothing crashed: the connection still works.
         assert await ask_raw(ws, {"action": "heartbeat"}) == "pong"
     assert gateway.stats.invocations["$default"] >= 5
+
+
+async def test_a_binary_frame_closes_the_connection_with_1003_as_api_gateway_does(
+    gateway: LocalGateway,
+) -> None:
+    """The stand-in routed binary frames to $default, base64-encoded, and kept the socket: a
+    handler's answer to them was only ever seen here. API Gateway refuses them (1003)."""
+    async with await open_ws(gateway, "alice") as ws:
+        handled = dict(gateway.stats.invocations)
+        await ws.send(b'{"action": "heartbeat"}')
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), REPLY_TIMEOUT)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1003
+    assert gateway.stats.binary_refused == 1
+    assert gateway.stats.invocations.get("$default") == handled.get("$default")
 
 
 async def test_messages_over_the_frame_limit(gateway: LocalGateway) -> None:

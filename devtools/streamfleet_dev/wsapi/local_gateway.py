@@ -28,7 +28,6 @@ What it reproduces, because the handlers, the authorizer, the canary and the cli
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import http
 import itertools
@@ -97,6 +96,7 @@ class GatewayStats:
     posts: int = 0
     gone: int = 0
     failed_messages: int = 0
+    binary_refused: int = 0  # binary frames: the client disconnected with 1003
 
     def count_rejection(self, status: int) -> None:
         self.rejected[status] = self.rejected.get(status, 0) + 1
@@ -414,6 +414,13 @@ class LocalGateway:
                     await socket.close(1001, "Going away (idle timeout)")
                     break
                 connection.last_active_ms = time.time_ns() // 1_000_000
+                if isinstance(message, bytes):
+                    # API Gateway's documented answer: no binary frames in incoming messages,
+                    # the client is disconnected with 1003 (the integration never sees it).
+                    self.stats.binary_refused += 1
+                    await socket.close(1003, "Binary frames are not supported")
+                    close_code = 1003
+                    break
                 self.stats.messages += 1
                 self._spawn(self._route_message(connection, message))
         except ConnectionClosed as closed:
@@ -428,10 +435,8 @@ class LocalGateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def route_of(self, message: str | bytes) -> str:
+    def route_of(self, message: str) -> str:
         """Route selection ``$request.body.action``: a configured route, else ``$default``."""
-        if isinstance(message, bytes):
-            return "$default"
         try:
             payload = json.loads(message)
         except (ValueError, RecursionError):
@@ -439,7 +444,7 @@ class LocalGateway:
         action = payload.get(model.WS_ROUTE_SELECTION_FIELD) if isinstance(payload, dict) else None
         return action if isinstance(action, str) and action in self.settings.routes else "$default"
 
-    async def _route_message(self, connection: _Connection, message: str | bytes) -> None:
+    async def _route_message(self, connection: _Connection, message: str) -> None:
         route = self.route_of(message)
         request_context = self._request_context(
             route,
@@ -463,11 +468,7 @@ class LocalGateway:
                     )
                 )
             return
-        if isinstance(message, bytes):
-            body, is_base64 = base64.b64encode(message).decode("ascii"), True
-        else:
-            body, is_base64 = message, False
-        event = {"requestContext": request_context, "body": body, "isBase64Encoded": is_base64}
+        event = {"requestContext": request_context, "body": message, "isBase64Encoded": False}
         try:
             await self._invoke(self._require_handler(), event)
         except Exception as exc:
