@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
@@ -30,7 +32,7 @@ from streamfleet.wsapi.fanout import (
     messages_by_stream,
 )
 from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
+from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
 from tests.wsapi_support import REGION, authorizer, user_token
 
@@ -371,6 +373,41 @@ def test_a_subscriber_throttled_for_its_whole_budget_is_closed(monkeypatch) -> N
     *posts, close = seen
     assert 2 <= len(posts) <= 4 and set(posts) == {("POST", "/v1/@connections/slow")}
     assert close == ("DELETE", "/v1/@connections/slow")
+
+
+async def test_the_management_apis_throttling_and_refusals_reach_the_fan_out(
+    gateway: LocalGateway, monkeypatch
+) -> None:
+    """The gateway stand-in never answered 429 or 403, so the fan-out's handling of them ran
+    only against a scripted server. Throttled twice, a post is retried within the subscriber's
+    budget and arrives; refused (403), the subscriber is closed to resume from the log."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
+        monkeypatch.setenv(name, value)
+    protocols = [
+        model.WS_APP_SUBPROTOCOL,
+        f"{model.WS_BEARER_SUBPROTOCOL_PREFIX}{user_token('alice')}",
+    ]
+    async with connect(gateway.url, subprotocols=protocols, open_timeout=5) as ws:
+        (connection_id,) = gateway.connection_ids
+        lines: list[str] = []
+        fanout = Fanout(
+            FanoutConfig("subs", gateway.management_endpoint, REGION, "leases"),
+            dynamodb=FakeDynamo({"a": [connection_id]}),
+            metrics_out=lines.append,
+        )
+        gateway.fail_management(429, times=2, connection_id=connection_id)
+        await asyncio.to_thread(fanout, {"Records": [record("INSERT", "a", 1)]})
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert [m["seq"] for m in frame["messages"]] == [1]
+        assert json.loads(lines[-1])[model.METRIC_FANOUT_FAILED_POSTS] == 0
+
+        gateway.fail_management(403, connection_id=connection_id)
+        await asyncio.to_thread(fanout, {"Records": [record("INSERT", "a", 2)]})
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 10)
+        metrics = json.loads(lines[-1])
+        assert (metrics[model.METRIC_FANOUT_FAILED_POSTS], metrics["FanoutDisconnected"]) == (1, 1)
+    assert gateway.stats.management_faults == 3
 
 
 async def test_stored_messages_reach_every_subscriber_live_in_batches(moto_tables) -> None:

@@ -97,6 +97,7 @@ class GatewayStats:
     gone: int = 0
     failed_messages: int = 0
     binary_refused: int = 0  # binary frames: the client disconnected with 1003
+    management_faults: int = 0  # Management API calls answered with an injected error
 
     def count_rejection(self, status: int) -> None:
         self.rejected[status] = self.rejected.get(status, 0) + 1
@@ -158,6 +159,9 @@ class LocalGateway:
         self._management: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._management_writers: set[asyncio.StreamWriter] = set()
+        # Management API answers a test asked for: (connection id or None for any, status)
+        # per call to come, in order (see fail_management).
+        self._management_faults: list[tuple[str | None, int]] = []
         self._management_tasks: set[asyncio.Task[Any]] = set()
         self._request_ids = itertools.count(1)
         self._url: str | None = None
@@ -252,6 +256,22 @@ class LocalGateway:
     def recover(self) -> None:
         """Back to normal."""
         self.mode = FailureMode.HEALTHY
+        self._management_faults.clear()
+
+    def fail_management(self, status: int, *, times: int = 1, connection_id: str | None = None):
+        """Answer the next ``times`` Management API calls (for ``connection_id``, or any) with
+        ``status`` as API Gateway does: 429 ``LimitExceededException`` (throttled), 403
+        ``ForbiddenException`` (refused), 400 ``BadRequestException``."""
+        if status not in _MANAGEMENT_ERRORS:
+            raise ValueError(f"status: one of {sorted(_MANAGEMENT_ERRORS)}")
+        self._management_faults += [(connection_id, status)] * times
+
+    def _management_fault(self, connection_id: str) -> int | None:
+        for index, (target, status) in enumerate(self._management_faults):
+            if target in (None, connection_id):
+                del self._management_faults[index]
+                return status
+        return None
 
     # Events ----------------------------------------------------------------------------------
 
@@ -546,7 +566,12 @@ class LocalGateway:
         prefix = f"/{self.settings.stage}/@connections/"
         if not path.startswith(prefix) or "/" in path[len(prefix) :]:
             return 404, _error_body("NotFoundException", f"no route for {method} {path}")
-        connection = self._connections.get(path[len(prefix) :])
+        connection_id = path[len(prefix) :]
+        fault = self._management_fault(connection_id)
+        if fault is not None:
+            self.stats.management_faults += 1
+            return fault, _error_body(_MANAGEMENT_ERRORS[fault])
+        connection = self._connections.get(connection_id)
         if connection is None:
             self.stats.gone += 1
             return 410, _error_body("GoneException")
@@ -594,6 +619,13 @@ class LocalGateway:
             lines.append("Connection: close")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
         await writer.drain()
+
+
+_MANAGEMENT_ERRORS = {
+    400: "BadRequestException",
+    403: "ForbiddenException",
+    429: "LimitExceededException",
+}
 
 
 def _error_body(error_type: str, message: str = "") -> dict[str, Any]:
