@@ -114,3 +114,93 @@ async def test_a_full_batch_is_invoked_without_waiting_for_the_window(messages_s
     recorder = await run_source(arn, endpoint, settings, body)
     ((_, seqs),) = recorder.batches
     assert seqs == list(range(1, 11))
+
+
+class FailingOnce(Recorder):
+    """Reports the record at ``position`` of its first batch failed (by its sequence number, or
+    by ``identifier`` when given), then succeeds."""
+
+    def __init__(self, position: int, identifier: str | None = None) -> None:
+        super().__init__()
+        self.position, self.identifier = position, identifier
+
+    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        super().__call__(event, context)
+        if len(self.batches) > 1:
+            return {"batchItemFailures": []}
+        record = event["Records"][self.position]
+        identifier = self.identifier or record["dynamodb"]["SequenceNumber"]
+        return {"batchItemFailures": [{"itemIdentifier": identifier}]}
+
+
+async def run_with(function: Recorder, arn: str, endpoint: str, settings, body) -> None:
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    source = StreamEventSource(
+        streams=streams, stream_arn=arn, function=function, region=REGION, settings=settings
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await source.ready()
+        await body(function)
+    finally:
+        stop.set()
+        await task
+        streams.close()
+
+
+@pytest.mark.parametrize(
+    ("identifier", "retried"),
+    [(None, [3, 4, 5]), ("not-a-sequence-number", [1, 2, 3, 4, 5])],
+    ids=["from-the-failed-item", "an-invalid-identifier-fails-the-batch"],
+)
+async def test_a_partial_batch_failure_is_retried_from_the_failed_item(
+    messages_stream, identifier: str | None, retried: list[int]
+) -> None:
+    """Any answer was success: a batchItemFailures list was ignored, so a function that said
+    "retry from here" lost what followed. As in Lambda with ReportBatchItemFailures, the batch
+    is retried from its lowest failed item, and an identifier that names no record of the
+    batch fails all of it."""
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(
+        poll_interval=0.05, max_batching_window=2.0, report_batch_item_failures=True
+    )
+    function = FailingOnce(2, identifier)
+
+    async def body(recorder: Recorder) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 6))
+        await until(lambda: len(recorder.batches) >= 2, 60, "the batch and its retry")
+
+    await run_with(function, arn, endpoint, settings, body)
+    first, second = (seqs for _, seqs in function.batches[:2])
+    assert first == [1, 2, 3, 4, 5] and second == retried
+
+
+async def test_a_batch_that_keeps_failing_is_described_to_the_on_failure_destination(
+    messages_stream,
+) -> None:
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(poll_interval=0.05, max_batching_window=2.0, max_retries=1)
+
+    class Failing(Recorder):
+        def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+            super().__call__(event, context)
+            raise RuntimeError("the function failed")
+
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    source = StreamEventSource(
+        streams=streams, stream_arn=arn, function=Failing(), region=REGION, settings=settings
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await source.ready()
+        await asyncio.to_thread(store, dynamodb, table, range(1, 6))
+        await until(lambda: source.stats.skipped_batches, 60, "the batch given up on")
+    finally:
+        stop.set()
+        await task
+        streams.close()
+    (described,) = source.stats.on_failure
+    assert described["batchSize"] == 5 and described["shardId"]
+    assert described["startSequenceNumber"] and described["endSequenceNumber"]

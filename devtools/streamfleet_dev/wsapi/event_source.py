@@ -46,6 +46,9 @@ class EventSourceSettings:
     max_retries: int = 3
     starting_position: str = "LATEST"  # or TRIM_HORIZON
     max_batching_window: float = 0.0
+    # FunctionResponseTypes: ReportBatchItemFailures. The function's batchItemFailures then
+    # say where to retry from; without it any answer is success, as in Lambda.
+    report_batch_item_failures: bool = False
 
 
 @dataclass
@@ -56,6 +59,10 @@ class EventSourceStats:
     records: int = 0
     failed_invocations: int = 0
     skipped_batches: int = 0
+    partial_failures: int = 0  # invocations that reported some items failed
+    # What the on-failure destination would be told of each skipped batch: its shard and the
+    # first and last sequence numbers it held.
+    on_failure: list[dict[str, Any]] = field(default_factory=list)
     max_iterator_age_ms: float = 0.0
     iterator_ages_ms: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
@@ -144,7 +151,7 @@ class StreamEventSource:
         if self.settings.max_batching_window > 0 and len(records) < self.settings.batch_size:
             records += await self._fill_batch(shard_id, len(records))
         event = {"Records": [self._lambda_record(record) for record in records]}
-        await self._invoke(event)
+        await self._invoke(event, shard_id)
         return True
 
     async def _fill_batch(self, shard_id: str, have: int) -> list[dict[str, Any]]:
@@ -174,18 +181,26 @@ class StreamEventSource:
             more += page.get("Records") or []
         return more
 
-    async def _invoke(self, event: dict[str, Any]) -> None:
+    async def _invoke(self, event: dict[str, Any], shard_id: str = "") -> None:
         records = event["Records"]
         for attempt in range(self.settings.max_retries + 1):
             self.stats.invocations += 1
             context = SimpleNamespace(aws_request_id=f"{self.name}-{self.stats.invocations}")
             try:
-                await asyncio.to_thread(self.function, event, context)
+                result = await asyncio.to_thread(self.function, event, context)
             except Exception as exc:
                 self.stats.failed_invocations += 1
                 logger.warning(
                     "%s: invocation failed (attempt %d): %s", self.name, attempt + 1, exc
                 )
+                continue
+            retry_from = self._retry_from(result, records)
+            if retry_from is not None:
+                # Lambda retries the batch from the lowest failed item (what precedes it is
+                # done); an identifier that names no record of the batch fails all of it.
+                self.stats.partial_failures += 1
+                records = records[retry_from:]
+                event = {**event, "Records": records}
                 continue
             newest = records[-1]["dynamodb"].get("ApproximateCreationDateTime")
             if isinstance(newest, (int, float)):
@@ -195,7 +210,33 @@ class StreamEventSource:
             self.stats.records += len(records)
             self.stats.batch_sizes.append(len(records))
             return
-        self.stats.skipped_batches += 1  # what an on-failure destination would be told about
+        self.stats.skipped_batches += 1
+        sequence_numbers = [r["dynamodb"].get("SequenceNumber") for r in records]
+        self.stats.on_failure.append(
+            {
+                "shardId": shard_id,
+                "startSequenceNumber": sequence_numbers[0] if sequence_numbers else None,
+                "endSequenceNumber": sequence_numbers[-1] if sequence_numbers else None,
+                "batchSize": len(records),
+            }
+        )
+
+    def _retry_from(self, result: Any, records: list[dict[str, Any]]) -> int | None:
+        """Where a batch must be retried from after the function answered ``result``: ``None``
+        when it succeeded, 0 for all of it, else the index of its lowest failed record."""
+        if not self.settings.report_batch_item_failures or not isinstance(result, dict):
+            return None
+        failures = result.get("batchItemFailures")
+        if not failures:
+            return None
+        positions = {r["dynamodb"].get("SequenceNumber"): i for i, r in enumerate(records)}
+        found = []
+        for failure in failures:
+            identifier = failure.get("itemIdentifier") if isinstance(failure, dict) else None
+            if not isinstance(identifier, str) or identifier not in positions:
+                return 0  # an invalid identifier: the whole batch failed
+            found.append(positions[identifier])
+        return min(found)
 
     def _lambda_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """A ``GetRecords`` record as Lambda's event carries it (JSON only)."""

@@ -62,6 +62,8 @@ def event_source_settings(stack: Stack) -> EventSourceSettings:
         max_retries=int(props.get("MaximumRetryAttempts", 3)),
         starting_position=str(props.get("StartingPosition", "LATEST")),
         max_batching_window=float(props.get("MaximumBatchingWindowInSeconds", 0)),
+        report_batch_item_failures="ReportBatchItemFailures"
+        in (props.get("FunctionResponseTypes") or []),
     )
 
 
