@@ -140,6 +140,15 @@ def main():
             except Exception as exc:
                 send({"op": op, "id": request.get("id"), "error": _error(exc)})
                 continue
+            if context.get_remaining_time_in_millis() <= 0:
+                # Lambda ends an invocation at its timeout, whatever the function would have
+                # answered after it: a late answer is a failure, not a success.
+                timed_out = {
+                    "errorType": "Sandbox.Timedout",
+                    "errorMessage": f"Task timed out after {timeout_ms / 1000:.2f} seconds",
+                }
+                send({"op": op, "id": request.get("id"), "error": timed_out})
+                continue
             identifier = json.dumps(request.get("id"))
             responses.write(f'{{"op": "invoke", "id": {identifier}, "result": {text}}}\n')
             responses.flush()

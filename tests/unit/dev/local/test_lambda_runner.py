@@ -1,0 +1,34 @@
+"""The local Lambda runtime keeps Lambda's timeout: an answer that comes after it is a failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamfleet_dev.local.lambda_runner import LambdaFunctionError, LambdaProcess, LambdaSpec
+
+HANDLER = """
+import time
+
+
+def handler(event, context):
+    if event.get("sleep"):
+        time.sleep(event["sleep"])
+    return {"remaining_ms": context.get_remaining_time_in_millis()}
+"""
+
+
+def test_an_answer_after_the_functions_timeout_is_a_failure(tmp_path: Path) -> None:
+    """A 1 s-timeout function that ran for 1.5 s returned success: the runner waited 10 s more
+    for any answer. Lambda ends the invocation at the timeout."""
+    asset = tmp_path / "asset"
+    asset.mkdir()
+    (asset / "slow.py").write_text(HANDLER)
+    spec = LambdaSpec(name="slow", asset_dir=asset, handler="slow.handler", timeout_seconds=1.0)
+    with LambdaProcess(spec, log_path=tmp_path / "slow.log").start() as process:
+        answer = process.invoke({})
+        assert 0 < answer["remaining_ms"] <= 1000  # the context counts down from the timeout
+        with pytest.raises(LambdaFunctionError, match="timed out"):
+            process.invoke({"sleep": 1.5})
+        assert process.invoke({})["remaining_ms"] > 0  # the next invocation runs normally
