@@ -154,6 +154,7 @@ class WebSocketApiStack(RegionalStack):
                 api=self.websocket.api,
                 stage=self.websocket.stage,
                 domain_name=self.websocket.domain_name,
+                domain_mapping=self.websocket.api_mapping,
                 state_table=self.connections_table,
                 jwt_audience=config.jwt_audience,
                 signing_key_secret_name=config.canary_signing_key_secret_name,

@@ -115,6 +115,7 @@ class WebSocketCanaryProps:
     stage: apigwv2.WebSocketStage
     state_table: dynamodb.ITableV2
     domain_name: apigwv2.IDomainName | None = None
+    domain_mapping: apigwv2.ApiMapping | None = None  # the domain's mapping to the stage
     jwt_audience: str
     signing_key_secret_name: str | None = None
     disconnect_when_unhealthy: bool = True
@@ -178,6 +179,10 @@ class WebSocketCanary(Construct):
         # A late or retried probe would report into a later minute: Lambda's own asynchronous
         # retries are off too (overlapping runs are safe: the state item is version-checked).
         self.function.configure_async_invoke(retry_attempts=0, max_event_age=Duration.minutes(1))
+        if props.domain_mapping is not None:
+            # Probes through the domain before its mapping exists would fail, and trip a
+            # healthy Region during its first deploy.
+            self.function.node.add_dependency(props.domain_mapping)
         self.rule = self._build_rule()
         self.health_check = self._build_health_check()
         self.function_alarms = function_alarms(self, self.function, what="the WebSocket canary")

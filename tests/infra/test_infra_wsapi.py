@@ -434,6 +434,9 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert variables[model.ENV_CANARY_CONNECT_HOST] == {
             "Fn::GetAtt": [domain_id, "RegionalDomainName"]
         }
+        # Not before the domain maps to the stage: a probe before that would trip the Region.
+        resource = template.to_json()["Resources"][logical_id(stack, stack.canary.function)]
+        assert logical_id(stack, stack.websocket.api_mapping) in resource["DependsOn"]
         # Closing clients goes to the stage's own Management API.
         assert flatten(variables[model.ENV_CANARY_MANAGEMENT_ENDPOINT]) == (
             f"https://<{api_id}>.execute-api.{stack.region}.<AWS::URLSuffix>/v1"

@@ -133,7 +133,9 @@ class FailingOnce(Recorder):
         return {"batchItemFailures": [{"itemIdentifier": identifier}]}
 
 
-async def run_with(function: Recorder, arn: str, endpoint: str, settings, body) -> None:
+async def run_with(
+    function: Recorder, arn: str, endpoint: str, settings, body
+) -> StreamEventSource:
     streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
     source = StreamEventSource(
         streams=streams, stream_arn=arn, function=function, region=REGION, settings=settings
@@ -147,6 +149,7 @@ async def run_with(function: Recorder, arn: str, endpoint: str, settings, body) 
         stop.set()
         await task
         streams.close()
+    return source
 
 
 @pytest.mark.parametrize(
@@ -162,8 +165,9 @@ async def test_a_partial_batch_failure_is_retried_from_the_failed_item(
     is retried from its lowest failed item, and an identifier that names no record of the
     batch fails all of it."""
     dynamodb, table, arn, endpoint = messages_stream
+    # A full batch of 5 is invoked at once, however slowly the puts land.
     settings = EventSourceSettings(
-        poll_interval=0.05, max_batching_window=2.0, report_batch_item_failures=True
+        poll_interval=0.05, max_batching_window=300.0, batch_size=5, report_batch_item_failures=True
     )
     function = FailingOnce(2, identifier)
 
@@ -171,16 +175,19 @@ async def test_a_partial_batch_failure_is_retried_from_the_failed_item(
         await asyncio.to_thread(store, dynamodb, table, range(1, 6))
         await until(lambda: len(recorder.batches) >= 2, 60, "the batch and its retry")
 
-    await run_with(function, arn, endpoint, settings, body)
+    source = await run_with(function, arn, endpoint, settings, body)
     first, second = (seqs for _, seqs in function.batches[:2])
     assert first == [1, 2, 3, 4, 5] and second == retried
+    assert source.stats.records == 5  # each record counted once, however it was retried
 
 
 async def test_a_batch_that_keeps_failing_is_described_to_the_on_failure_destination(
     messages_stream,
 ) -> None:
     dynamodb, table, arn, endpoint = messages_stream
-    settings = EventSourceSettings(poll_interval=0.05, max_batching_window=2.0, max_retries=1)
+    settings = EventSourceSettings(
+        poll_interval=0.05, max_batching_window=300.0, batch_size=5, max_retries=1
+    )
 
     class Failing(Recorder):
         def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -203,4 +210,5 @@ async def test_a_batch_that_keeps_failing_is_described_to_the_on_failure_destina
         streams.close()
     (described,) = source.stats.on_failure
     assert described["batchSize"] == 5 and described["shardId"]
-    assert described["startSequenceNumber"] and described["endSequenceNumber"]
+    first, last = int(described["startSequenceNumber"]), int(described["endSequenceNumber"])
+    assert first < last

@@ -82,10 +82,10 @@ class LambdaContext:
         self.log_stream_name = fields.get("log_stream_name", "")
         self.identity = None
         self.client_context = None
-        self._deadline = time.monotonic() + timeout_ms / 1000
+        self.deadline = time.monotonic() + timeout_ms / 1000
 
     def get_remaining_time_in_millis(self):
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
 
 
 def _error(exc):
@@ -134,20 +134,21 @@ def main():
             send({"op": op, "modules": _modules()})
         elif op == "invoke":
             context = LambdaContext(request.get("context") or {}, timeout_ms)
+            error = None
             try:
                 result = function(request.get("event"), context)
                 text = json.dumps(result)
             except Exception as exc:
-                send({"op": op, "id": request.get("id"), "error": _error(exc)})
-                continue
-            if context.get_remaining_time_in_millis() <= 0:
+                error = _error(exc)
+            if time.monotonic() > context.deadline:
                 # Lambda ends an invocation at its timeout, whatever the function would have
-                # answered after it: a late answer is a failure, not a success.
-                timed_out = {
+                # answered (or raised) after it: a late answer is a failure, not a success.
+                error = {
                     "errorType": "Sandbox.Timedout",
                     "errorMessage": f"Task timed out after {timeout_ms / 1000:.2f} seconds",
                 }
-                send({"op": op, "id": request.get("id"), "error": timed_out})
+            if error is not None:
+                send({"op": op, "id": request.get("id"), "error": error})
                 continue
             identifier = json.dumps(request.get("id"))
             responses.write(f'{{"op": "invoke", "id": {identifier}, "result": {text}}}\n')

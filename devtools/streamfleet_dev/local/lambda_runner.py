@@ -57,7 +57,9 @@ LAMBDA_RUNTIME_BOTO3 = "1.34.145"
 SDK_VERSION_ENV = "STREAMFLEET_LAMBDA_BOTO3"
 SDK_CACHE_DIR_NAME = "streamfleet-lambda-sdk"
 INIT_TIMEOUT_SECONDS = 30.0  # Lambda's own is 10 s; a cold import here is slower on 2 cores
-INVOKE_SLACK_SECONDS = 10.0
+# A function still running this long after its timeout is killed (the environment, as in Lambda,
+# is not reused); one that answers late within it is told so by its bootstrap.
+INVOKE_SLACK_SECONDS = 2.0
 STOP_TIMEOUT_SECONDS = 5.0
 
 # Variables the Lambda service sets in every execution environment (reserved: a template cannot
@@ -557,10 +559,19 @@ class LambdaProcess:
                 "log_group_name": self.environment.get("AWS_LAMBDA_LOG_GROUP_NAME", ""),
                 "log_stream_name": self.environment.get("AWS_LAMBDA_LOG_STREAM_NAME", ""),
             }
-            answer = self._call(
-                {"op": "invoke", "id": self._ids, "event": event, "context": fields},
-                self.spec.timeout_seconds + INVOKE_SLACK_SECONDS,
-            )
+            try:
+                answer = self._call(
+                    {"op": "invoke", "id": self._ids, "event": event, "context": fields},
+                    self.spec.timeout_seconds + INVOKE_SLACK_SECONDS,
+                )
+            except LambdaTimeout:
+                # Killed: the next invocation starts a new environment, a cold start.
+                raise LambdaFunctionError(
+                    {
+                        "errorType": "Sandbox.Timedout",
+                        "errorMessage": f"Task timed out after {self.spec.timeout_seconds:.2f} s",
+                    }
+                ) from None
         if "error" in answer:
             raise LambdaFunctionError(answer["error"])
         return answer.get("result")

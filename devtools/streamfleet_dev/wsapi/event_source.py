@@ -183,6 +183,8 @@ class StreamEventSource:
 
     async def _invoke(self, event: dict[str, Any], shard_id: str = "") -> None:
         records = event["Records"]
+        batch_size = len(records)
+        done = 0  # records before the lowest failed item of a partial failure: processed
         for attempt in range(self.settings.max_retries + 1):
             self.stats.invocations += 1
             context = SimpleNamespace(aws_request_id=f"{self.name}-{self.stats.invocations}")
@@ -199,6 +201,7 @@ class StreamEventSource:
                 # Lambda retries the batch from the lowest failed item (what precedes it is
                 # done); an identifier that names no record of the batch fails all of it.
                 self.stats.partial_failures += 1
+                done += retry_from
                 records = records[retry_from:]
                 event = {**event, "Records": records}
                 continue
@@ -207,10 +210,11 @@ class StreamEventSource:
                 age = max(0.0, time.time() * 1000 - newest * 1000)
                 self.stats.iterator_ages_ms.append(age)
                 self.stats.max_iterator_age_ms = max(self.stats.max_iterator_age_ms, age)
-            self.stats.records += len(records)
-            self.stats.batch_sizes.append(len(records))
+            self.stats.records += done + len(records)
+            self.stats.batch_sizes.append(batch_size)
             return
         self.stats.skipped_batches += 1
+        self.stats.records += done
         sequence_numbers = [r["dynamodb"].get("SequenceNumber") for r in records]
         self.stats.on_failure.append(
             {

@@ -34,6 +34,7 @@ import itertools
 import json
 import logging
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -159,9 +160,10 @@ class LocalGateway:
         self._management: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._management_writers: set[asyncio.StreamWriter] = set()
-        # Management API answers a test asked for: (connection id or None for any, status)
-        # per call to come, in order (see fail_management).
-        self._management_faults: list[tuple[str | None, int]] = []
+        # Management API answers a test asked for: (method, connection id or None for any,
+        # status) per call to come, in order (see fail_management); tests call from threads.
+        self._management_faults: list[tuple[str, str | None, int]] = []
+        self._faults_lock = threading.Lock()
         self._management_tasks: set[asyncio.Task[Any]] = set()
         self._request_ids = itertools.count(1)
         self._url: str | None = None
@@ -256,21 +258,31 @@ class LocalGateway:
     def recover(self) -> None:
         """Back to normal."""
         self.mode = FailureMode.HEALTHY
-        self._management_faults.clear()
+        with self._faults_lock:
+            self._management_faults.clear()
 
-    def fail_management(self, status: int, *, times: int = 1, connection_id: str | None = None):
-        """Answer the next ``times`` Management API calls (for ``connection_id``, or any) with
-        ``status`` as API Gateway does: 429 ``LimitExceededException`` (throttled), 403
-        ``ForbiddenException`` (refused), 400 ``BadRequestException``."""
+    def fail_management(
+        self,
+        status: int,
+        *,
+        times: int = 1,
+        connection_id: str | None = None,
+        method: str = "POST",
+    ) -> None:
+        """Answer the next ``times`` Management API calls of ``method`` (for ``connection_id``,
+        or any) with ``status`` as API Gateway does: 429 ``LimitExceededException``
+        (throttled), 403 ``ForbiddenException`` (refused), 400 ``BadRequestException``."""
         if status not in _MANAGEMENT_ERRORS:
             raise ValueError(f"status: one of {sorted(_MANAGEMENT_ERRORS)}")
-        self._management_faults += [(connection_id, status)] * times
+        with self._faults_lock:
+            self._management_faults += [(method, connection_id, status)] * times
 
-    def _management_fault(self, connection_id: str) -> int | None:
-        for index, (target, status) in enumerate(self._management_faults):
-            if target in (None, connection_id):
-                del self._management_faults[index]
-                return status
+    def _management_fault(self, method: str, connection_id: str) -> int | None:
+        with self._faults_lock:
+            for index, (wanted, target, status) in enumerate(self._management_faults):
+                if wanted == method and target in (None, connection_id):
+                    del self._management_faults[index]
+                    return status
         return None
 
     # Events ----------------------------------------------------------------------------------
@@ -567,7 +579,7 @@ class LocalGateway:
         if not path.startswith(prefix) or "/" in path[len(prefix) :]:
             return 404, _error_body("NotFoundException", f"no route for {method} {path}")
         connection_id = path[len(prefix) :]
-        fault = self._management_fault(connection_id)
+        fault = self._management_fault(method, connection_id)
         if fault is not None:
             self.stats.management_faults += 1
             return fault, _error_body(_MANAGEMENT_ERRORS[fault])

@@ -1,4 +1,5 @@
-"""The local Lambda runtime keeps Lambda's timeout: an answer that comes after it is a failure."""
+"""The local Lambda runtime keeps Lambda's timeout: an answer that comes after it is a failure,
+and a function that does not answer is killed (its environment is not reused)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ def test_an_answer_after_the_functions_timeout_is_a_failure(tmp_path: Path) -> N
     asset.mkdir()
     (asset / "slow.py").write_text(HANDLER)
     spec = LambdaSpec(name="slow", asset_dir=asset, handler="slow.handler", timeout_seconds=1.0)
-    with LambdaProcess(spec, log_path=tmp_path / "slow.log").start() as process:
+    with LambdaProcess(spec, log_path=tmp_path / "slow.log") as process:
         answer = process.invoke({})
         assert 0 < answer["remaining_ms"] <= 1000  # the context counts down from the timeout
         with pytest.raises(LambdaFunctionError, match="timed out"):
-            process.invoke({"sleep": 1.5})
+            process.invoke({"sleep": 1.5})  # answered late: a failure
         assert process.invoke({})["remaining_ms"] > 0  # the next invocation runs normally
+        with pytest.raises(LambdaFunctionError, match="timed out") as hung:
+            process.invoke({"sleep": 60})  # never answers: killed at the timeout's slack
+        assert hung.value.error_type == "Sandbox.Timedout"
+        assert process.invoke({})["remaining_ms"] > 0  # in a new environment
