@@ -58,8 +58,16 @@ class Recorder:
         return {"batchItemFailures": []}
 
 
-async def run_source(arn: str, endpoint: str, settings: EventSourceSettings, body) -> Recorder:
-    recorder = Recorder()
+async def run_source(
+    arn: str,
+    endpoint: str,
+    settings: EventSourceSettings,
+    body,
+    function: Recorder | None = None,
+) -> tuple[Recorder, StreamEventSource]:
+    """The event source on ``arn`` invoking ``function`` (a new Recorder by default) while
+    ``body`` runs."""
+    recorder = function or Recorder()
     streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
     source = StreamEventSource(
         streams=streams, stream_arn=arn, function=recorder, region=REGION, settings=settings
@@ -73,7 +81,7 @@ async def run_source(arn: str, endpoint: str, settings: EventSourceSettings, bod
         stop.set()
         await task
         streams.close()
-    return recorder
+    return recorder, source
 
 
 async def until(predicate, timeout: float, what: str) -> None:
@@ -96,7 +104,7 @@ async def test_records_written_within_the_window_arrive_in_one_invocation(
             await asyncio.sleep(0.3)
         await until(lambda: sum(len(s) for _, s in recorder.batches) >= 15, 60, "15 records")
 
-    recorder = await run_source(arn, endpoint, settings, body)
+    recorder, _ = await run_source(arn, endpoint, settings, body)
     # Before the fix the source slept through the window and invoked with the first write's
     # records only: three invocations, each one window late.
     assert [seqs for _, seqs in recorder.batches] == [list(range(1, 16))]
@@ -111,7 +119,7 @@ async def test_a_full_batch_is_invoked_without_waiting_for_the_window(messages_s
         await asyncio.to_thread(store, dynamodb, table, range(1, 11))
         await until(lambda: recorder.batches, 30, "the full batch, before the window")
 
-    recorder = await run_source(arn, endpoint, settings, body)
+    recorder, _ = await run_source(arn, endpoint, settings, body)
     ((_, seqs),) = recorder.batches
     assert seqs == list(range(1, 11))
 
@@ -131,25 +139,6 @@ class FailingOnce(Recorder):
         record = event["Records"][self.position]
         identifier = self.identifier or record["dynamodb"]["SequenceNumber"]
         return {"batchItemFailures": [{"itemIdentifier": identifier}]}
-
-
-async def run_with(
-    function: Recorder, arn: str, endpoint: str, settings, body
-) -> StreamEventSource:
-    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
-    source = StreamEventSource(
-        streams=streams, stream_arn=arn, function=function, region=REGION, settings=settings
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(source.run(stop))
-    try:
-        await source.ready()
-        await body(function)
-    finally:
-        stop.set()
-        await task
-        streams.close()
-    return source
 
 
 @pytest.mark.parametrize(
@@ -175,7 +164,7 @@ async def test_a_partial_batch_failure_is_retried_from_the_failed_item(
         await asyncio.to_thread(store, dynamodb, table, range(1, 6))
         await until(lambda: len(recorder.batches) >= 2, 60, "the batch and its retry")
 
-    source = await run_with(function, arn, endpoint, settings, body)
+    _, source = await run_source(arn, endpoint, settings, body, function)
     first, second = (seqs for _, seqs in function.batches[:2])
     assert first == [1, 2, 3, 4, 5] and second == retried
     assert source.stats.records == 5  # each record counted once, however it was retried
