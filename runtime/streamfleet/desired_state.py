@@ -284,9 +284,7 @@ class DesiredStateWriter:
                 model.UNSEALED,
                 model.READERS,
                 model.ORIGIN_SEQ,
-                model.DIAL_FAILURES,
-                model.HELD_UNTIL_MS,
-                model.LAST_FAILURE,
+                *model.HOLD_OFF_ATTRIBUTES,
             ).items()
             if key in expression
         }

@@ -320,7 +320,7 @@ def connection_state(item: dict[str, Any]) -> dict[str, Any]:
     if model.REFUSED_REASON in item:
         state[model.REFUSED_REASON] = item[model.REFUSED_REASON]
     # A stream its owner failed with: held off until then, and why (cleared by progress).
-    for name in (model.DIAL_FAILURES, model.HELD_UNTIL_MS, model.LAST_FAILURE):
+    for name in model.HOLD_OFF_ATTRIBUTES:
         if name in item:
             state[name] = item[name]
     if item.get(model.READERS):

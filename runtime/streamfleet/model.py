@@ -121,6 +121,7 @@ REFUSED_REASON = "refused_reason"  # why a worker refused to dial ws_url
 DIAL_FAILURES = "dial_failures"
 HELD_UNTIL_MS = "held_until_ms"
 LAST_FAILURE = "last_failure"
+HOLD_OFF_ATTRIBUTES = (DIAL_FAILURES, HELD_UNTIL_MS, LAST_FAILURE)
 HOLD_OFF_BASE_MS = 1_000
 HOLD_OFF_CAP_MS = 300_000
 MAX_FAILURE_CHARS = 300

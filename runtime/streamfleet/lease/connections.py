@@ -425,9 +425,7 @@ class ConnectionLeases:
                 model.STOP_REQUESTED_FOR,
                 model.DESIRED_STATE,
                 model.UNSEALED,
-                model.DIAL_FAILURES,
-                model.HELD_UNTIL_MS,
-                model.LAST_FAILURE,
+                *model.HOLD_OFF_ATTRIBUTES,
             ).items()
             if key in expression
         }
