@@ -28,6 +28,7 @@ from constructs import Node
 from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
 from streamfleet.readers import check_claim_name
+from streamfleet.validation import REGION_PATTERN
 from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
 from streamfleet_cdk.alarms import EMAIL_PATTERN
 from streamfleet_cdk.event_ingestion import check_invoke_principals
@@ -45,7 +46,6 @@ DEFAULT_PRIMARY_REGION = "us-east-1"
 DEFAULT_SECONDARY_REGION = "us-west-2"
 
 ACCOUNT_PATTERN = re.compile(r"\d{12}")
-REGION_PATTERN = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 # DynamoDB's own rule for table names.
 TABLE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{3,255}")
 

@@ -41,6 +41,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from streamfleet import model
+from streamfleet.validation import REGION_PATTERN
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
 from streamfleet.wsapi import jwt as jwt_runtime
@@ -224,6 +225,10 @@ class WebSocketApiProps:
         live: where ``subscribe`` reads and writes (live delivery of the fleet's streams,
             :class:`~streamfleet_cdk.live_delivery.LiveDeliveryTables`); ``None``: subscribe
             answers ``not_supported``.
+        state_home_region: the Region whose replica of ``state_table`` decides every bid
+            (``STATE_HOME_REGION``); ``None``: this stack's Region. Every Region of one
+            deployment names the same home, so each auction has one writer; the handler may
+            then write the table of the same name in that Region.
     """
 
     state_table: dynamodb.ITableV2
@@ -242,8 +247,16 @@ class WebSocketApiProps:
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     live: LiveDeliveryTables | None = None
+    state_home_region: str | None = None
 
     def __post_init__(self) -> None:
+        if self.state_home_region is not None and not REGION_PATTERN.fullmatch(
+            self.state_home_region
+        ):
+            raise ValueError(
+                "state_home_region: expected a Region like us-east-1, "
+                f"got {self.state_home_region!r}"
+            )
         if not self.stage_name or not self.stage_name.replace("_", "").isalnum():
             raise ValueError(f"stage_name: letters, digits and _ only, got {self.stage_name!r}")
         if not self.throttling_rate_limit > 0:
@@ -521,6 +534,16 @@ class WebSocketApi(Construct):
             resource_name=f"{self.stage.stage_name}/{MANAGEMENT_METHOD}/@connections/*",
         )
 
+    @property
+    def home_state_table_arn(self) -> str:
+        """ARN of the state table's replica in :attr:`WebSocketApiProps.state_home_region`."""
+        return Stack.of(self).format_arn(
+            service="dynamodb",
+            region=self._props.state_home_region or Stack.of(self).region,
+            resource="table",
+            resource_name=self._props.state_table.table_name,
+        )
+
     # --- Lambdas ---
 
     def _build_log_group(self, construct_id: str) -> logs.LogGroup:
@@ -544,6 +567,8 @@ class WebSocketApi(Construct):
             environment["CONNECTION_TTL_SECONDS"] = str(props.connection_ttl_seconds)
         if props.live is not None:
             environment.update(props.live.environment())
+        if props.state_home_region is not None:
+            environment[model.ENV_STATE_HOME_REGION] = props.state_home_region
         return python_function(
             self,
             "Handler",
@@ -654,6 +679,15 @@ class WebSocketApi(Construct):
         for name, actions in HANDLER_ACTIONS.items():
             self.handler_role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
+            )
+        home = props.state_home_region
+        if home is not None and home != Stack.of(self).region:
+            # Bids are decided in the home Region's replica (same table name, same calls).
+            self.handler_role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=list(HANDLER_ACTIONS["state_table"]),
+                    resources=[self.home_state_table_arn],
+                )
             )
         if props.live is not None:
             props.live.grant(self.handler_role)

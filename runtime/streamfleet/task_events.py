@@ -65,6 +65,7 @@ from .lease.dynamo import (
 )
 from .lease.errors import StoreUnavailable
 from .lease.sessions import delete_after
+from .validation import REGION_PATTERN
 from .warm import WarmContainer
 from .worker.ecs_metadata import check_task_arn
 from .wsapi.logs import log_event
@@ -90,7 +91,6 @@ CLUSTER_ARN_PATTERN = re.compile(
     r"arn:aws[a-z-]*:ecs:(?P<region>[a-z0-9-]+):\d{12}:cluster/[A-Za-z0-9_-]{1,255}"
 )
 SERVICE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,255}")
-REGION_PATTERN = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 TASK_ARN_REGION = re.compile(r"arn:aws[a-z-]*:ecs:(?P<region>[a-z0-9-]+):")
 
 MAX_BATCH = 10  # SQS's limit per SendMessageBatch

@@ -16,6 +16,7 @@ MAX_ID_BYTES = 512
 # Letters, digits and . _ : - : safe in keys, URLs, log lines and shell commands alike.
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]+")
 ID_CHARSET_DOC = "letters, digits and . _ : -"
+REGION_PATTERN = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")  # us-east-1, ap-southeast-2
 
 MAX_URL_BYTES = 2048
 WEBSOCKET_SCHEMES = ("ws", "wss")

@@ -247,6 +247,52 @@ async def test_a_throttled_primary_closes_its_clients_and_they_land_on_the_secon
     assert regions.secondary.closed_by_canary == 0
 
 
+async def ask(ws: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
+    await ws.send(json.dumps(message))
+    return json.loads(await asyncio.wait_for(ws.recv(), 10))
+
+
+async def test_a_primary_state_store_outage_fails_over_and_loses_no_acknowledged_bid(
+    regions: LocalRegions,
+) -> None:
+    """Users' handshakes fail when the primary's store does, so the canary moves the name; on
+    the secondary, bids are refused as retryable while the auctions' home cannot be reached,
+    never accepted against a replica that has not seen the primary's last bids."""
+    async with await open_ws(regions.region_url(PRIMARY), await token_for(regions, "alice")) as ws:
+        bid = await ask(ws, {"action": "bid", "auction": "dr", "amount": 100})
+        assert bid["accepted"] and bid["region"] == PRIMARY
+    await regions.fail_primary_store()
+
+    async def serving_secondary() -> bool:
+        return regions.serving_region() == SECONDARY
+
+    await until(serving_secondary, "failover on a primary whose store is down")
+    async with await open_ws(regions.region_url(SECONDARY), await token_for(regions, "bob")) as ws:
+        for amount in (90, 101):
+            refused = await ask(ws, {"action": "bid", "auction": "dr", "amount": amount})
+            assert (refused["type"], refused["error"]) == ("error", "home_unavailable")
+            assert refused["retryable"] is True and refused["region"] == SECONDARY
+        await regions.restore_primary()
+        lower = await ask(ws, {"action": "bid", "auction": "dr", "amount": 90})
+        assert (lower["accepted"], lower["highest"]) == (False, 100)
+        higher = await ask(ws, {"action": "bid", "auction": "dr", "amount": 101})
+        assert higher["accepted"] and higher["region"] == SECONDARY
+
+    async def converged() -> bool:
+        views = []
+        for region in (regions.primary, regions.secondary):
+            item = await asyncio.to_thread(
+                region.dynamodb.get_item,
+                TableName=region.state_table,
+                Key={model.PK: {"S": model.auction_pk("dr")}},
+                ConsistentRead=True,
+            )
+            views.append(item.get("Item", {}).get(model.HIGHEST_BIDDER, {}).get("S"))
+        return views == ["bob", "bob"]
+
+    await until(converged, "both replicas hold Bob's 101")
+
+
 # --- The command line ---------------------------------------------------------------------------
 
 

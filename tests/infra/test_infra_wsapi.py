@@ -511,7 +511,18 @@ def test_handler_role_has_exactly_its_table_and_reply_grants(built):
         assert connections_arn == (
             f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>/v1/POST/@connections/*"
         )
+        # Bids are decided in the primary's replica: the secondary may write it, by name.
+        home = {}
+        if stack.region != PRIMARY_REGION:
+            home = {
+                f"arn:aws:dynamodb:{PRIMARY_REGION}:{TEST_ACCOUNT}:table/streamfleet-wsapi-state": (
+                    set(HANDLER_ACTIONS["state_table"])
+                )
+            }
+        handler_env = variables_of(function_of(template, stack, websocket.handler))
+        assert handler_env[model.ENV_STATE_HOME_REGION] == PRIMARY_REGION
         assert grants == {
+            **home,
             arn_text(stack, stack.state_table.table_arn): set(HANDLER_ACTIONS["state_table"]),
             arn_text(stack, stack.connections_table.table_arn): set(
                 HANDLER_ACTIONS["connections_table"]

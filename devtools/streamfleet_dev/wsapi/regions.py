@@ -87,6 +87,7 @@ from streamfleet.wsapi.handlers import (
     HandlerConfig,
     LiveTables,
     ManagementApiReplier,
+    StateReplica,
     WsApiHandlers,
 )
 from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
@@ -100,6 +101,7 @@ from streamfleet_dev.wsapi.replication import (
     ScanFeed,
     StreamFeed,
 )
+from streamfleet_dev.wsapi.store_outage import StoreSwitch
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 logger = logging.getLogger(__name__)
@@ -220,6 +222,7 @@ class Region:
     alarm: HealthAlarm
     state_client: AsyncClient
     dynamodb: Any  # synchronous boto3 client (handlers, table set-up)
+    store: StoreSwitch  # the handlers' view of this Region's DynamoDB (an outage on demand)
     state_table: str
     connections_table: str
     stream_arn: str | None
@@ -451,13 +454,29 @@ class LocalRegions:
         def management_client(endpoint: str) -> Any:
             return self._boto("apigatewaymanagementapi", name, endpoint)
 
+        store = StoreSwitch(dynamodb, name)
+
         def handlers(endpoint: str) -> WsApiHandlers:
+            # As deployed, every Region decides bids in the primary's replica; locally each
+            # Region's table has a name of its own, so the home is handed over, not derived.
+            home = None
+            if name != s.primary:
+                primary = self.regions[s.primary]  # started first
+                home = StateReplica(primary.name, primary.state_table, primary.store)
             return WsApiHandlers(
-                HandlerConfig(state_table, connections_table, name, endpoint, live=live_tables),
-                dynamodb=dynamodb,
+                HandlerConfig(
+                    state_table,
+                    connections_table,
+                    name,
+                    endpoint,
+                    live=live_tables,
+                    home_region=s.primary,
+                ),
+                dynamodb=store,
                 replier=ManagementApiReplier(
                     region=name, endpoint=endpoint, client_factory=management_client
                 ),
+                home=home,
             )
 
         gateway = await LocalGateway(
@@ -523,6 +542,7 @@ class LocalRegions:
             alarm=alarm,
             state_client=self._async("dynamodb", name, self._dynamodb_endpoint),
             dynamodb=dynamodb,
+            store=store,
             state_table=state_table,
             connections_table=connections_table,
             stream_arn=description["Table"].get("LatestStreamArn"),
@@ -720,6 +740,13 @@ class LocalRegions:
     async def restore_primary(self) -> None:
         """The primary works again; the name comes back after the canary's hysteresis."""
         self.primary.gateway.recover()
+        self.primary.store.down = False
+
+    async def fail_primary_store(self) -> None:
+        """The primary's DynamoDB stops answering its handlers and the secondary's writes to
+        it (the auctions' home); the gateway keeps running. Replication and the canaries' own
+        streak stores still reach it: the outage is of the handlers' path to the store."""
+        self.primary.store.down = True
 
     def mint_token(self, user_id: str, *, expires_in: float = 3600) -> str:
         """A development token for ``user_id``, accepted by both regions (LOCAL ONLY)."""

@@ -51,11 +51,19 @@ endpoint of this API (a custom domain name would follow the failover DNS and mig
 other region), or at ``APIGW_MANAGEMENT_ENDPOINT`` when set (the local stand-in sets it). A
 ``GoneException`` means the client left: its connection record is deleted.
 
+**One writer per auction**: every bid is decided by a conditional write in the auction's home
+Region's replica (``STATE_HOME_REGION``), whichever Region serves the bidder; the other Region
+writes it across Regions, and refuses the bid as retryable (``home_unavailable``) when the home
+does not answer. A state read is served from the local replica and says whether it may lag the
+home (``stale``). The user's own items (last bid, counters, subscriptions) are written in the
+Region that serves the user.
+
 Environment: ``STATE_TABLE_NAME``, ``CONNECTIONS_TABLE_NAME``, ``AWS_REGION`` (set by Lambda),
-optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``; for live delivery all of
-``STREAMS_TABLE_NAME`` (the fleet's lease table), ``MESSAGES_TABLE_NAME`` and
-``SUBSCRIPTIONS_TABLE_NAME``, optionally ``SUBSCRIBE_NEWEST_MESSAGES`` (default 50) and
-``REPLAY_MAX_MESSAGES`` (default 2,000) (names in :data:`streamfleet.model.HANDLERS_ENV`).
+optional ``STATE_HOME_REGION``, ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``;
+for live delivery all of ``STREAMS_TABLE_NAME`` (the fleet's lease table),
+``MESSAGES_TABLE_NAME`` and ``SUBSCRIPTIONS_TABLE_NAME``, optionally
+``SUBSCRIBE_NEWEST_MESSAGES`` (default 50) and ``REPLAY_MAX_MESSAGES`` (default 2,000) (names in
+:data:`streamfleet.model.HANDLERS_ENV`).
 Decisions and errors are logged as structured records (:mod:`.logs`) at INFO/WARNING.
 """
 
@@ -79,7 +87,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import model, readers, strict_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
-from ..validation import ID_CHARSET_DOC, ID_PATTERN, MAX_ID_BYTES
+from ..validation import ID_CHARSET_DOC, ID_PATTERN, MAX_ID_BYTES, REGION_PATTERN
 from .delivery import (
     SOURCE_REPLAY,
     StoredMessage,
@@ -131,6 +139,14 @@ _BOTO_CONFIG = Config(
     retries={"max_attempts": 3, "mode": "standard"},
     max_pool_connections=16,
 )
+# Writes to the auction's home Region cross Regions from the other one: two short attempts, so a
+# home that cannot be reached is told to the bidder within about 6 s, inside the handler's timeout.
+_HOME_BOTO_CONFIG = Config(
+    connect_timeout=1.0,
+    read_timeout=2.0,
+    retries={"max_attempts": 2, "mode": "standard"},
+    max_pool_connections=16,
+)
 
 
 # --- Configuration ------------------------------------------------------------------------------
@@ -151,6 +167,21 @@ class HandlerConfig:
     connection_ttl_seconds: int = DEFAULT_CONNECTION_TTL_SECONDS
     max_message_bytes: int = model.WS_MAX_FRAME_BYTES
     live: LiveTables | None = None  # None: subscribe answers not_supported
+    # Where auctions are written (None: this Region). Global tables resolve concurrent writes
+    # to one item last-writer-wins, so a conditional write in each Region could accept two
+    # bids that each replace the other; one home Region evaluates every bid's condition.
+    home_region: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.home_region is not None and not REGION_PATTERN.fullmatch(self.home_region):
+            raise HandlerConfigError(
+                f"{model.ENV_STATE_HOME_REGION}: {self.home_region!r} is not a Region name"
+            )
+
+    @property
+    def auction_home(self) -> str:
+        """The Region whose replica of the state table decides every bid."""
+        return self.home_region or self.region
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HandlerConfig:
@@ -217,6 +248,7 @@ class HandlerConfig:
             management_endpoint=env.get(model.ENV_APIGW_MANAGEMENT_ENDPOINT, "").strip() or None,
             connection_ttl_seconds=ttl,
             live=live,
+            home_region=env.get(model.ENV_STATE_HOME_REGION, "").strip() or None,
         )
 
 
@@ -516,9 +548,20 @@ class ManagementApiReplier:
 # --- The handlers -------------------------------------------------------------------------------
 
 
-def make_dynamodb_client(region: str | None = None) -> Any:
-    """A boto3 DynamoDB client with short timeouts (endpoint from ``AWS_ENDPOINT_URL*``)."""
-    return boto3.session.Session().client("dynamodb", region_name=region, config=_BOTO_CONFIG)
+def make_dynamodb_client(region: str | None = None, *, home: bool = False) -> Any:
+    """A boto3 DynamoDB client with short timeouts (endpoint from ``AWS_ENDPOINT_URL*``);
+    ``home``: the shorter budget of a client that writes across Regions."""
+    config = _HOME_BOTO_CONFIG if home else _BOTO_CONFIG
+    return boto3.session.Session().client("dynamodb", region_name=region, config=config)
+
+
+@dataclass(frozen=True)
+class StateReplica:
+    """One Region's replica of the state table: where a write goes and who it says wrote it."""
+
+    region: str
+    table: str
+    client: Any
 
 
 class StateWriteConflict(RuntimeError):
@@ -535,9 +578,21 @@ class WsApiHandlers:
         dynamodb: Any | None = None,
         replier: Replier | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        home: StateReplica | None = None,
     ):
+        """``home``: the auctions' home replica, when it is not this Region's (default: the
+        table of the same name in ``config.home_region``)."""
         self.config = config
         self.dynamodb = dynamodb or make_dynamodb_client(config.region)
+        self.local = StateReplica(config.region, config.state_table, self.dynamodb)
+        if config.auction_home == config.region:
+            self.home = self.local
+        else:
+            self.home = home or StateReplica(
+                config.auction_home,
+                config.state_table,
+                make_dynamodb_client(config.auction_home, home=True),
+            )
         self.replier = replier or ManagementApiReplier(
             region=config.region, endpoint=config.management_endpoint
         )
@@ -722,7 +777,9 @@ class WsApiHandlers:
                 connectionId=connection_id,
                 detail=str(refused),
             )
-            reply = _error(str(refused), refused.field, code=refused.code)
+            reply = _error(
+                str(refused), refused.field, code=refused.code, retryable=refused.retryable
+            )
         except (BotoCoreError, ClientError, StateWriteConflict) as exc:
             log_event(
                 logger,
@@ -871,12 +928,17 @@ class WsApiHandlers:
         return reply
 
     def _auction_view(self, auction: str, user_id: str) -> dict[str, Any]:
+        """The auction as this Region's replica holds it. Read here, not in the home Region, so
+        a state read never waits on another Region; ``stale`` tells the client that this
+        replica may lag the home by the replication lag (a bid's own reply never does)."""
         item = self._get_state_item(model.auction_pk(auction)) or {}
         return {
             "auction": auction,
             "highest": item.get(model.HIGHEST_AMOUNT, 0),
             "highestIsYou": item.get(model.HIGHEST_BIDDER) == user_id,
             "bids": item.get(model.BID_COUNT, 0),
+            "homeRegion": self.home.region,
+            "stale": self.home is not self.local,
         }
 
     # Live delivery --------------------------------------------------------------------------
@@ -1208,32 +1270,55 @@ class WsApiHandlers:
                 raise
 
     def place_bid(self, user_id: str, auction: str, amount: int) -> dict[str, Any]:
-        """Accept ``amount`` only if strictly above the auction's highest, atomically."""
-        outcome = self.write_state(
-            model.auction_pk(auction),
-            sets={
-                model.AUCTION_ID: auction,
-                model.HIGHEST_AMOUNT: amount,
-                model.HIGHEST_BIDDER: user_id,
-            },
-            adds={model.BID_COUNT: 1},
-            condition=f"attribute_not_exists(#{model.HIGHEST_AMOUNT}) OR "
-            f"#{model.HIGHEST_AMOUNT} < :amount",
-            condition_names=(model.HIGHEST_AMOUNT,),
-            condition_values={":amount": amount},
-            still_applies=lambda old: old.get(model.HIGHEST_AMOUNT, 0) < amount,
-        )
-        accepted = outcome.written
+        """Accept ``amount`` only if strictly above the auction's highest, atomically, in the
+        auction's home Region (:attr:`HandlerConfig.auction_home`) whichever Region serves the
+        bidder: an acknowledged bid is then never replaced by a lower one from another Region.
+        When the home cannot be reached the bid is refused as retryable; a retry of a bid whose
+        answer was lost is recognised and acknowledged again."""
+        try:
+            outcome = self.write_state(
+                model.auction_pk(auction),
+                sets={
+                    model.AUCTION_ID: auction,
+                    model.HIGHEST_AMOUNT: amount,
+                    model.HIGHEST_BIDDER: user_id,
+                },
+                adds={model.BID_COUNT: 1},
+                condition=f"attribute_not_exists(#{model.HIGHEST_AMOUNT}) OR "
+                f"#{model.HIGHEST_AMOUNT} < :amount",
+                condition_names=(model.HIGHEST_AMOUNT,),
+                condition_values={":amount": amount},
+                still_applies=lambda old: old.get(model.HIGHEST_AMOUNT, 0) < amount,
+                replica=self.home,
+            )
+            old = outcome.current or {}
+            # This bidder's own bid already decided (an SDK retry after a lost answer, or the
+            # client's retry after a timeout): acknowledge it again rather than refuse it.
+            ours_already = not outcome.written and (
+                old.get(model.HIGHEST_AMOUNT) == amount and old.get(model.HIGHEST_BIDDER) == user_id
+            )
+            accepted = outcome.written or ours_already
+            if accepted:
+                self._record_bid(auction, amount, user_id, outcome.timestamp_ms)
+        except (BotoCoreError, ClientError, StateWriteConflict) as exc:
+            if self.home is self.local:
+                raise
+            raise _Refused(
+                "home_unavailable",
+                "auction",
+                f"the auction's home Region {self.home.region} did not answer "
+                f"({type(exc).__name__}); the bid may not have been accepted: retry it "
+                "(a retried bid is recognised)",
+                retryable=True,
+            ) from exc
         now_ms = outcome.timestamp_ms
         if accepted:
-            self._record_bid(auction, amount, user_id, now_ms)
             highest, is_you = amount, True
         else:
-            old = outcome.current or {}
             highest = old.get(model.HIGHEST_AMOUNT, 0)
             is_you = old.get(model.HIGHEST_BIDDER) == user_id
         try:
-            if accepted:
+            if outcome.written:
                 self.write_state(
                     model.user_pk(user_id),
                     sets={
@@ -1243,7 +1328,7 @@ class WsApiHandlers:
                     },
                     adds={model.BIDS_ACCEPTED: 1},
                 )
-            else:
+            elif not accepted:
                 self.write_state(model.user_pk(user_id), sets={}, adds={model.BIDS_REFUSED: 1})
         except (BotoCoreError, ClientError, StateWriteConflict) as exc:
             # The auction item decided the bid; the user's counters are a convenience.
@@ -1260,10 +1345,11 @@ class WsApiHandlers:
 
     def _record_bid(self, auction: str, amount: int, user_id: str, at_ms: int) -> None:
         # Immutable and keyed by amount (accepted amounts strictly increase): a retried put is a
-        # no-op, and an acknowledged bid can be looked up after a failover.
+        # no-op, and an acknowledged bid can be looked up after a failover. Written in the home
+        # Region, beside the auction item that accepted it.
         try:
-            self.dynamodb.put_item(
-                TableName=self.config.state_table,
+            self.home.client.put_item(
+                TableName=self.home.table,
                 Item={
                     model.PK: to_attr(model.bid_pk(auction, amount)),
                     model.AUCTION_ID: to_attr(auction),
@@ -1271,7 +1357,7 @@ class WsApiHandlers:
                     model.BID_BIDDER: to_attr(user_id),
                     model.BID_AT_MS: to_attr(at_ms),
                     model.UPDATED_AT_MS: to_attr(at_ms),
-                    model.WRITER_REGION: to_attr(self.config.region),
+                    model.WRITER_REGION: to_attr(self.home.region),
                 },
                 ConditionExpression="attribute_not_exists(#pk)",
                 ExpressionAttributeNames=names(model.PK),
@@ -1291,6 +1377,7 @@ class WsApiHandlers:
         condition_names: tuple[str, ...] = (),
         condition_values: Mapping[str, Any] | None = None,
         still_applies: Callable[[dict[str, Any]], bool] | None = None,
+        replica: StateReplica | None = None,
     ) -> WriteOutcome:
         """Update a state item, stamping ``updated_at_ms`` strictly above its previous value.
 
@@ -1299,8 +1386,9 @@ class WsApiHandlers:
         The write is conditioned on ``updated_at_ms < :ts``; when only that part fails (the
         caller's ``condition`` still applies to the item read back), it is retried just above
         the stored value. When the caller's condition fails, nothing is written and the current
-        item is returned.
+        item is returned. ``replica``: where to write (default: this Region's).
         """
+        replica = replica or self.local
         timestamp = self.clock.wall_ms()
         version_names = (model.UPDATED_AT_MS, model.WRITER_REGION)
         all_names = names(*version_names, *sets, *(adds or {}), *(deletes or {}), *condition_names)
@@ -1337,11 +1425,11 @@ class WsApiHandlers:
                 },
                 **{key: to_attr(value) for key, value in (condition_values or {}).items()},
                 ":ts": to_attr(timestamp),
-                ":region": to_attr(self.config.region),
+                ":region": to_attr(replica.region),
             }
             try:
-                self.dynamodb.update_item(
-                    TableName=self.config.state_table,
+                replica.client.update_item(
+                    TableName=replica.table,
                     Key={model.PK: to_attr(pk)},
                     UpdateExpression=expression,
                     ConditionExpression=full_condition,
@@ -1353,7 +1441,7 @@ class WsApiHandlers:
             except ClientError as exc:
                 if not is_condition_failure(exc):
                     raise
-                current = from_item(exc.response.get("Item")) or self._get_state_item(pk)
+                current = from_item(exc.response.get("Item")) or self._get_state_item(pk, replica)
             if current is None:
                 continue  # deleted between the write and the read: try again
             if still_applies is not None and not still_applies(current):
@@ -1361,10 +1449,13 @@ class WsApiHandlers:
             timestamp = max(self.clock.wall_ms(), int(current.get(model.UPDATED_AT_MS, 0)) + 1)
         raise StateWriteConflict(f"{pk}: still changing after {MAX_VERSION_RETRIES} attempts")
 
-    def _get_state_item(self, pk: str) -> dict[str, Any] | None:
+    def _get_state_item(
+        self, pk: str, replica: StateReplica | None = None
+    ) -> dict[str, Any] | None:
+        replica = replica or self.local
         return from_item(
-            self.dynamodb.get_item(
-                TableName=self.config.state_table,
+            replica.client.get_item(
+                TableName=replica.table,
                 Key={model.PK: to_attr(pk)},
                 ConsistentRead=True,
             ).get("Item")
@@ -1404,10 +1495,11 @@ class _Refused(Exception):
     """A request refused with a stable error ``code`` naming ``field`` (not the client's
     syntax: who it is, or what this API offers)."""
 
-    def __init__(self, code: str, field: str, message: str):
+    def __init__(self, code: str, field: str, message: str, *, retryable: bool = False):
         super().__init__(message)
         self.code = code
         self.field = field
+        self.retryable = retryable
 
 
 def _error(

@@ -56,6 +56,10 @@ export interface AuctionView {
   highest: number;
   highestIsYou: boolean;
   bids: number;
+  /** The Region whose replica decides every bid of this auction. */
+  homeRegion?: string;
+  /** Read from a replica other than the home's: it may lag by the replication lag. */
+  stale?: boolean;
 }
 
 export interface UserState {

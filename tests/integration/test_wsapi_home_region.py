@@ -1,0 +1,203 @@
+"""Bids across Regions: one home Region decides every bid, so none acknowledged is lost.
+
+Global tables replicate asynchronously and settle concurrent writes to one item on the last
+writer. A bid decided by a conditional write in each Region's own replica could therefore be
+accepted in both, and replication would keep one of them: Alice's acknowledged 100, accepted in
+the primary and not yet replicated, replaced by Bob's 90 accepted in the secondary after a
+failover. Here both Regions' handlers run against moto's server, which keeps Regions apart, as
+deployed: the same table name in ``us-east-1`` and ``us-west-2``, and no replication between
+them, which is the window before a write replicates.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from botocore.exceptions import ReadTimeoutError
+
+from streamfleet import model
+from streamfleet.lease.dynamo import from_item
+from streamfleet.wsapi.handlers import (
+    HandlerConfig,
+    HandlerConfigError,
+    StateReplica,
+    WsApiHandlers,
+    make_dynamodb_client,
+)
+from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
+
+HOME, OTHER = "us-east-1", "us-west-2"
+
+
+class RecordingReplier:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def post(self, request_context: Any, connection_id: str, data: bytes) -> None:
+        self.sent.append(json.loads(data))
+
+
+@pytest.fixture
+def replicas(moto) -> Iterator[tuple[str, str]]:
+    """The state table (one name) in both Regions, and each Region's connections table."""
+    suffix = uuid.uuid4().hex[:10]
+    state, connections = f"test-wsstate-{suffix}", f"test-wsconn-{suffix}"
+    for region in (HOME, OTHER):
+        create_wsapi_tables(
+            make_dynamodb_client(region), state_table=state, connections_table=connections
+        )
+    yield state, connections
+    for region in (HOME, OTHER):
+        delete_wsapi_tables(
+            make_dynamodb_client(region), state_table=state, connections_table=connections
+        )
+
+
+def handlers_in(region: str, replicas: tuple[str, str], **kwargs: Any) -> WsApiHandlers:
+    state, connections = replicas
+    return WsApiHandlers(
+        HandlerConfig(state, connections, region, home_region=HOME),
+        replier=RecordingReplier(),
+        **kwargs,
+    )
+
+
+def bid_event(user: str, amount: int, request_id: str = "r") -> dict[str, Any]:
+    """A ``bid`` message event as API Gateway delivers it, after the authorizer."""
+    body = {"action": "bid", "auction": "a1", "amount": amount, "requestId": request_id}
+    return {
+        "requestContext": {"routeKey": "bid", "connectionId": "c1", "authorizer": {"sub": user}},
+        "body": json.dumps(body),
+    }
+
+
+def items(region: str, table: str) -> dict[str, dict[str, Any]]:
+    raw = make_dynamodb_client(region).scan(TableName=table, ConsistentRead=True)["Items"]
+    return {item[model.PK]: item for item in (from_item(r) for r in raw)}
+
+
+def test_a_lower_bid_in_the_other_region_never_replaces_an_acknowledged_one(
+    replicas: tuple[str, str],
+) -> None:
+    state, _ = replicas
+    home, other = handlers_in(HOME, replicas), handlers_in(OTHER, replicas)
+    assert home.place_bid("alice", "a1", 100)["accepted"]
+    # Not replicated yet: the secondary's replica has never seen Alice's bid.
+    assert model.auction_pk("a1") not in items(OTHER, state)
+    bob = other.place_bid("bob", "a1", 90)
+    assert (bob["accepted"], bob["highest"], bob["highestIsYou"]) == (False, 100, False)
+    equal = other.place_bid("bob", "a1", 100)
+    assert not equal["accepted"]
+    higher = other.place_bid("bob", "a1", 101)
+    assert higher["accepted"]
+    # Every accepted bid, and its record, is in the home's replica; the other Region's replica
+    # receives them only through replication (the user's own counters stay where they were).
+    at_home = items(HOME, state)
+    assert at_home[model.auction_pk("a1")][model.HIGHEST_BIDDER] == "bob"
+    assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 2
+    recorded = {
+        k for k in at_home if k.startswith(model.bid_pk("a1", 0)[: -model.BID_AMOUNT_DIGITS])
+    }
+    assert recorded == {model.bid_pk("a1", 100), model.bid_pk("a1", 101)}
+    assert at_home[model.bid_pk("a1", 101)][model.WRITER_REGION] == HOME
+    elsewhere = items(OTHER, state)
+    assert model.auction_pk("a1") not in elsewhere
+    assert elsewhere[model.user_pk("bob")][model.BIDS_ACCEPTED] == 1
+
+
+def test_a_state_read_says_when_it_may_lag_the_home(replicas: tuple[str, str]) -> None:
+    home, other = handlers_in(HOME, replicas), handlers_in(OTHER, replicas)
+    home.place_bid("alice", "a1", 100)
+    at_home = home.get_state("alice", "a1")["auction"]
+    assert (at_home["highest"], at_home["homeRegion"], at_home["stale"]) == (100, HOME, False)
+    elsewhere = other.get_state("alice", "a1")["auction"]
+    assert (elsewhere["highest"], elsewhere["homeRegion"], elsewhere["stale"]) == (0, HOME, True)
+
+
+def test_an_unreachable_home_refuses_the_bid_as_retryable_and_writes_nothing(
+    replicas: tuple[str, str],
+) -> None:
+    state, _ = replicas
+
+    class Down:
+        def __getattr__(self, name: str) -> Any:
+            def fail(**kwargs: Any) -> Any:
+                raise ReadTimeoutError(endpoint_url=f"https://dynamodb.{HOME}.amazonaws.com")
+
+            return fail
+
+    unreachable = StateReplica(HOME, state, Down())
+    other = handlers_in(OTHER, replicas, home=unreachable)
+    assert other(bid_event("bob", 90, request_id="r1")) == {"statusCode": 200}
+    reply = other.replier.sent[-1]
+    assert (reply["type"], reply["error"], reply["field"]) == (
+        "error",
+        "home_unavailable",
+        "auction",
+    )
+    assert reply["retryable"] is True and reply["requestId"] == "r1"
+    assert HOME in reply["message"] and "retry" in reply["message"]
+    assert items(HOME, state) == {} and model.auction_pk("a1") not in items(OTHER, state)
+
+
+class AnswerLostOnce:
+    """A DynamoDB client whose first ``update_item`` applies and then loses its answer."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.lost = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def update_item(self, **kwargs: Any) -> Any:
+        answer = self.client.update_item(**kwargs)
+        if not self.lost:
+            self.lost = True
+            raise ReadTimeoutError(endpoint_url="https://dynamodb.test")
+        return answer
+
+
+@pytest.mark.parametrize("region", [HOME, OTHER])
+def test_a_bid_whose_answer_was_lost_is_acknowledged_when_retried(
+    replicas: tuple[str, str], region: str
+) -> None:
+    """A bid's write applied but its answer was lost: the bidder's retry finds its own bid
+    already highest and is told it was accepted, not refused as "not higher"."""
+    state, _ = replicas
+    home = StateReplica(HOME, state, AnswerLostOnce(make_dynamodb_client(HOME)))
+    if region == HOME:
+        handlers = handlers_in(HOME, replicas, dynamodb=home.client)
+    else:
+        handlers = handlers_in(OTHER, replicas, home=home)
+    assert handlers(bid_event("alice", 100)) == {"statusCode": 200}
+    lost = handlers.replier.sent[-1]
+    expected = "unavailable" if region == HOME else "home_unavailable"
+    assert (lost["type"], lost["error"], lost["retryable"]) == ("error", expected, True)
+    handlers(bid_event("alice", 100))
+    retried = handlers.replier.sent[-1]
+    assert (retried["accepted"], retried["highest"], retried["highestIsYou"]) == (True, 100, True)
+    at_home = items(HOME, state)
+    assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 1
+    assert model.bid_pk("a1", 100) in at_home
+    # Someone else's equal bid is still refused.
+    assert not handlers.place_bid("bob", "a1", 100)["accepted"]
+
+
+def test_the_home_region_is_read_from_the_environment() -> None:
+    env = {
+        model.ENV_STATE_TABLE_NAME: "s",
+        model.ENV_CONNECTIONS_TABLE_NAME: "c",
+        "AWS_REGION": OTHER,
+        model.ENV_STATE_HOME_REGION: HOME,
+    }
+    config = HandlerConfig.from_env(env)
+    assert (config.home_region, config.auction_home) == (HOME, HOME)
+    del env[model.ENV_STATE_HOME_REGION]
+    assert HandlerConfig.from_env(env).auction_home == OTHER
+    with pytest.raises(HandlerConfigError, match=f"^{model.ENV_STATE_HOME_REGION}: 'east'"):
+        HandlerConfig.from_env({**env, model.ENV_STATE_HOME_REGION: "east"})
