@@ -123,7 +123,7 @@ class WebSocketApiStack(RegionalStack):
                 log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
                 live=live,
-                state_home_region=config.primary_region,
+                state_home_region=config.ws_state_home_region or config.primary_region,
             ),
         )
         self.messages_stream = MessagesStream(

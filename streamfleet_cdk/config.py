@@ -187,6 +187,9 @@ class AppConfig:
         ws_api_rate_limit: the WebSocket stage's steady-state messages per second, per Region.
         ws_api_burst_limit: the WebSocket stage's burst, per Region.
         ws_state_table_name: physical name of the WebSocket API's state table (global).
+        ws_state_home_region: the Region whose replica of the state table decides every bid
+            (``STATE_HOME_REGION`` of both Regions' handlers): the primary (``None``) or the
+            secondary. Moving it is a disaster-recovery step (docs/disaster-recovery.md).
         ws_connections_table_name: physical name of each Region's connections table.
         ws_subscriptions_table_name: physical name of each Region's subscriptions table (which
             client connection receives which ingested stream live).
@@ -265,6 +268,7 @@ class AppConfig:
     ws_api_rate_limit: float = 500.0
     ws_api_burst_limit: int = 1000
     ws_state_table_name: str = model.DEFAULT_WSAPI_STATE_TABLE_NAME
+    ws_state_home_region: str | None = None
     ws_connections_table_name: str = model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
     ws_subscriptions_table_name: str = model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME
     jwt_reader_claims: tuple[str, ...] = ()
@@ -459,6 +463,12 @@ class AppConfig:
         ):
             _check_pattern(
                 name, getattr(self, name), TABLE_NAME_PATTERN, "3-255 of A-Z a-z 0-9 _ . -"
+            )
+        home = self.ws_state_home_region
+        if home is not None and home not in (self.primary_region, self.secondary_region):
+            raise ValueError(
+                f"{context_key('ws_state_home_region')}: must be the primary "
+                f"({self.primary_region}) or the secondary ({self.secondary_region}), got {home!r}"
             )
         for claim in self.jwt_reader_claims:
             with _naming_context_key("jwt_reader_claims"):

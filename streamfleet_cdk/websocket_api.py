@@ -79,6 +79,10 @@ HANDLER_ACTIONS = {
     "connections": ("execute-api:ManageConnections",),
     "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
 }
+# Where the auctions' home is another Region, the handler writes only its users' items here
+# (UpdateItem, and GetItem to read them) and the auctions and bid records there.
+HANDLER_USER_STATE_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
+HANDLER_HOME_KEY_PREFIXES = (model.AUCTION_PREFIX, model.BID_PREFIX)
 # The authorizer calls no AWS API (a JWKS URL is fetched over plain HTTPS).
 AUTHORIZER_ACTIONS = {"log_group": ("logs:CreateLogStream", "logs:PutLogEvents")}
 MANAGEMENT_METHOD = "POST"
@@ -676,17 +680,27 @@ class WebSocketApi(Construct):
             "connections": self.management_connections_arn,
             "log_group": self.handler_log_group.log_group_arn,
         }
+        home = props.state_home_region
+        remote_home = home is not None and home != Stack.of(self).region
         for name, actions in HANDLER_ACTIONS.items():
+            if name == "state_table" and remote_home:
+                actions = HANDLER_USER_STATE_ACTIONS
             self.handler_role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
             )
-        home = props.state_home_region
-        if home is not None and home != Stack.of(self).region:
-            # Bids are decided in the home Region's replica (same table name, same calls).
+        if remote_home:
+            # Bids are decided in the home Region's replica: its auctions and bid records only.
             self.handler_role.add_to_policy(
                 iam.PolicyStatement(
                     actions=list(HANDLER_ACTIONS["state_table"]),
                     resources=[self.home_state_table_arn],
+                    conditions={
+                        "ForAllValues:StringLike": {
+                            "dynamodb:LeadingKeys": [
+                                f"{prefix}*" for prefix in HANDLER_HOME_KEY_PREFIXES
+                            ]
+                        }
+                    },
                 )
             )
         if props.live is not None:

@@ -104,21 +104,29 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def role_grants(template: Template, role_id: str) -> dict[str, set[str]]:
-    """Every action the role is allowed, by resource: from its inline and attached policies."""
+def role_statements(template: Template, role_id: str) -> list[dict[str, Any]]:
+    """The role's statements, from its inline and attached policies, resources flattened."""
     role = template.to_json()["Resources"][role_id]["Properties"]
     assert not role.get("ManagedPolicyArns"), f"{role_id} has managed policies"
     documents = [policy["PolicyDocument"] for policy in role.get("Policies", [])]
     for policy in template.find_resources("AWS::IAM::Policy").values():
         if {"Ref": role_id} in policy["Properties"].get("Roles", []):
             documents.append(policy["Properties"]["PolicyDocument"])
-    grants: dict[str, set[str]] = {}
+    statements = []
     for document in documents:
         for statement in document["Statement"]:
             assert statement["Effect"] == "Allow", statement
             assert "NotAction" not in statement and "NotResource" not in statement, statement
             for resource in as_list(statement["Resource"]):
-                grants.setdefault(flatten(resource), set()).update(as_list(statement["Action"]))
+                statements.append({**statement, "Resource": flatten(resource)})
+    return statements
+
+
+def role_grants(template: Template, role_id: str) -> dict[str, set[str]]:
+    """Every action the role is allowed, by resource: from its inline and attached policies."""
+    grants: dict[str, set[str]] = {}
+    for statement in role_statements(template, role_id):
+        grants.setdefault(statement["Resource"], set()).update(as_list(statement["Action"]))
     return grants
 
 

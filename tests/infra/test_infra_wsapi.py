@@ -55,6 +55,7 @@ from streamfleet_cdk.nag import AWS_SOLUTIONS, MIN_REASON_CHARS
 from streamfleet_cdk.websocket_api import (
     AUTHORIZER_ACTIONS,
     HANDLER_ACTIONS,
+    HANDLER_USER_STATE_ACTIONS,
     JwtSettings,
     WebSocketApi,
     WebSocketApiProps,
@@ -70,6 +71,7 @@ from tests.app_support import (
     logical_id,
     mask_asset_hashes,
     role_grants,
+    role_statements,
 )
 from tests.wsapi_app_support import (
     BuiltWebSocketApp,
@@ -502,6 +504,23 @@ def test_canary_without_a_signing_key_connects_without_a_token(built):
 # --- IAM: exactly the calls each function makes ---
 
 
+def test_the_auctions_home_moves_to_the_secondary_in_both_regions_at_once():
+    built = build_websocket_app({context_key("ws_state_home_region"): SECONDARY_REGION})
+    for stack, template in stacks_of(built):
+        handler_env = variables_of(function_of(template, stack, stack.websocket.handler))
+        assert handler_env[model.ENV_STATE_HOME_REGION] == SECONDARY_REGION
+        statements = role_statements(template, logical_id(stack, stack.websocket.handler_role))
+        across = [s["Resource"] for s in statements if "dynamodb:LeadingKeys" in str(s)]
+        # Only the primary, no longer the home, writes across Regions: the secondary's replica
+        # of its own table (the same name).
+        expected = f"arn:aws:dynamodb:{SECONDARY_REGION}:{TEST_ACCOUNT}:table/"
+        if stack.region == PRIMARY_REGION:
+            (resource,) = across
+            assert resource == expected + f"<{logical_id(stack, stack.state_table)}>"
+        else:
+            assert across == []
+
+
 def test_handler_role_has_exactly_its_table_and_reply_grants(built):
     for stack, template in stacks_of(built):
         websocket = stack.websocket
@@ -511,19 +530,28 @@ def test_handler_role_has_exactly_its_table_and_reply_grants(built):
         assert connections_arn == (
             f"arn:aws:execute-api:{stack.region}:{TEST_ACCOUNT}:<{api_id}>/v1/POST/@connections/*"
         )
-        # Bids are decided in the primary's replica: the secondary may write it, by name.
-        home = {}
+        # Bids are decided in the primary's replica: the secondary may write its auctions and
+        # bid records there, by name, and only its users' items in its own.
+        home, local_state = {}, set(HANDLER_ACTIONS["state_table"])
         if stack.region != PRIMARY_REGION:
-            home = {
-                f"arn:aws:dynamodb:{PRIMARY_REGION}:{TEST_ACCOUNT}:table/streamfleet-wsapi-state": (
-                    set(HANDLER_ACTIONS["state_table"])
-                )
+            home_arn = (
+                f"arn:aws:dynamodb:{PRIMARY_REGION}:{TEST_ACCOUNT}:table/streamfleet-wsapi-state"
+            )
+            home = {home_arn: set(HANDLER_ACTIONS["state_table"])}
+            local_state = {"dynamodb:GetItem", "dynamodb:UpdateItem"}
+            (statement,) = [
+                s
+                for s in role_statements(template, logical_id(stack, websocket.handler_role))
+                if s["Resource"] == home_arn
+            ]
+            assert statement["Condition"] == {
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["AUCTION#*", "BID#*"]}
             }
         handler_env = variables_of(function_of(template, stack, websocket.handler))
         assert handler_env[model.ENV_STATE_HOME_REGION] == PRIMARY_REGION
         assert grants == {
             **home,
-            arn_text(stack, stack.state_table.table_arn): set(HANDLER_ACTIONS["state_table"]),
+            arn_text(stack, stack.state_table.table_arn): local_state,
             arn_text(stack, stack.connections_table.table_arn): set(
                 HANDLER_ACTIONS["connections_table"]
             ),
@@ -561,7 +589,8 @@ def test_secondary_handler_grants_name_the_local_replica(built):
         f"arn:aws:dynamodb:{SECONDARY_REGION}:{TEST_ACCOUNT}:table/"
         f"{model.DEFAULT_WSAPI_STATE_TABLE_NAME}"
     )
-    assert grants[state_arn] == set(HANDLER_ACTIONS["state_table"])
+    # Its users' items only: auctions and bid records are written in the home's replica.
+    assert grants[state_arn] == set(HANDLER_USER_STATE_ACTIONS)
 
 
 def test_authorizer_role_may_only_write_its_logs(built):
@@ -953,6 +982,7 @@ def test_every_domain_setting_is_read_from_context():
         ({"jwt_jwks_url": "http://login.example.org/jwks"}, "jwt_jwks_url", "https"),
         ({"jwt_issuer": " "}, "jwt_issuer", "required"),
         ({"ws_api_burst_limit": 0}, "ws_api_burst_limit", "at least 1"),
+        ({"ws_state_home_region": "eu-west-1"}, "ws_state_home_region", "must be the primary"),
         (
             {"ws_state_table_name": model.DEFAULT_LEASE_TABLE_NAME},
             "ws_state_table_name",

@@ -16,18 +16,22 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ReadTimeoutError
 
 from streamfleet import model
 from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi.handlers import (
+    HOME_CALL_MAX_MS,
     HandlerConfig,
     HandlerConfigError,
     StateReplica,
     WsApiHandlers,
     make_dynamodb_client,
 )
+from streamfleet_dev.local.aws_proxy import AwsProxy
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 HOME, OTHER = "us-east-1", "us-west-2"
@@ -141,7 +145,34 @@ def test_an_unreachable_home_refuses_the_bid_as_retryable_and_writes_nothing(
     )
     assert reply["retryable"] is True and reply["requestId"] == "r1"
     assert HOME in reply["message"] and "retry" in reply["message"]
-    assert items(HOME, state) == {} and model.auction_pk("a1") not in items(OTHER, state)
+    assert model.auction_pk("a1") not in items(OTHER, state)
+
+
+def test_a_home_call_is_not_started_without_the_time_to_finish_it(
+    replicas: tuple[str, str],
+) -> None:
+    """Lambda would end the invocation in the middle of the cross-Region call: the bidder
+    would hear nothing. Refused as retryable instead, with nothing written anywhere."""
+    state, _ = replicas
+    other = handlers_in(OTHER, replicas)
+    reply = other.on_message(bid_event("bob", 90), time_left_ms=lambda: HOME_CALL_MAX_MS - 1)
+    assert reply == {"statusCode": 200}
+    refused = other.replier.sent[-1]
+    assert (refused["error"], refused["retryable"]) == ("home_unavailable", True)
+    assert items(HOME, state) == {} and items(OTHER, state) == {}
+    other.on_message(bid_event("bob", 90), time_left_ms=lambda: HOME_CALL_MAX_MS)
+    assert other.replier.sent[-1]["accepted"] is True
+
+
+def test_a_fault_of_the_deployment_is_not_told_as_an_outage_of_the_home(
+    replicas: tuple[str, str],
+) -> None:
+    """A home table that does not exist (a wrong STATE_HOME_REGION, say) is no outage: the
+    bidder is not told to wait for the home Region, and the log names the error."""
+    missing = StateReplica(HOME, "no-such-table", make_dynamodb_client(HOME, home=True))
+    other = handlers_in(OTHER, replicas, home=missing)
+    other(bid_event("bob", 90))
+    assert other.replier.sent[-1]["error"] == "unavailable"
 
 
 class AnswerLostOnce:
@@ -186,6 +217,34 @@ def test_a_bid_whose_answer_was_lost_is_acknowledged_when_retried(
     assert model.bid_pk("a1", 100) in at_home
     # Someone else's equal bid is still refused.
     assert not handlers.place_bid("bob", "a1", 100)["accepted"]
+    # The bidder's own counters moved once, however often the bid was acknowledged.
+    handlers(bid_event("alice", 100))
+    alice = items(region, state)[model.user_pk("alice")]
+    assert (alice[model.BIDS_ACCEPTED], alice[model.LAST_BID_AMOUNT]) == (1, 100)
+
+
+def test_an_answer_lost_inside_the_sdks_own_retry_is_acknowledged(
+    replicas: tuple[str, str], servers
+) -> None:
+    """The cross-Region update applied, its answer never came, and botocore retried within the
+    same call: the retry finds the bid already there and the bidder is told it was accepted."""
+    state, _ = replicas
+    with AwsProxy(default_backend=servers["moto"].endpoint) as proxy:
+        proxy.lose_first_answers(f"ADD #{model.BID_COUNT}")
+        client = boto3.session.Session().client(
+            "dynamodb",
+            region_name=HOME,
+            endpoint_url=proxy.endpoint,
+            config=Config(retries={"max_attempts": 2, "mode": "standard"}),
+        )
+        other = handlers_in(OTHER, replicas, home=StateReplica(HOME, state, client))
+        reply = other.place_bid("alice", "a1", 100)
+        assert proxy.lose_first_answers(None) == 1  # the first answer really was lost
+    assert (reply["accepted"], reply["highestIsYou"]) == (True, True)
+    at_home = items(HOME, state)
+    assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 1
+    assert at_home[model.bid_pk("a1", 100)][model.BID_BIDDER] == "alice"
+    assert items(OTHER, state)[model.user_pk("alice")][model.BIDS_ACCEPTED] == 1
 
 
 def test_the_home_region_is_read_from_the_environment() -> None:

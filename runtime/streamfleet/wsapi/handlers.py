@@ -140,7 +140,9 @@ _BOTO_CONFIG = Config(
     max_pool_connections=16,
 )
 # Writes to the auction's home Region cross Regions from the other one: two short attempts, so a
-# home that cannot be reached is told to the bidder within about 6 s, inside the handler's timeout.
+# home that cannot be reached is told within about 6 s (HOME_CALL_MAX_MS), and a home call is
+# started only with that much of the invocation left.
+HOME_CALL_MAX_MS = 6_500
 _HOME_BOTO_CONFIG = Config(
     connect_timeout=1.0,
     read_timeout=2.0,
@@ -609,7 +611,7 @@ class WsApiHandlers:
                 return self.on_connect(event)
             if route == DISCONNECT:
                 return self.on_disconnect(event)
-            return self.on_message(event)
+            return self.on_message(event, _time_left(context))
         except Exception:
             logger.exception("wsapi %s failed (connection %s)", route, _connection_id(event))
             return {"statusCode": 500}
@@ -703,8 +705,11 @@ class WsApiHandlers:
 
     # Messages --------------------------------------------------------------------------------
 
-    def on_message(self, event: Mapping[str, Any]) -> dict[str, Any]:
-        """Parse, act, reply. Every failure becomes an error reply naming its cause."""
+    def on_message(
+        self, event: Mapping[str, Any], time_left_ms: Callable[[], int] | None = None
+    ) -> dict[str, Any]:
+        """Parse, act, reply. Every failure becomes an error reply naming its cause.
+        ``time_left_ms``: the invocation's remaining time (Lambda's context), if known."""
         request_context = event.get("requestContext") or {}
         connection_id = _connection_id(event)
         request_id = None
@@ -749,7 +754,9 @@ class WsApiHandlers:
             elif isinstance(message, GetState):
                 reply = self.get_state(user_id, message.auction)
             else:
-                reply = self.place_bid(user_id, message.auction, message.amount)
+                reply = self.place_bid(
+                    user_id, message.auction, message.amount, time_left_ms=time_left_ms
+                )
         except BadMessage as bad:
             request_id = bad.request_id
             reply = _error(bad.message, bad.field, full=str(bad), code="bad_request")
@@ -1269,13 +1276,24 @@ class WsApiHandlers:
             if not is_condition_failure(exc):
                 raise
 
-    def place_bid(self, user_id: str, auction: str, amount: int) -> dict[str, Any]:
+    def place_bid(
+        self,
+        user_id: str,
+        auction: str,
+        amount: int,
+        *,
+        time_left_ms: Callable[[], int] | None = None,
+    ) -> dict[str, Any]:
         """Accept ``amount`` only if strictly above the auction's highest, atomically, in the
         auction's home Region (:attr:`HandlerConfig.auction_home`) whichever Region serves the
         bidder: an acknowledged bid is then never replaced by a lower one from another Region.
-        When the home cannot be reached the bid is refused as retryable; a retry of a bid whose
-        answer was lost is recognised and acknowledged again."""
+
+        When the home cannot be reached (or there is not time left to reach it) the bid is
+        refused as retryable. A retry of a bid whose answer was lost (botocore's own retry, or
+        the client's) is recognised while the bid is still the highest: it is acknowledged, its
+        record written if it was not, and the user's counters moved once."""
         try:
+            self._home_call_fits(time_left_ms)
             outcome = self.write_state(
                 model.auction_pk(auction),
                 sets={
@@ -1292,43 +1310,51 @@ class WsApiHandlers:
                 replica=self.home,
             )
             old = outcome.current or {}
-            # This bidder's own bid already decided (an SDK retry after a lost answer, or the
-            # client's retry after a timeout): acknowledge it again rather than refuse it.
+            # This bidder's own bid already decided: acknowledge it again rather than refuse it.
             ours_already = not outcome.written and (
                 old.get(model.HIGHEST_AMOUNT) == amount and old.get(model.HIGHEST_BIDDER) == user_id
             )
             accepted = outcome.written or ours_already
             if accepted:
+                self._home_call_fits(time_left_ms)
                 self._record_bid(auction, amount, user_id, outcome.timestamp_ms)
-        except (BotoCoreError, ClientError, StateWriteConflict) as exc:
-            if self.home is self.local:
+        except (BotoCoreError, ClientError, StateWriteConflict, _HomeOutOfTime) as exc:
+            if self.home is self.local or not _home_unreachable(exc):
                 raise
             raise _Refused(
                 "home_unavailable",
                 "auction",
                 f"the auction's home Region {self.home.region} did not answer "
-                f"({type(exc).__name__}); the bid may not have been accepted: retry it "
-                "(a retried bid is recognised)",
+                f"({_describe(exc)}); the bid may not have been accepted: retry it "
+                "(a retried bid that is still the highest is acknowledged)",
                 retryable=True,
             ) from exc
-        now_ms = outcome.timestamp_ms
         if accepted:
             highest, is_you = amount, True
         else:
             highest = old.get(model.HIGHEST_AMOUNT, 0)
             is_you = old.get(model.HIGHEST_BIDDER) == user_id
         try:
-            if outcome.written:
+            if accepted:
+                # Once per accepted bid, however often it is acknowledged.
                 self.write_state(
                     model.user_pk(user_id),
                     sets={
                         model.LAST_BID_AUCTION: auction,
                         model.LAST_BID_AMOUNT: amount,
-                        model.LAST_BID_AT_MS: now_ms,
+                        model.LAST_BID_AT_MS: outcome.timestamp_ms,
                     },
                     adds={model.BIDS_ACCEPTED: 1},
+                    condition=f"NOT (#{model.LAST_BID_AUCTION} = :auction AND "
+                    f"#{model.LAST_BID_AMOUNT} = :amount)",
+                    condition_names=(model.LAST_BID_AUCTION, model.LAST_BID_AMOUNT),
+                    condition_values={":auction": auction, ":amount": amount},
+                    still_applies=lambda old: (
+                        old.get(model.LAST_BID_AUCTION) != auction
+                        or old.get(model.LAST_BID_AMOUNT) != amount
+                    ),
                 )
-            elif not accepted:
+            else:
                 self.write_state(model.user_pk(user_id), sets={}, adds={model.BIDS_REFUSED: 1})
         except (BotoCoreError, ClientError, StateWriteConflict) as exc:
             # The auction item decided the bid; the user's counters are a convenience.
@@ -1342,6 +1368,13 @@ class WsApiHandlers:
             "highestIsYou": is_you,
             **({} if accepted else {"reason": "not higher than the current highest bid"}),
         }
+
+    def _home_call_fits(self, time_left_ms: Callable[[], int] | None) -> None:
+        """Raise :class:`_HomeOutOfTime` rather than start a cross-Region call that Lambda's
+        timeout could cut short (the client would hear nothing at all)."""
+        remote = self.home is not self.local
+        if remote and time_left_ms is not None and time_left_ms() < HOME_CALL_MAX_MS:
+            raise _HomeOutOfTime(f"less than {HOME_CALL_MAX_MS} ms left in the invocation")
 
     def _record_bid(self, auction: str, amount: int, user_id: str, at_ms: int) -> None:
         # Immutable and keyed by amount (accepted amounts strictly increase): a retried put is a
@@ -1474,6 +1507,41 @@ class WriteOutcome:
 
 class _NotAuthorized(Exception):
     pass
+
+
+class _HomeOutOfTime(Exception):
+    """Not enough of the invocation left for a call to the auctions' home Region."""
+
+
+# Answers that say the home's store is out of reach or overloaded, not that the request is wrong.
+_TRANSIENT_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+    }
+)
+
+
+def _home_unreachable(exc: BaseException) -> bool:
+    """Whether a failed call to the home Region is an outage (retry later) rather than a
+    fault of this deployment (access denied, no such table), which must not pass for one."""
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return error_code(exc) in _TRANSIENT_CODES or status >= 500
+    return isinstance(exc, (BotoCoreError, StateWriteConflict, _HomeOutOfTime))
+
+
+def _describe(exc: BaseException) -> str:
+    return (error_code(exc) or "error") if isinstance(exc, ClientError) else type(exc).__name__
+
+
+def _time_left(context: Any) -> Callable[[], int] | None:
+    """The invocation's remaining milliseconds, when Lambda's context says."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    return remaining if callable(remaining) else None
 
 
 def _within_budget(
