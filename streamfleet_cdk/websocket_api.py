@@ -68,8 +68,7 @@ DEFAULT = handlers_runtime.DEFAULT
 AUTHORIZER_ID = "Authorizer"
 ROUTE_SELECTION_EXPRESSION = f"$request.body.{model.WS_ROUTE_SELECTION_FIELD}"
 
-# API Gateway stops waiting for a WebSocket integration after 29 s.
-MAX_INTEGRATION_TIMEOUT_SECONDS = 29
+MAX_INTEGRATION_TIMEOUT_SECONDS = model.WS_INTEGRATION_TIMEOUT_SECONDS
 
 # Exactly the calls streamfleet.wsapi.handlers makes (post_to_connection is a POST on
 # @connections; nothing reads or deletes connections through the Management API).
@@ -245,7 +244,9 @@ class WebSocketApiProps:
     identity_source: tuple[str, ...] = ()
     connection_ttl_seconds: int | None = None
     handler_memory_mib: int = 256
-    handler_timeout: Duration = field(default_factory=lambda: Duration.seconds(10))
+    handler_timeout: Duration = field(
+        default_factory=lambda: Duration.seconds(model.WS_HANDLER_TIMEOUT_SECONDS)
+    )
     reserved_concurrency: int | None = None
     authorizer_reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL

@@ -43,7 +43,7 @@ from streamfleet_dev.assembly import (
     load,
     synthesize,
 )
-from streamfleet_dev.local.aws_proxy import AwsProxy
+from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
 from streamfleet_dev.local.lambda_runner import (
     RUNTIME_VARIABLES,
     LambdaProcess,
@@ -351,7 +351,12 @@ def build_world(servers: Mapping[str, Any], tmp: Path) -> Iterator[World]:
     assembly = artifact_assembly()
     moto, dynalite = servers["moto"].endpoint, servers["dynalite"].endpoint
     suffix = uuid.uuid4().hex[:8]
-    proxy = AwsProxy(default_backend=moto, record_path=tmp / "aws-calls.jsonl").start()
+    # Indexes lag as DynamoDB's do: the artifacts must cope with a stale view.
+    proxy = AwsProxy(
+        default_backend=moto,
+        record_path=tmp / "aws-calls.jsonl",
+        index_lag_seconds=DEFAULT_INDEX_LAG_SECONDS,
+    ).start()
     idp_key = SigningKey.generate("idp-1")
     regions: dict[str, Region] = {}
     shared_fleet: dict[str, str] = {}

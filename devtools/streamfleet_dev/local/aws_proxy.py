@@ -13,7 +13,13 @@ Code under test reaches AWS only through the standard endpoint variables. Point
   memory and, if asked, as JSON lines in a file. Give each component its own access key id and
   the record says who called what: the input of an IAM least-privilege check;
 * **injects faults**: added latency per request (for all services or one) and a "down" switch
-  that drops requests without an answer, as an unreachable endpoint would.
+  that drops requests without an answer, as an unreachable endpoint would;
+* **lags secondary indexes**: DynamoDB's global secondary indexes are eventually consistent, and
+  dynalite and moto update theirs synchronously. With ``index_lag_seconds`` a query or scan of
+  an index is answered with the oldest answer that same request got in the last that many
+  seconds, so an index shows a write up to that long after it was applied (a row missing after
+  it was written, or still there after it was removed), and never an answer the index did not
+  really give.
 
 It understands the wire formats botocore speaks: the JSON protocol (``X-Amz-Target``:
 DynamoDB, SQS, Secrets Manager), the query protocol (form ``Action=...``: CloudWatch with older
@@ -58,6 +64,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 CONTROL_PREFIX = "/__proxy__/"
+INDEX_QUERIES_KEPT = 10_000  # distinct index requests remembered for lag, at most
+# How stale the local worlds' index answers are by default: DynamoDB propagates to a global
+# secondary index "usually within a fraction of a second", so a second is on the strict side.
+DEFAULT_INDEX_LAG_SECONDS = 1.0
 BACKEND_TIMEOUT_SECONDS = 60.0
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade"}
@@ -287,6 +297,12 @@ class _Faults:
     lose_first_answer: bytes | None = None
     answered_once: set[str] = field(default_factory=set)
     answers_lost: int = 0
+    index_lag: float = 0.0
+    # request body -> [(when, (headers, body))]: what each index query was answered lately
+    index_answers: dict[bytes, list[tuple[float, tuple[list[tuple[str, str]], bytes]]]] = field(
+        default_factory=dict
+    )
+    stale_answers: int = 0
 
     def answer_lost(self, body: bytes) -> bool:
         if self.lose_first_answer is None or self.lose_first_answer not in body:
@@ -300,6 +316,21 @@ class _Faults:
         self.answered_once.add(key)
         self.answers_lost += 1
         return True
+
+    def stale_answer(
+        self, body: bytes, answer: tuple[list[tuple[str, str]], bytes]
+    ) -> tuple[list[tuple[str, str]], bytes]:
+        """Remember ``answer`` to this index query; give back the oldest one within the lag."""
+        now = time.monotonic()
+        answers = self.index_answers.setdefault(body, [])
+        answers.append((now, answer))
+        while answers and answers[0][0] < now - self.index_lag:
+            answers.pop(0)
+        if len(self.index_answers) > INDEX_QUERIES_KEPT:
+            for key in list(self.index_answers)[: INDEX_QUERIES_KEPT // 2]:
+                self.index_answers.pop(key, None)
+        self.stale_answers += answers[0][1] is not answer
+        return answers[0][1]
 
     def delay_for(self, service: str) -> float:
         return self.latency.get(service, self.latency.get(None, 0.0))
@@ -316,6 +347,7 @@ class AwsProxy:
         table_backends: DynamoDB ``TableName`` -> backend.
         service_backends: signing name (``dynamodb``, ``sqs``, ``execute-api``...) -> backend;
             for DynamoDB, where tables not in ``table_backends`` go.
+        index_lag_seconds: how stale an answer from a secondary index may be (0: never).
         record_path: append every request as one JSON line to this file.
         keep_records: also keep them in memory for :meth:`records` (turn off for long runs;
             :meth:`counts` is always kept).
@@ -328,6 +360,7 @@ class AwsProxy:
         default_backend: str,
         table_backends: Mapping[str, str] | None = None,
         service_backends: Mapping[str, str] | None = None,
+        index_lag_seconds: float = 0.0,
         record_path: Path | None = None,
         keep_records: bool = True,
         host: str = "127.0.0.1",
@@ -342,6 +375,7 @@ class AwsProxy:
         self._records: list[RecordedRequest] = []
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
+        self.set_index_lag(index_lag_seconds)
         self._server = _Server((host, port), _handler_class(self))
         self._thread: threading.Thread | None = None
 
@@ -410,6 +444,14 @@ class AwsProxy:
             self._faults.answered_once.clear()
             return self._faults.answers_lost
 
+    def set_index_lag(self, seconds: float) -> None:
+        """Answer index queries from views up to ``seconds`` old from now on (0: current)."""
+        if not seconds >= 0:
+            raise ValueError(f"seconds: {seconds!r} must be zero or more")
+        with self._lock:
+            self._faults.index_lag = float(seconds)
+            self._faults.index_answers.clear()
+
     def set_down(self, down: bool, *, service: str | None = None) -> None:
         """Drop every request (of ``service``, or all) without an answer while ``down``."""
         with self._lock:
@@ -424,6 +466,8 @@ class AwsProxy:
             return {
                 "latency": {k or "*": v for k, v in self._faults.latency.items()},
                 "down": sorted(k or "*" for k in self._faults.down),
+                "index_lag": self._faults.index_lag,
+                "stale_index_answers": self._faults.stale_answers,
                 "requests": sum(self._counts.values()),
             }
 
@@ -477,6 +521,9 @@ class AwsProxy:
             if command == "latency" and method == "POST":
                 self.set_latency(float(query.get("seconds", "0")), service=service)
                 return 200, self.state()
+            if command == "index-lag" and method == "POST":
+                self.set_index_lag(float(query.get("seconds", "0")))
+                return 200, self.state()
             if command == "down" and method == "POST":
                 self.set_down(query.get("on", "1") not in ("0", "false"), service=service)
                 return 200, self.state()
@@ -486,6 +533,17 @@ class AwsProxy:
         except ValueError as exc:
             return 400, {"error": str(exc)}
         return 404, {"error": f"{method} {parts.path}: no such control"}
+
+
+def _is_index_read(parsed: ParsedRequest, body: bytes, faults: _Faults) -> bool:
+    if not faults.index_lag or parsed.service != "dynamodb":
+        return False
+    if parsed.operation not in ("Query", "Scan") or b'"IndexName"' not in body:
+        return False
+    try:
+        return bool(json.loads(body).get("IndexName"))
+    except ValueError:
+        return False
 
 
 class _Server(ThreadingHTTPServer):
@@ -576,12 +634,15 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
                         self.close_connection = True  # unreachable backend: no answer
                         return
             proxy._record(parsed, response.status)
+            headers = response.getheaders()
             with proxy._lock:
                 lost = proxy._faults.answer_lost(body)
+                if response.status == 200 and _is_index_read(parsed, body, proxy._faults):
+                    headers, data = proxy._faults.stale_answer(body, (headers, data))
             if lost:  # applied by the backend; the caller never hears of it
                 self.close_connection = True
                 return
-            self._answer(response.status, response.getheaders(), data)
+            self._answer(response.status, headers, data)
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve
 

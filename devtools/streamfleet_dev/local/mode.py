@@ -63,6 +63,7 @@ from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.e2e import READER_CLAIM, READER_GROUP
 from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
 
+from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS
 from .fleet import Fleet, WorkerProcess, worker_container
 from .servers import LOCAL_AWS_ENV
 from .services import EventApi, RegionsProcess, start_event_api
@@ -736,7 +737,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             if args.dynamodb == "dynalite"
             else "starting moto (SQS and DynamoDB)"
         )
-        stores = await asyncio.to_thread(start_stores, workdir, leases_on=args.dynamodb)
+        stores = await asyncio.to_thread(
+            start_stores, workdir, leases_on=args.dynamodb, index_lag_seconds=args.index_lag
+        )
         go_on()
         os.environ["AWS_ENDPOINT_URL_SQS"] = stores.sqs_endpoint
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = stores.dynamodb_endpoint
@@ -947,6 +950,13 @@ def main(argv: list[str] | None = None) -> int:
     # dynalite by default: moto's server does not serialise concurrent conditional writes.
     parser.add_argument("--dynamodb", choices=("moto", "dynalite"), default="dynalite")
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until quit")
+    parser.add_argument(
+        "--index-lag",
+        type=float,
+        default=DEFAULT_INDEX_LAG_SECONDS,
+        help="seconds an index query's answer may be stale (DynamoDB's GSIs are eventually "
+        "consistent; 0: never)",
+    )
     parser.add_argument("--summary", action="store_true", help="print a JSON summary at the end")
     parser.add_argument(
         "--no-regions", action="store_true", help="without the WebSocket API's two regions"
@@ -977,6 +987,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1 or args.streams < 0 or args.rate <= 0:
         parser.error("--workers must be ≥ 1, --streams ≥ 0, --rate > 0")
+    if not 0 <= args.index_lag <= 60:
+        parser.error("--index-lag: from 0 to 60 seconds")
     with tempfile.TemporaryDirectory(prefix="streamfleet-local-") as tmp:
         try:
             asyncio.run(run(args, Path(tmp)))

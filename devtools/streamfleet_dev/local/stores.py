@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .aws_proxy import AwsProxy, ParsedRequest
+from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy, ParsedRequest
 from .servers import LocalServer, dynalite_server, moto_server
 
 # What the fleet harness names its messages tables (``Fleet``: ``messages-<8 hex>``), and the
@@ -85,9 +85,14 @@ class LocalStores:
                 self.moto.stop()
 
 
-def start_stores(workdir: Path, *, leases_on: str = "dynalite") -> LocalStores:
+def start_stores(
+    workdir: Path,
+    *,
+    leases_on: str = "dynalite",
+    index_lag_seconds: float = DEFAULT_INDEX_LAG_SECONDS,
+) -> LocalStores:
     """moto's server and (unless ``leases_on`` is ``moto``) dynalite, started side by side,
-    and the routing proxy in front of them."""
+    and the routing proxy in front of them, whose index answers lag by ``index_lag_seconds``."""
     if leases_on not in ("dynalite", "moto"):
         raise ValueError(f"leases_on: dynalite or moto, not {leases_on!r}")
     with ThreadPoolExecutor(2) as pool:
@@ -116,6 +121,7 @@ def start_stores(workdir: Path, *, leases_on: str = "dynalite") -> LocalStores:
         default_backend=moto.endpoint,
         service_backends={"dynamodb": leases},
         keep_records=False,
+        index_lag_seconds=index_lag_seconds,
     ).start()
     return LocalStores(moto=moto, dynalite=dynalite, proxy=proxy)
 

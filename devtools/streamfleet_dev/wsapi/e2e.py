@@ -43,7 +43,7 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item, to_attr
-from streamfleet_dev.local.aws_proxy import AwsProxy
+from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
 from streamfleet_dev.local.fleet import FAST_ENV
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet_dev.tables import create_table
@@ -150,6 +150,7 @@ class LiveWorld:
             service_backends={"dynamodb": self.dynalite},
             table_backends={name: self.moto for name in self.messages_tables},
             keep_records=False,
+            index_lag_seconds=DEFAULT_INDEX_LAG_SECONDS,
         ).start()
         await asyncio.to_thread(self._create_fleet_resources)
         self.upstream = await asyncio.to_thread(

@@ -60,6 +60,19 @@ MANAGEMENT_READ_TIMEOUT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 5.0
 
 
+# The frames API Gateway sends a client itself when a message's integration fails.
+INTERNAL_SERVER_ERROR = "Internal server error"
+ENDPOINT_TIMED_OUT = "Endpoint request timed out"
+
+
+class LambdaTimedOut(Exception):
+    """The function ran past its timeout: Lambda ends it and reports a failure."""
+
+
+class IntegrationTimedOut(Exception):
+    """API Gateway stopped waiting for the integration."""
+
+
 class FailureMode(StrEnum):
     """How the region is (not) working."""
 
@@ -83,6 +96,13 @@ class GatewaySettings:
     max_message_bytes: int = model.WS_MAX_MESSAGE_BYTES
     max_frame_bytes: int = model.WS_MAX_FRAME_BYTES
     idle_timeout_seconds: float = model.WS_IDLE_TIMEOUT_SECONDS
+    # API Gateway closes every connection at this age, however active it is.
+    max_connection_seconds: float = model.WS_MAX_CONNECTION_SECONDS
+    # API Gateway stops waiting for a route's integration after this long.
+    integration_timeout_seconds: float = model.WS_INTEGRATION_TIMEOUT_SECONDS
+    # The route handler's Lambda timeout (the construct's default unless a test sets the
+    # template's): an invocation that runs longer failed, whatever it returns afterwards.
+    handler_timeout_seconds: float = model.WS_HANDLER_TIMEOUT_SECONDS
     account_id: str = "000000000000"
 
 
@@ -98,6 +118,8 @@ class GatewayStats:
     gone: int = 0
     failed_messages: int = 0
     binary_refused: int = 0  # binary frames: the client disconnected with 1003
+    integration_errors: int = 0  # messages answered with an error frame (handler raised, timed out)
+    aged_out: int = 0  # connections closed at the maximum connection duration
     management_faults: int = 0  # Management API calls answered with an injected error
 
     def count_rejection(self, status: int) -> None:
@@ -306,18 +328,49 @@ class LocalGateway:
         }
 
     async def _invoke(self, function: LambdaFunction, event: dict[str, Any]) -> Any:
+        """Run ``function`` as Lambda would behind API Gateway: its context counts down from its
+        timeout once it starts, an invocation that outlives that timeout failed
+        (:class:`LambdaTimedOut`), and API Gateway gives up on one it has waited for longer
+        than the integration timeout, queueing included (:class:`IntegrationTimedOut`)."""
         if event.get("type") == "REQUEST":
             route = "authorizer"
         else:
             route = str(event.get("requestContext", {}).get("routeKey"))
         self.stats.count_invocation(route)
-        context = SimpleNamespace(
-            aws_request_id=uuid.uuid4().hex,
-            function_name=f"local-{self.settings.region}",
-            get_remaining_time_in_millis=lambda: 29_000,
-        )
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, function, event, context)
+        timeout = self.settings.handler_timeout_seconds
+        started: list[float] = []
+
+        def run() -> Any:
+            started.append(time.monotonic())
+            deadline = started[0] + timeout
+            context = SimpleNamespace(
+                aws_request_id=uuid.uuid4().hex,
+                function_name=f"local-{self.settings.region}",
+                get_remaining_time_in_millis=lambda: max(
+                    0, int((deadline - time.monotonic()) * 1000)
+                ),
+            )
+            return function(event, context)
+
+        # The thread cannot be stopped; its answer, if it ever comes, is discarded.
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run)
+        give_up_at = time.monotonic() + self.settings.integration_timeout_seconds
+        while True:
+            now = time.monotonic()
+            # Until the function starts (a free thread), look again shortly.
+            end = min(give_up_at, started[0] + timeout if started else now + 0.05)
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), max(0.0, end - now))
+            except TimeoutError:
+                now = time.monotonic()
+                if started and now >= started[0] + timeout:
+                    raise LambdaTimedOut(
+                        f"{route}: Task timed out after {timeout:g} seconds"
+                    ) from None
+                if now >= give_up_at:
+                    raise IntegrationTimedOut(
+                        f"{route}: no answer within {self.settings.integration_timeout_seconds:g} s"
+                    ) from None
 
     # Handshake -------------------------------------------------------------------------------
 
@@ -436,14 +489,22 @@ class LocalGateway:
         self._connections[connection.connection_id] = connection
         self.stats.connects += 1
         close_code: int | None = None
+        aged_out_at = time.monotonic() + self.settings.max_connection_seconds
         try:
             while True:
+                left = aged_out_at - time.monotonic()
                 try:
                     message = await asyncio.wait_for(
-                        socket.recv(), self.settings.idle_timeout_seconds
+                        socket.recv(), min(self.settings.idle_timeout_seconds, max(0.0, left))
                     )
                 except TimeoutError:
-                    await socket.close(1001, "Going away (idle timeout)")
+                    if time.monotonic() >= aged_out_at:
+                        # API Gateway documents the limit, not the close code; 1001 is what a
+                        # server going away sends, and clients must reconnect on any close.
+                        self.stats.aged_out += 1
+                        await socket.close(1001, "Going away (maximum connection duration)")
+                    else:
+                        await socket.close(1001, "Going away (idle timeout)")
                     break
                 connection.last_active_ms = time.time_ns() // 1_000_000
                 if isinstance(message, bytes):
@@ -487,24 +548,37 @@ class LocalGateway:
             authorizer=connection.authorizer or None,
         )
         if self.mode is not FailureMode.HEALTHY:
-            # What API Gateway sends when the integration fails (throttled or erroring Lambda).
+            # What API Gateway sends when the integration fails (a throttled Lambda).
             self.stats.failed_messages += 1
-            with contextlib.suppress(ConnectionClosed):
-                await connection.socket.send(
-                    json.dumps(
-                        {
-                            "message": "Internal server error",
-                            "connectionId": connection.connection_id,
-                            "requestId": request_context["requestId"],
-                        }
-                    )
-                )
+            await self._send_error_frame(connection, request_context, INTERNAL_SERVER_ERROR)
             return
         event = {"requestContext": request_context, "body": message, "isBase64Encoded": False}
         try:
             await self._invoke(self._require_handler(), event)
+        except IntegrationTimedOut as exc:
+            logger.warning("route %s: %s", route, exc)
+            self.stats.integration_errors += 1
+            await self._send_error_frame(connection, request_context, ENDPOINT_TIMED_OUT)
         except Exception as exc:
+            # The function raised or ran out of time: API Gateway answers the message itself.
             logger.warning("route %s failed: %s: %s", route, type(exc).__name__, exc)
+            self.stats.integration_errors += 1
+            await self._send_error_frame(connection, request_context, INTERNAL_SERVER_ERROR)
+
+    @staticmethod
+    async def _send_error_frame(
+        connection: _Connection, request_context: Mapping[str, Any], message: str
+    ) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await connection.socket.send(
+                json.dumps(
+                    {
+                        "message": message,
+                        "connectionId": connection.connection_id,
+                        "requestId": request_context["requestId"],
+                    }
+                )
+            )
 
     async def _disconnect(self, connection: _Connection, close_code: int | None) -> None:
         request_context = self._request_context(

@@ -1,0 +1,127 @@
+"""The local API Gateway keeps API Gateway's limits on time, so code that would fail deployed
+fails here: the maximum connection duration, the function's timeout (and a context that counts
+down to it), the integration timeout, and the error frame a client gets when a route fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from streamfleet.client.reconnecting import ClientConfig, Endpoint, ReconnectingClient
+from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from tests.wsapi_support import REGION, authorizer, user_token
+
+DEADLINE = 10.0
+
+
+class Routes:
+    """A route handler whose message behaviour the test picks: ``raise``, ``sleep:<s>``."""
+
+    def __init__(self) -> None:
+        self.remaining_ms: list[int] = []
+        self.disconnects = 0
+
+    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        route = event["requestContext"]["routeKey"]
+        if route == "$disconnect":
+            self.disconnects += 1
+        if route in ("$connect", "$disconnect"):
+            return {"statusCode": 200}
+        self.remaining_ms.append(context.get_remaining_time_in_millis())
+        body = event["body"]
+        if body == "raise":
+            raise RuntimeError("the handler failed")
+        if body.startswith("sleep:"):
+            time.sleep(float(body.removeprefix("sleep:")))
+        return {"statusCode": 200}
+
+
+def gateway(routes: Routes, **limits: Any) -> LocalGateway:
+    return LocalGateway(GatewaySettings(region=REGION, **limits), authorizer=None, handler=routes)
+
+
+async def frame_after(url: str, message: str) -> dict[str, Any]:
+    async with connect(url, open_timeout=5) as ws:
+        await ws.send(message)
+        return json.loads(await asyncio.wait_for(ws.recv(), DEADLINE))
+
+
+async def test_a_route_that_raises_gets_api_gateways_error_frame() -> None:
+    routes = Routes()
+    async with gateway(routes) as running:
+        frame = await frame_after(running.url, "raise")
+    assert frame["message"] == "Internal server error"
+    assert {"connectionId", "requestId"} <= frame.keys()
+    assert running.stats.integration_errors == 1
+
+
+async def test_a_route_that_outlives_its_timeout_failed_and_its_context_counted_down() -> None:
+    routes = Routes()
+    async with gateway(routes, handler_timeout_seconds=0.3) as running:
+        frame = await frame_after(running.url, "sleep:1")
+    assert frame["message"] == "Internal server error"
+    assert 0 < routes.remaining_ms[0] <= 300
+
+
+async def test_api_gateway_stops_waiting_after_the_integration_timeout() -> None:
+    routes = Routes()
+    async with gateway(
+        routes, handler_timeout_seconds=5, integration_timeout_seconds=0.3
+    ) as running:
+        frame = await frame_after(running.url, "sleep:1")
+    assert frame["message"] == "Endpoint request timed out"
+
+
+async def test_a_connection_is_closed_at_its_maximum_duration_however_active() -> None:
+    routes = Routes()
+    async with gateway(routes, max_connection_seconds=0.5) as running:
+        async with connect(running.url, open_timeout=5) as ws:
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosed) as closed:
+                while time.monotonic() - started < DEADLINE:
+                    await ws.send("ok")  # active: the idle timeout never applies
+                    await asyncio.sleep(0.05)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+        assert running.stats.aged_out == 1
+
+        async def disconnected() -> bool:
+            return routes.disconnects == 1
+
+        deadline = time.monotonic() + DEADLINE
+        while not await disconnected():
+            assert time.monotonic() < deadline, "$disconnect not invoked"
+            await asyncio.sleep(0.05)
+
+
+async def test_the_client_reconnects_across_the_maximum_duration_and_keeps_its_state(
+    tables: tuple[str, str],
+) -> None:
+    state, connections = tables
+    async with (
+        wsapi_gateway(
+            GatewaySettings(region=REGION, max_connection_seconds=1.0),
+            authorizer=authorizer(),
+            state_table=state,
+            connections_table=connections,
+        ) as running,
+        ReconnectingClient(
+            lambda attempt, force_refresh=False: Endpoint(running.url, user_token("erin")),
+            ClientConfig(heartbeat_interval=0.2, heartbeat_timeout=1.0, backoff_base=0.05),
+        ) as client,
+    ):
+        await client.wait_ready(DEADLINE)
+        first = await client.request({"action": "bid", "auction": "a1", "amount": 7})
+        assert first["accepted"]
+        deadline = time.monotonic() + DEADLINE
+        while client.connections < 2 or not client.ready:
+            assert time.monotonic() < deadline, "the client did not reconnect"
+            await asyncio.sleep(0.05)
+        state_reply = await client.request({"action": "getState", "auction": "a1"})
+    assert running.stats.aged_out >= 1
+    assert state_reply["auction"]["highestIsYou"] is True
