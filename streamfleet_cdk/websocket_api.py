@@ -598,7 +598,7 @@ class WebSocketApi(Construct):
             distributions=AUTHORIZER_DISTRIBUTIONS,
             role=self.authorizer_role,
             log_group=self.authorizer_log_group,
-            timeout=Duration.seconds(10),
+            timeout=Duration.seconds(model.WS_AUTHORIZER_TIMEOUT_SECONDS),
             reserved_concurrency=props.authorizer_reserved_concurrency,
             log_level=props.log_level,
             environment=props.jwt.environment(),

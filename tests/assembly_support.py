@@ -583,6 +583,8 @@ async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRe
         management_port=0,  # bound by the gateway, read back below
         routes=tuple(key for key in api.route_keys if not key.startswith("$")),
         account_id=LOCAL_ACCOUNT,
+        handler_timeout_seconds=handler_function.timeout_seconds,
+        authorizer_timeout_seconds=authorizer_function.timeout_seconds,
     )
     async with LocalGateway(settings, authorizer=authorizer, handler=handler) as gateway:
         # The proxy forwards the whole path, stage included, to the gateway's own origin.

@@ -498,8 +498,10 @@ WS_MAX_CONNECTION_SECONDS = 2 * 60 * 60
 WS_IDLE_TIMEOUT_SECONDS = 10 * 60
 # API Gateway stops waiting for a WebSocket route's integration after this long.
 WS_INTEGRATION_TIMEOUT_SECONDS = 29
-# The WebSocket route handler's Lambda timeout unless a deployment sets another.
+# The WebSocket route handler's Lambda timeout unless a deployment sets another, and the
+# $connect authorizer's.
 WS_HANDLER_TIMEOUT_SECONDS = 10
+WS_AUTHORIZER_TIMEOUT_SECONDS = 10
 
 # Canary metric: 1 healthy, 0 unhealthy, after the fail-back hysteresis. A CloudWatch alarm on it
 # (2 of 2 datapoints, missing data breaching) drives the Route 53 health check.

@@ -5,6 +5,7 @@ down to it), the integration timeout, and the error frame a client gets when a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -13,7 +14,13 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from streamfleet.client.reconnecting import ClientConfig, Endpoint, ReconnectingClient
+from streamfleet.client.reconnecting import (
+    ClientConfig,
+    ConnectionLost,
+    Endpoint,
+    NotConnected,
+    ReconnectingClient,
+)
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from tests.wsapi_support import REGION, authorizer, user_token
 
@@ -37,6 +44,8 @@ class Routes:
         body = event["body"]
         if body == "raise":
             raise RuntimeError("the handler failed")
+        if body == "raise-timeout":
+            raise TimeoutError("the handler's own call timed out")
         if body.startswith("sleep:"):
             time.sleep(float(body.removeprefix("sleep:")))
         return {"statusCode": 200}
@@ -59,6 +68,15 @@ async def test_a_route_that_raises_gets_api_gateways_error_frame() -> None:
     assert frame["message"] == "Internal server error"
     assert {"connectionId", "requestId"} <= frame.keys()
     assert running.stats.integration_errors == 1
+
+
+async def test_a_route_that_raises_timeout_error_fails_at_once_not_at_its_timeout() -> None:
+    """The handler's own TimeoutError (a socket's, say) is a failure now, not a wait for the
+    function's timeout (here far longer than the test waits for the frame)."""
+    routes = Routes()
+    async with gateway(routes, handler_timeout_seconds=600) as running:
+        frame = await frame_after(running.url, "raise-timeout")
+    assert frame["message"] == "Internal server error"
 
 
 async def test_a_route_that_outlives_its_timeout_failed_and_its_context_counted_down() -> None:
@@ -103,9 +121,18 @@ async def test_the_client_reconnects_across_the_maximum_duration_and_keeps_its_s
     tables: tuple[str, str],
 ) -> None:
     state, connections = tables
+
+    async def request(client: ReconnectingClient, message: dict[str, Any]) -> dict[str, Any]:
+        # A request that straddles the cut is lost with its connection: asked again.
+        for _ in range(3):
+            with contextlib.suppress(ConnectionLost, NotConnected):
+                await client.wait_ready(DEADLINE)
+                return await client.request(message)
+        raise AssertionError(f"{message} not answered in 3 connections")
+
     async with (
         wsapi_gateway(
-            GatewaySettings(region=REGION, max_connection_seconds=1.0),
+            GatewaySettings(region=REGION, max_connection_seconds=3.0),
             authorizer=authorizer(),
             state_table=state,
             connections_table=connections,
@@ -115,13 +142,12 @@ async def test_the_client_reconnects_across_the_maximum_duration_and_keeps_its_s
             ClientConfig(heartbeat_interval=0.2, heartbeat_timeout=1.0, backoff_base=0.05),
         ) as client,
     ):
-        await client.wait_ready(DEADLINE)
-        first = await client.request({"action": "bid", "auction": "a1", "amount": 7})
+        first = await request(client, {"action": "bid", "auction": "a1", "amount": 7})
         assert first["accepted"]
         deadline = time.monotonic() + DEADLINE
         while client.connections < 2 or not client.ready:
             assert time.monotonic() < deadline, "the client did not reconnect"
             await asyncio.sleep(0.05)
-        state_reply = await client.request({"action": "getState", "auction": "a1"})
+        state_reply = await request(client, {"action": "getState", "auction": "a1"})
     assert running.stats.aged_out >= 1
     assert state_reply["auction"]["highestIsYou"] is True

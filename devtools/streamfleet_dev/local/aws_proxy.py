@@ -16,10 +16,11 @@ Code under test reaches AWS only through the standard endpoint variables. Point
   that drops requests without an answer, as an unreachable endpoint would;
 * **lags secondary indexes**: DynamoDB's global secondary indexes are eventually consistent, and
   dynalite and moto update theirs synchronously. With ``index_lag_seconds`` a query or scan of
-  an index is answered with the oldest answer that same request got in the last that many
-  seconds, so an index shows a write up to that long after it was applied (a row missing after
-  it was written, or still there after it was removed), and never an answer the index did not
-  really give.
+  an index may be answered with an earlier answer to the same request, the oldest that still
+  reflects every write to its table older than the lag: so an index shows a write up to that
+  long after it was applied (a row missing after it was written, or still there after it was
+  removed), and never an answer the index did not really give. A request never asked before
+  is answered as it is now (there is no earlier answer to give).
 
 It understands the wire formats botocore speaks: the JSON protocol (``X-Amz-Target``:
 DynamoDB, SQS, Secrets Manager), the query protocol (form ``Action=...``: CloudWatch with older
@@ -65,6 +66,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 CONTROL_PREFIX = "/__proxy__/"
 INDEX_QUERIES_KEPT = 10_000  # distinct index requests remembered for lag, at most
+INDEX_ANSWERS_KEPT = 20  # answers remembered per request: fewer only makes answers fresher
 # How stale the local worlds' index answers are by default: DynamoDB propagates to a global
 # secondary index "usually within a fraction of a second", so a second is on the strict side.
 DEFAULT_INDEX_LAG_SECONDS = 1.0
@@ -298,11 +300,13 @@ class _Faults:
     answered_once: set[str] = field(default_factory=set)
     answers_lost: int = 0
     index_lag: float = 0.0
-    # request body -> [(when, (headers, body))]: what each index query was answered lately
-    index_answers: dict[bytes, list[tuple[float, tuple[list[tuple[str, str]], bytes]]]] = field(
-        default_factory=dict
-    )
-    stale_answers: int = 0
+    # (Region, backend, request body) -> [(when, (headers, body))]: each index request's answers
+    index_answers: dict[
+        tuple[str, ...], list[tuple[float, tuple[list[tuple[str, str]], bytes]]]
+    ] = field(default_factory=dict)
+    # "<Region>/<table>" -> when writes reached it (the newest older than the lag, and later)
+    table_writes: dict[str, list[float]] = field(default_factory=dict)
+    stale_answers: int = 0  # answers that differed from the index's current one
 
     def answer_lost(self, body: bytes) -> bool:
         if self.lose_first_answer is None or self.lose_first_answer not in body:
@@ -317,20 +321,31 @@ class _Faults:
         self.answers_lost += 1
         return True
 
+    def wrote(self, table: str) -> None:
+        """A write (applied or not) reached ``table`` now."""
+        self.table_writes.setdefault(table, []).append(time.monotonic())
+
     def stale_answer(
-        self, body: bytes, answer: tuple[list[tuple[str, str]], bytes]
+        self, key: tuple[str, ...], table: str, answer: tuple[list[tuple[str, str]], bytes]
     ) -> tuple[list[tuple[str, str]], bytes]:
-        """Remember ``answer`` to this index query; give back the oldest one within the lag."""
+        """Remember ``answer`` (just given by the backend) to the index request ``key``, and
+        give back the oldest remembered answer that reflects every write to ``table`` older
+        than the lag: what a lagging index could answer now."""
         now = time.monotonic()
-        answers = self.index_answers.setdefault(body, [])
+        cutoff = now - self.index_lag
+        writes = self.table_writes.get(table, [])
+        while len(writes) > 1 and writes[1] <= cutoff:
+            writes.pop(0)  # only the newest write older than the lag matters
+        visible = writes[0] if writes and writes[0] <= cutoff else float("-inf")
+        answers = [(at, given) for at, given in self.index_answers.get(key, []) if at > visible]
         answers.append((now, answer))
-        while answers and answers[0][0] < now - self.index_lag:
-            answers.pop(0)
+        self.index_answers[key] = answers[-INDEX_ANSWERS_KEPT:]
         if len(self.index_answers) > INDEX_QUERIES_KEPT:
-            for key in list(self.index_answers)[: INDEX_QUERIES_KEPT // 2]:
-                self.index_answers.pop(key, None)
-        self.stale_answers += answers[0][1] is not answer
-        return answers[0][1]
+            for old in list(self.index_answers)[: INDEX_QUERIES_KEPT // 2]:
+                self.index_answers.pop(old, None)
+        served = self.index_answers[key][0][1]
+        self.stale_answers += served[1] != answer[1]
+        return served
 
     def delay_for(self, service: str) -> float:
         return self.latency.get(service, self.latency.get(None, 0.0))
@@ -451,6 +466,7 @@ class AwsProxy:
         with self._lock:
             self._faults.index_lag = float(seconds)
             self._faults.index_answers.clear()
+            self._faults.table_writes.clear()
 
     def set_down(self, down: bool, *, service: str | None = None) -> None:
         """Drop every request (of ``service``, or all) without an answer while ``down``."""
@@ -535,15 +551,13 @@ class AwsProxy:
         return 404, {"error": f"{method} {parts.path}: no such control"}
 
 
-def _is_index_read(parsed: ParsedRequest, body: bytes, faults: _Faults) -> bool:
-    if not faults.index_lag or parsed.service != "dynamodb":
-        return False
-    if parsed.operation not in ("Query", "Scan") or b'"IndexName"' not in body:
-        return False
-    try:
-        return bool(json.loads(body).get("IndexName"))
-    except ValueError:
-        return False
+_WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
+
+
+def _reads_index(parsed: ParsedRequest) -> bool:
+    return parsed.operation in ("Query", "Scan") and any(
+        "/index/" in resource for resource in parsed.resources
+    )
 
 
 class _Server(ThreadingHTTPServer):
@@ -637,8 +651,15 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
             headers = response.getheaders()
             with proxy._lock:
                 lost = proxy._faults.answer_lost(body)
-                if response.status == 200 and _is_index_read(parsed, body, proxy._faults):
-                    headers, data = proxy._faults.stale_answer(body, (headers, data))
+                faults = proxy._faults
+                if faults.index_lag and parsed.service == "dynamodb":
+                    tables = [f"{parsed.region}/{table}" for table in parsed.tables]
+                    if parsed.operation in _WRITES:
+                        for table in tables:
+                            faults.wrote(table)
+                    elif response.status == 200 and len(tables) == 1 and _reads_index(parsed):
+                        key = (parsed.region, backend, body.decode("utf-8", "replace"))
+                        headers, data = faults.stale_answer(key, tables[0], (headers, data))
             if lost:  # applied by the backend; the caller never hears of it
                 self.close_connection = True
                 return

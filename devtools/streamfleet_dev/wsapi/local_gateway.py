@@ -100,9 +100,12 @@ class GatewaySettings:
     max_connection_seconds: float = model.WS_MAX_CONNECTION_SECONDS
     # API Gateway stops waiting for a route's integration after this long.
     integration_timeout_seconds: float = model.WS_INTEGRATION_TIMEOUT_SECONDS
-    # The route handler's Lambda timeout (the construct's default unless a test sets the
-    # template's): an invocation that runs longer failed, whatever it returns afterwards.
+    # The route handler's and the authorizer's Lambda timeouts (the constructs' defaults unless
+    # the template's are given): an invocation that runs longer failed, whatever it returns
+    # afterwards. Its thread cannot be stopped, so what it still does after its timeout (a
+    # write, a post) happens here where Lambda would have ended it: looser than AWS there.
     handler_timeout_seconds: float = model.WS_HANDLER_TIMEOUT_SECONDS
+    authorizer_timeout_seconds: float = model.WS_AUTHORIZER_TIMEOUT_SECONDS
     account_id: str = "000000000000"
 
 
@@ -210,6 +213,9 @@ class LocalGateway:
             max_size=(s.max_message_bytes, s.max_frame_bytes),
             compression=None,
             server_header=None,
+            # The handshake waits for the authorizer and $connect, each within its own timeout:
+            # the socket's own opening deadline must not cut them short first.
+            open_timeout=2 * s.integration_timeout_seconds + 5,
         )
         _ = self.url
         return self
@@ -337,7 +343,11 @@ class LocalGateway:
         else:
             route = str(event.get("requestContext", {}).get("routeKey"))
         self.stats.count_invocation(route)
-        timeout = self.settings.handler_timeout_seconds
+        timeout = (
+            self.settings.authorizer_timeout_seconds
+            if route == "authorizer"
+            else self.settings.handler_timeout_seconds
+        )
         started: list[float] = []
 
         def run() -> Any:
@@ -362,6 +372,8 @@ class LocalGateway:
             try:
                 return await asyncio.wait_for(asyncio.shield(future), max(0.0, end - now))
             except TimeoutError:
+                if future.done():  # the function's own TimeoutError, not the wait's
+                    return future.result()
                 now = time.monotonic()
                 if started and now >= started[0] + timeout:
                     raise LambdaTimedOut(
@@ -505,6 +517,7 @@ class LocalGateway:
                         await socket.close(1001, "Going away (maximum connection duration)")
                     else:
                         await socket.close(1001, "Going away (idle timeout)")
+                    close_code = 1001
                     break
                 connection.last_active_ms = time.time_ns() // 1_000_000
                 if isinstance(message, bytes):
