@@ -8,29 +8,20 @@ CloudWatch is moto. The replicator's stream path is tested on moto, which has St
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 
 import boto3
 import pytest
 
 from streamfleet import model
-from streamfleet.aws import AsyncClient
-from streamfleet.lease.dynamo import from_item, to_item
-from streamfleet.wsapi.handlers import make_dynamodb_client
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.wsapi.drill import (
     DrillConfig,
     FailoverResolver,
     HealthAlarm,
-    Replicator,
-    ScanFeed,
-    StreamFeed,
     markdown,
     run_drill,
 )
 from streamfleet_dev.wsapi.local_gateway import FailureMode
-from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 
 @pytest.fixture
@@ -147,79 +138,3 @@ def test_the_resolver_follows_the_alarm_rule() -> None:
     assert [region for _, region in resolver.history] == [
         "primary", "secondary", "primary", "secondary"
     ]  # fmt: skip
-
-
-@pytest.fixture
-def two_regions(moto) -> Iterator[dict[str, str]]:
-    """A state table with a stream in each of two regions of moto's server."""
-    suffix = uuid.uuid4().hex[:8]
-    tables = {}
-    for region in ("us-east-1", "us-west-2"):
-        tables[region] = f"test-repl-{region}-{suffix}"
-        create_wsapi_tables(
-            make_dynamodb_client(region),
-            state_table=tables[region],
-            connections_table=f"test-replc-{region}-{suffix}",
-            stream=True,
-        )
-    yield tables
-    for region, table in tables.items():
-        delete_wsapi_tables(
-            make_dynamodb_client(region),
-            state_table=table,
-            connections_table=f"test-replc-{region}-{suffix}",
-        )
-
-
-def state_item(pk: str, updated_at_ms: int, writer: str, **extra: object) -> dict:
-    return to_item(
-        {model.PK: pk, model.UPDATED_AT_MS: updated_at_ms, model.WRITER_REGION: writer, **extra}
-    )
-
-
-@pytest.mark.parametrize("feed_kind", ["stream", "scan"])
-async def test_replication_is_last_writer_wins(
-    two_regions: dict[str, str], moto, feed_kind: str
-) -> None:
-    east, west = "us-east-1", "us-west-2"
-    clients = {region: AsyncClient("dynamodb", region_name=region) for region in two_regions}
-    # Explicit: AWS_ENDPOINT_URL_DYNAMODB does not apply to the streams client.
-    streams = AsyncClient("dynamodbstreams", region_name=east, endpoint_url=moto.endpoint)
-    try:
-        if feed_kind == "stream":
-            description = await clients[east].call("describe_table", TableName=two_regions[east])
-            feed = StreamFeed(streams, description["Table"]["LatestStreamArn"])
-        else:
-            feed = ScanFeed(clients[east], two_regions[east])
-        replicator = Replicator(
-            feed=feed,
-            destination=clients[west],
-            destination_table=two_regions[west],
-            destination_region=west,
-            interval=0.05,
-        )
-
-        async def put(region: str, item: dict) -> None:
-            await clients[region].call("put_item", TableName=two_regions[region], Item=item)
-
-        await put(east, state_item("AUCTION#a", 100, east, highest=5))
-        await put(east, state_item("AUCTION#a", 101, east, highest=7))  # newer in the same poll
-        await put(east, state_item("USER#u", 200, east, bids=1))
-        await put(west, state_item("USER#u", 300, west, bids=9))  # the other region wrote later
-        await put(east, state_item("USER#w", 50, west, bids=2))  # came from west: not shipped back
-        assert await replicator.poll_once() == 1
-        west_items = {
-            item[model.PK]: item
-            for item in (
-                from_item(raw)
-                for raw in (await clients[west].call("scan", TableName=two_regions[west]))["Items"]
-            )
-        }
-        assert west_items["AUCTION#a"]["highest"] == 7  # only the newest version shipped
-        assert west_items["USER#u"]["bids"] == 9  # last writer wins
-        assert "USER#w" not in west_items
-        assert replicator.stats.conflicts == 1 and replicator.stats.shipped == 1
-        assert await replicator.poll_once() == 0  # nothing new
-    finally:
-        for client in (*clients.values(), streams):
-            client.close()

@@ -3,9 +3,10 @@
 It runs on :class:`~.regions.LocalRegions`, everything the production design has, each piece
 standing in for its AWS counterpart and running the real runtime code: two "regions" (a
 :class:`~.local_gateway.LocalGateway` each, calling the real authorizer and handlers, with their
-own tables), a :class:`~.replication.Replicator` per direction (a global table: asynchronous,
-last writer wins), the real canary per region (fail-back hysteresis in its connections table;
-closing every client connection of its region while the region reports unhealthy), a
+own tables), a :class:`~.replication.StateReplication` between them (a global table:
+asynchronous, the last writer by its own clock wins, deletes too), the real canary per region
+(fail-back hysteresis in its connections table; closing every client connection of its region
+while the region reports unhealthy), a
 :class:`~.failover.HealthAlarm` per region and the :class:`~.failover.FailoverResolver`
 (Route 53 failover routing). On top of that, N :class:`~streamfleet.client.ReconnectingClient`
 instances whose endpoint provider asks the resolver for the "failover name" and mints a fresh
@@ -67,8 +68,8 @@ from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsSettings
 from streamfleet_dev.wsapi.replication import (
     ChangeFeed,
     ReplicationStats,
-    Replicator,
     ScanFeed,
+    StateReplication,
     StreamFeed,
 )
 
@@ -79,8 +80,8 @@ __all__ = [
     "FailoverResolver",
     "HealthAlarm",
     "ReplicationStats",
-    "Replicator",
     "ScanFeed",
+    "StateReplication",
     "StreamFeed",
     "markdown",
     "run_drill",
@@ -430,7 +431,7 @@ def _summarise(
     recovered_at: float,
     failback_at: float | None,
     connected_to_primary: int,
-    replicators: list[Replicator],
+    replicators: list[StateReplication],
     regions: dict[str, Region],
     resolver_history: list[tuple[float, str]],
 ) -> dict[str, Any]:
@@ -522,8 +523,8 @@ def _summarise(
             "auth_failures": sum(c.client.auth_failures for c in drill_clients),
         },
         "replication": {
-            "feed": type(replicators[0].feed).__name__,
-            **{f"into {r.destination_region}": asdict(r.stats) for r in replicators},
+            "feed": type(replicators[0].replicas[0].feed).__name__,
+            **asdict(replicators[0].stats),
         },
         "gateways": {
             name: {

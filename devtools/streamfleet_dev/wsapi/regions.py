@@ -7,8 +7,8 @@ real runtime code (the contract with the browser client: README.md, "Protocol"):
   :class:`~.local_gateway.LocalGateway` (API Gateway's WebSocket routing and Management API)
   calling the real :mod:`~streamfleet.wsapi.authorizer` and :mod:`~streamfleet.wsapi.handlers`,
   with its own state and connections tables on a local DynamoDB (dynalite unless given one);
-* a :class:`~.replication.Replicator` per direction between the two state tables (a global
-  table: asynchronous, last writer wins);
+* a :class:`~.replication.StateReplication` between the two state tables (a global table:
+  asynchronous, the last writer by the replicator's own clock wins, deletes replicated);
 * the real :class:`~streamfleet.wsapi.canary.Canary` per region, with its own identity (a key
   the user tokens never use), its fail-back hysteresis in the connections table, publishing to
   a :class:`~.failover.HealthAlarm` (and to CloudWatch when an endpoint is given), and closing
@@ -97,8 +97,9 @@ from streamfleet_dev.wsapi.local_gateway import FailureMode, GatewaySettings, Lo
 from streamfleet_dev.wsapi.replication import (
     ChangeFeed,
     MessageReplicator,
-    Replicator,
+    ReplicaTable,
     ScanFeed,
+    StateReplication,
     StreamFeed,
 )
 from streamfleet_dev.wsapi.store_outage import StoreSwitch
@@ -257,7 +258,7 @@ class LocalRegions:
             raise RegionsError(f"static_dir: {static_dir} is not a directory")
         self.regions: dict[str, Region] = {}
         self.resolver: FailoverResolver | None = None
-        self.replicators: list[Replicator] = []
+        self.replicators: list[StateReplication] = []
         self.user_key: jwt.SigningKey | None = None
         self._canary_key: jwt.SigningKey | None = None
         self._suffix = uuid.uuid4().hex[:8]
@@ -318,14 +319,13 @@ class LocalRegions:
             self._clock,
         )
         self.replicators = [
-            Replicator(
-                feed=self._feed(a),
-                destination=b.state_client,
-                destination_table=b.state_table,
-                destination_region=b.name,
+            StateReplication(
+                [
+                    ReplicaTable(r.name, r.state_client, r.state_table, self._feed(r))
+                    for r in (primary, secondary)
+                ],
                 interval=s.replication_interval,
             )
-            for a, b in ((primary, secondary), (secondary, primary))
         ]
         self._tasks += [loop.create_task(self._canary_loop(r)) for r in self.regions.values()]
         self._tasks += [loop.create_task(r.run(self._stop)) for r in self.replicators]

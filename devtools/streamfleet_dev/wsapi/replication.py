@@ -1,68 +1,91 @@
-"""A global table stand-in: asynchronous, last-writer-wins replication between two local tables.
+"""A global table stand-in: asynchronous replication between local tables, resolved as global
+tables resolve it.
 
-Each :class:`Replicator` reads what changed in one region's state table (a :class:`ChangeFeed`:
-the table's DynamoDB stream where the backend has one, moto; a polling scan where it has not,
-dynalite) and writes each new image into the other region's table with a conditional put that
-replaces only an older version, by ``(updated_at_ms, writer_region)``, as global tables resolve
-conflicts on their own timestamps.
+:class:`StateReplication` reads what changed in every Region's state table (a
+:class:`ChangeFeed` per Region: the table's DynamoDB stream where the backend has one, moto; a
+polling scan where it has not, dynalite) and applies each change, writes and deletes alike, to
+the other Regions' tables. Concurrent changes to one item settle on the **last writer by the
+replicator's own clock**: each change is stamped with when it was applied in its Region (the
+stream record's ``ApproximateCreationDateTime``, or when the scan first saw it), never with an
+attribute of the item, as DynamoDB decides on its own write time and ignores the application's
+timestamps. A change is applied to a Region only if that Region's copy is older by that clock,
+and only if the copy is still the one the replicator last saw there (a write the replicator has
+not seen yet is newer than anything it holds, and wins when it is seen).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
-from streamfleet.lease.dynamo import from_item, is_condition_failure, names, to_attr
+from streamfleet.lease.dynamo import is_condition_failure, names
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ReplicationStats:
-    shipped: int = 0
-    # The destination already held a newer version (or this one): last-writer-wins kept it.
+    shipped: int = 0  # writes applied to another Region
+    deletes: int = 0  # of which deletes
+    # The other Region's copy was newer by the replicator's clock (or changed unseen): kept.
     conflicts: int = 0
-    max_lag_ms: int = 0
+    max_lag_ms: int = 0  # from a change's stamp to its application elsewhere
     passes: int = 0
 
 
-class ChangeFeed(Protocol):
-    """Where a replicator learns what changed in its source table."""
+@dataclass(frozen=True)
+class Change:
+    """One item's new image (``None``: deleted) and when its Region applied it (epoch s)."""
 
-    async def read(self) -> list[dict[str, Any]]:
-        """Raw DynamoDB images of the items changed since the last read."""
+    pk: str
+    image: dict[str, Any] | None
+    applied_at: float
+
+
+class ChangeFeed(Protocol):
+    """Where a replicator learns what changed in one Region's table."""
+
+    async def read(self) -> list[Change]:
+        """The changes since the last read, in the order they were applied."""
 
 
 class StreamFeed:
-    """The table's DynamoDB stream (new images), read from the oldest record on: what global
-    tables replicate from. Needs a backend with Streams (moto's server, AWS)."""
+    """The table's DynamoDB stream (new images, and removes), read from the oldest record on:
+    what global tables replicate from. Needs a backend with Streams (moto's server, AWS)."""
 
     def __init__(self, streams: AsyncClient, stream_arn: str):
         self.streams = streams
         self.stream_arn = stream_arn
         self._iterators: dict[str, str] = {}
 
-    async def read(self) -> list[dict[str, Any]]:
+    async def read(self) -> list[Change]:
         if not self._iterators:
             await self._open_shards()
-        images: list[dict[str, Any]] = []
+        changes: list[Change] = []
         for shard_id, iterator in list(self._iterators.items()):
             page = await self.streams.call("get_records", ShardIterator=iterator, Limit=1000)
             for record in page.get("Records", []):
-                image = record.get("dynamodb", {}).get("NewImage")
-                if record.get("eventName") != "REMOVE" and image:
-                    images.append(image)
+                data = record.get("dynamodb", {})
+                keys = data.get("Keys") or data.get("NewImage") or {}
+                if model.PK not in keys:
+                    continue
+                created = data.get("ApproximateCreationDateTime")
+                applied_at = created.timestamp() if hasattr(created, "timestamp") else time.time()
+                image = None if record.get("eventName") == "REMOVE" else data.get("NewImage")
+                changes.append(Change(keys[model.PK]["S"], image, applied_at))
             if page.get("NextShardIterator"):
                 self._iterators[shard_id] = page["NextShardIterator"]
             else:  # a closed shard: its children appear in the next describe
                 del self._iterators[shard_id]
-        return images
+        return changes
 
     async def _open_shards(self) -> None:
         description = await self.streams.call("describe_stream", StreamArn=self.stream_arn)
@@ -77,64 +100,70 @@ class StreamFeed:
 
 
 class ScanFeed:
-    """A consistent scan per read, reporting the items whose version changed since the last one:
-    for backends without Streams (dynalite). O(table) per read: fine for a drill."""
+    """A consistent scan per read, reporting every item whose image changed since the last read
+    and every item gone since, stamped when this scan saw them: for backends without Streams
+    (dynalite). O(table) per read: fine for a drill."""
 
     def __init__(self, client: AsyncClient, table: str):
         self.client = client
         self.table = table
-        self._seen: dict[str, tuple[int, str]] = {}
+        self._seen: dict[str, str] = {}  # pk -> canonical image
 
-    async def read(self) -> list[dict[str, Any]]:
-        images: list[dict[str, Any]] = []
+    async def read(self) -> list[Change]:
+        now = time.time()
+        current: dict[str, tuple[str, dict[str, Any]]] = {}
         params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
         while True:
             page = await self.client.call("scan", **params)
             for raw in page.get("Items", []):
-                version = _version_of(from_item(raw) or {})
-                pk = raw[model.PK]["S"]
-                if version is not None and self._seen.get(pk) != version:
-                    self._seen[pk] = version
-                    images.append(raw)
+                current[raw[model.PK]["S"]] = (_canonical(raw), raw)
             if "LastEvaluatedKey" not in page:
-                return images
+                break
             params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        changes = [
+            Change(pk, raw, now)
+            for pk, (text, raw) in current.items()
+            if self._seen.get(pk) != text
+        ]
+        changes += [Change(pk, None, now) for pk in self._seen if pk not in current]
+        self._seen = {pk: text for pk, (text, _) in current.items()}
+        return changes
 
 
-def _version_of(item: dict[str, Any]) -> tuple[int, str] | None:
-    """An item's last-writer-wins version; ``None`` for anything that is not a state version
-    (moto, for one, streams a bare key before the full image of an upsert)."""
-    if model.UPDATED_AT_MS not in item:
-        return None
-    return int(item[model.UPDATED_AT_MS]), str(item.get(model.WRITER_REGION, ""))
+@dataclass
+class ReplicaTable:
+    """One Region's replica: where its changes are read and where others' are applied."""
+
+    region: str
+    client: AsyncClient
+    table: str
+    feed: ChangeFeed
 
 
-class Replicator:
-    """Applies one region's state-table changes to another's, asynchronously, last-writer-wins.
+@dataclass
+class _Held:
+    """What the replicator knows a replica holds for one item."""
 
-    Like a global table: every ``interval`` it reads what changed in the source (a
-    :class:`ChangeFeed`) and writes each new image into the destination with a conditional put
-    that replaces only an older version, by ``(updated_at_ms, writer_region)``. Images written
-    *in* the destination region are never shipped back to it (that is how a change stops
-    bouncing). Deletes are not replicated: the handlers never delete state items.
+    stamp: tuple[float, int]  # (applied at, tie-breaker): the item's last-writer-wins version
+    image: str | None  # canonical image, None: absent
+    by_replication: bool  # written there by the replicator (its echo is not a new change)
+
+
+@dataclass
+class StateReplication:
+    """Every Region's state table replicated to every other one (see the module docstring).
+
+    ``poll_once`` reads each Region's feed, stamps what is new, and applies the newest change of
+    each item to every Region whose copy is older. Items are independent: a burst of writes to
+    one item costs one write per Region, not one per version.
     """
 
-    def __init__(
-        self,
-        *,
-        feed: ChangeFeed,
-        destination: AsyncClient,
-        destination_table: str,
-        destination_region: str,
-        interval: float,
-    ):
-        self.feed = feed
-        self.destination = destination
-        self.destination_table = destination_table
-        self.destination_region = destination_region
-        self.interval = interval
-        self.stats = ReplicationStats()
-        self.paused = False
+    replicas: list[ReplicaTable]
+    interval: float
+    stats: ReplicationStats = field(default_factory=ReplicationStats)
+    paused: bool = False
+    _held: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    _ties: itertools.count = field(default_factory=itertools.count)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Replicate until ``stop`` is set."""
@@ -148,50 +177,89 @@ class Replicator:
                 await asyncio.wait_for(stop.wait(), self.interval)
 
     async def poll_once(self) -> int:
-        """Read what changed and apply it; the number of items shipped."""
+        """Read what changed everywhere and apply it elsewhere; the number of writes applied."""
         self.stats.passes += 1
-        latest: dict[str, tuple[tuple[int, str], dict[str, Any]]] = {}
-        for image in await self.feed.read():
-            item = from_item(image) or {}
-            version = _version_of(item)
-            if version is None or version[1] == self.destination_region:
-                continue
-            pk = str(item[model.PK])
-            # Only the newest version of an item matters: the conditional put refuses older
-            # ones anyway, so a burst of bids on one auction costs one write, not hundreds.
-            if pk not in latest or latest[pk][0] < version:
-                latest[pk] = (version, image)
-        # Different items are independent, so they are shipped concurrently (the client's
-        # executor bounds the parallelism).
+        newest: dict[str, tuple[_Held, str, dict[str, Any] | None]] = {}
+        for replica in self.replicas:
+            for change in await replica.feed.read():
+                key = (replica.region, change.pk)
+                text = None if change.image is None else _canonical(change.image)
+                held = self._held.get(key)
+                if held is not None and held.by_replication and held.image == text:
+                    continue  # the replicator's own write, seen in the Region it wrote to
+                version = _Held((change.applied_at, next(self._ties)), text, False)
+                self._held[key] = version
+                best = newest.get(change.pk)
+                if best is None or best[0].stamp < version.stamp:
+                    newest[change.pk] = (version, replica.region, change.image)
         results = await asyncio.gather(
-            *(self._ship(version, image) for version, image in latest.values())
+            *(
+                self._apply(pk, version, origin, image, target)
+                for pk, (version, origin, image) in newest.items()
+                for target in self.replicas
+                if target.region != origin
+            )
         )
         return sum(results)
 
-    async def _ship(self, version: tuple[int, str], image: dict[str, Any]) -> int:
+    async def _apply(
+        self,
+        pk: str,
+        version: _Held,
+        origin: str,
+        image: dict[str, Any] | None,
+        target: ReplicaTable,
+    ) -> int:
+        key = (target.region, pk)
+        held = self._held.get(key)
+        if held is not None and held.stamp > version.stamp:
+            self.stats.conflicts += 1  # the target's own later write wins, and ships back
+            return 0
+        # Only over the copy last seen there: an unseen write in the target is newer.
+        expected = None if held is None else held.image
+        condition, values, attribute_names = _unchanged(expected)
+        request: dict[str, Any] = {
+            "TableName": target.table,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": attribute_names,
+        }
+        if values:
+            request["ExpressionAttributeValues"] = values
         try:
-            await self.destination.call(
-                "put_item",
-                TableName=self.destination_table,
-                Item=image,
-                ConditionExpression=(
-                    "attribute_not_exists(#pk) OR #updated_at_ms < :ts OR "
-                    "(#updated_at_ms = :ts AND #writer_region < :region)"
-                ),
-                ExpressionAttributeNames=names(model.PK, model.UPDATED_AT_MS, model.WRITER_REGION),
-                ExpressionAttributeValues={
-                    ":ts": to_attr(version[0]),
-                    ":region": to_attr(version[1]),
-                },
-            )
+            if image is None:
+                await target.client.call("delete_item", Key={model.PK: {"S": pk}}, **request)
+            else:
+                await target.client.call("put_item", Item=image, **request)
         except Exception as exc:
             if not is_condition_failure(exc):
                 raise
             self.stats.conflicts += 1
             return 0
+        self._held[key] = _Held(version.stamp, version.image, True)
         self.stats.shipped += 1
-        self.stats.max_lag_ms = max(self.stats.max_lag_ms, time.time_ns() // 1_000_000 - version[0])
+        self.stats.deletes += image is None
+        lag_ms = int((time.time() - version.stamp[0]) * 1000)
+        self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag_ms)
         return 1
+
+
+def _canonical(image: dict[str, Any]) -> str:
+    return json.dumps(image, sort_keys=True)
+
+
+def _unchanged(expected: str | None) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """A condition that holds only while the item is ``expected`` (``None``: absent): each of
+    its scalar attributes (every write of the handlers moves ``updated_at_ms``) unchanged."""
+    if expected is None:
+        return "attribute_not_exists(#pk)", {}, names(model.PK)
+    image = json.loads(expected)
+    scalars = {k: v for k, v in image.items() if set(v) <= {"S", "N", "BOOL"}}
+    parts, values, attribute_names = [], {}, {}
+    for index, (name, value) in enumerate(sorted(scalars.items())):
+        attribute_names[f"#a{index}"] = name
+        values[f":v{index}"] = value
+        parts.append(f"#a{index} = :v{index}")
+    return " AND ".join(parts), values, attribute_names
 
 
 class MessageReplicator:

@@ -1414,8 +1414,10 @@ class WsApiHandlers:
     ) -> WriteOutcome:
         """Update a state item, stamping ``updated_at_ms`` strictly above its previous value.
 
-        Why: the timestamp is the item's version for last-writer-wins replication, so it must
-        grow in the order DynamoDB applies the writes, whatever the clocks of the Lambdas say.
+        Why: the timestamp is the item's version as clients see it (``updatedAtMs``), so it must
+        grow in the order DynamoDB applies the writes to one replica, whatever the clocks of the
+        Lambdas say. (Global tables settle concurrent writes from two Regions on their own write
+        time, not on it: that is why each auction has one writing Region.)
         The write is conditioned on ``updated_at_ms < :ts``; when only that part fails (the
         caller's ``condition`` still applies to the item read back), it is retried just above
         the stored value. When the caller's condition fails, nothing is written and the current
