@@ -19,7 +19,7 @@ from streamfleet_dev.assembly import default_assembly
 from streamfleet_dev.local.lambda_runner import LambdaProcess, LambdaSpec, reads_by
 from streamfleet_dev.tables import create_table_request
 from streamfleet_dev.wsapi.event_source import StreamEventSource
-from streamfleet_dev.wsapi.live import FanoutArtifact, fanout_process
+from streamfleet_dev.wsapi.live import FanoutArtifact, event_source_settings, fanout_process
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
 from tests.assembly_support import CloudFormationResponses
 from tests.wsapi_support import REGION, authorizer, user_token
@@ -140,3 +140,12 @@ def test_the_stream_lookup_from_its_asset_answers_cloudformation(moto, tmp_path)
     assert f"table/{with_stream}/stream/" in arn
     assert updated["Status"] == "FAILED" and "has no stream" in updated["Reason"]
     assert deleted["Status"] == "SUCCESS" and deleted["RequestId"] == "r-Delete"
+
+
+def test_the_local_mapping_takes_every_setting_the_template_gives() -> None:
+    """The local event source read only the batch size, retries, starting position and window:
+    a bisect, a record age or a parallelization the template sets must reach it too."""
+    settings = event_source_settings(default_assembly().stack(WS_PRIMARY))
+    assert settings.report_batch_item_failures is True
+    assert (settings.max_retries, settings.max_record_age) == (10, 3600.0)
+    assert (settings.parallelization_factor, settings.bisect_on_error) == (1, False)

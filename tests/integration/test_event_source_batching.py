@@ -201,3 +201,95 @@ async def test_a_batch_that_keeps_failing_is_described_to_the_on_failure_destina
     assert described["batchSize"] == 5 and described["shardId"]
     first, last = int(described["startSequenceNumber"]), int(described["endSequenceNumber"])
     assert first < last
+
+
+async def test_a_failing_batch_is_bisected_until_the_bad_record_is_alone(messages_stream) -> None:
+    """BisectBatchOnFunctionError: the batch is split in two before each retry, so the
+    records around a poison one are processed and only it is given up."""
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(
+        poll_interval=0.05, max_batching_window=300.0, batch_size=4, max_retries=3,
+        bisect_on_error=True,
+    )  # fmt: skip
+
+    class PoisonedBy3(Recorder):
+        def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+            super().__call__(event, context)
+            if 3 in self.batches[-1][1]:
+                raise RuntimeError("seq 3 is poison")
+            return {"batchItemFailures": []}
+
+    async def body(recorder: Recorder) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 5))
+        await until(lambda: source_of[0].stats.skipped_batches, 60, "the poison given up on")
+
+    source_of: list[StreamEventSource] = []
+    function = PoisonedBy3()
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    source = StreamEventSource(
+        streams=streams, stream_arn=arn, function=function, region=REGION, settings=settings
+    )
+    source_of.append(source)
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await source.ready()
+        await body(function)
+    finally:
+        stop.set()
+        await task
+        streams.close()
+    processed = sorted(seq for _, seqs in function.batches if 3 not in seqs for seq in seqs)
+    assert processed == [1, 2, 4]
+    (given_up,) = source.stats.on_failure
+    assert given_up["batchSize"] == 1 and source.stats.bisections >= 2
+
+
+async def test_records_older_than_the_maximum_age_are_skipped_without_an_invocation(
+    messages_stream,
+) -> None:
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(poll_interval=0.05, batch_size=10, max_record_age=0.0)
+
+    async def body(recorder: Recorder) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 4))
+        await until(lambda: source_of[0].stats.expired_records >= 3, 60, "the records expired")
+
+    source_of: list[StreamEventSource] = []
+    recorder = Recorder()
+    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
+    source = StreamEventSource(
+        streams=streams, stream_arn=arn, function=recorder, region=REGION, settings=settings
+    )
+    source_of.append(source)
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(stop))
+    try:
+        await source.ready()
+        await body(recorder)
+    finally:
+        stop.set()
+        await task
+        streams.close()
+    assert recorder.batches == [] and source.stats.invocations == 0
+    assert sum(d["batchSize"] for d in source.stats.on_failure) == 3
+
+
+async def test_a_parallelization_factor_splits_a_batch_by_item_each_in_order(
+    messages_stream,
+) -> None:
+    """ParallelizationFactor: concurrent batches per shard, order kept per item (partition and
+    sort key), not per stream: the fan-out must not rely on one invocation per shard."""
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(
+        poll_interval=0.05, max_batching_window=300.0, batch_size=8, parallelization_factor=2
+    )
+
+    async def body(recorder: Recorder) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 9))
+        await until(lambda: sum(len(s) for _, s in recorder.batches) >= 8, 60, "8 records")
+
+    recorder, _ = await run_source(arn, endpoint, settings, body)
+    assert sorted(seq for _, seqs in recorder.batches for seq in seqs) == list(range(1, 9))
+    assert len(recorder.batches) == 2  # one full batch, in two lanes
+    assert all(seqs == sorted(seqs) for _, seqs in recorder.batches)

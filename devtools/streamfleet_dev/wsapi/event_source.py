@@ -3,9 +3,12 @@
 What runs in AWS: Lambda polls each shard of the table's stream (about four times a second when
 it is idle, again at once when a poll returned records), and invokes the function with up to
 ``BatchSize`` records, one batch per shard at a time, so a shard's records are processed in
-order; a batch whose invocation fails is retried (``MaximumRetryAttempts``), then skipped to
-the on-failure destination. ``IteratorAge`` is how old the last record of a batch was when it
-was processed.
+order; a batch whose invocation fails is retried (``MaximumRetryAttempts``; split in two first
+with ``BisectBatchOnFunctionError``), then skipped to the on-failure destination, and records
+older than ``MaximumRecordAgeInSeconds`` are skipped there without an invocation. With
+``ParallelizationFactor`` N a shard's batch is processed as up to N concurrent batches, each
+item's records in order in one of them. ``IteratorAge`` is how old the last record of a batch
+was when it was processed.
 
 :class:`StreamEventSource` does that against a real change stream (moto's server implements
 DynamoDB Streams: ``DescribeStream``, ``GetShardIterator``, ``GetRecords``; dynalite has none),
@@ -22,8 +25,10 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import json
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -49,6 +54,9 @@ class EventSourceSettings:
     # FunctionResponseTypes: ReportBatchItemFailures. The function's batchItemFailures then
     # say where to retry from; without it any answer is success, as in Lambda.
     report_batch_item_failures: bool = False
+    bisect_on_error: bool = False  # BisectBatchOnFunctionError
+    max_record_age: float | None = None  # MaximumRecordAgeInSeconds (None, -1: no limit)
+    parallelization_factor: int = 1  # ParallelizationFactor: concurrent batches per shard
 
 
 @dataclass
@@ -60,6 +68,8 @@ class EventSourceStats:
     failed_invocations: int = 0
     skipped_batches: int = 0
     partial_failures: int = 0  # invocations that reported some items failed
+    bisections: int = 0  # failed batches split in two (BisectBatchOnFunctionError)
+    expired_records: int = 0  # skipped for MaximumRecordAgeInSeconds, never invoked
     # What the on-failure destination would be told of each skipped batch: its shard and the
     # first and last sequence numbers it held.
     on_failure: list[dict[str, Any]] = field(default_factory=list)
@@ -150,8 +160,19 @@ class StreamEventSource:
             return False
         if self.settings.max_batching_window > 0 and len(records) < self.settings.batch_size:
             records += await self._fill_batch(shard_id, len(records))
-        event = {"Records": [self._lambda_record(record) for record in records]}
-        await self._invoke(event, shard_id)
+        lanes: list[list[dict[str, Any]]] = [
+            [] for _ in range(self.settings.parallelization_factor)
+        ]
+        for record in records:  # an item's records stay in order, in one lane
+            keys = json.dumps((record.get("dynamodb") or {}).get("Keys"), sort_keys=True)
+            lanes[zlib.crc32(keys.encode()) % len(lanes)].append(record)
+        await asyncio.gather(
+            *(
+                self._invoke({"Records": [self._lambda_record(r) for r in lane]}, shard_id)
+                for lane in lanes
+                if lane
+            )
+        )
         return True
 
     async def _fill_batch(self, shard_id: str, have: int) -> list[dict[str, Any]]:
@@ -181,11 +202,18 @@ class StreamEventSource:
             more += page.get("Records") or []
         return more
 
-    async def _invoke(self, event: dict[str, Any], shard_id: str = "") -> None:
+    async def _invoke(
+        self, event: dict[str, Any], shard_id: str = "", attempts: int | None = None
+    ) -> None:
         records = event["Records"]
         batch_size = len(records)
         done = 0  # records before the lowest failed item of a partial failure: processed
-        for attempt in range(self.settings.max_retries + 1):
+        attempts = self.settings.max_retries + 1 if attempts is None else attempts
+        for attempt in range(attempts):
+            records = self._drop_expired(records, shard_id)
+            if not records:
+                return
+            event = {**event, "Records": records}
             self.stats.invocations += 1
             context = SimpleNamespace(aws_request_id=f"{self.name}-{self.stats.invocations}")
             try:
@@ -195,6 +223,17 @@ class StreamEventSource:
                 logger.warning(
                     "%s: invocation failed (attempt %d): %s", self.name, attempt + 1, exc
                 )
+                if self.settings.bisect_on_error and len(records) > 1:
+                    # Each half is retried on its own with the attempts left, so one bad record
+                    # ends up alone in its batch and alone skipped.
+                    self.stats.bisections += 1
+                    self.stats.records += done
+                    half = len(records) // 2
+                    for part in (records[:half], records[half:]):
+                        await self._invoke(
+                            {**event, "Records": part}, shard_id, attempts - 1 - attempt
+                        )
+                    return
                 continue
             retry_from = self._retry_from(result, records)
             if retry_from is not None:
@@ -213,17 +252,42 @@ class StreamEventSource:
             self.stats.records += done + len(records)
             self.stats.batch_sizes.append(batch_size)
             return
-        self.stats.skipped_batches += 1
         self.stats.records += done
+        self._skip(records, shard_id)
+
+    def _skip(self, records: list[dict[str, Any]], shard_id: str) -> None:
+        """Give ``records`` up, described as the on-failure destination would be told."""
+        if not records:
+            return
+        self.stats.skipped_batches += 1
         sequence_numbers = [r["dynamodb"].get("SequenceNumber") for r in records]
         self.stats.on_failure.append(
             {
                 "shardId": shard_id,
-                "startSequenceNumber": sequence_numbers[0] if sequence_numbers else None,
-                "endSequenceNumber": sequence_numbers[-1] if sequence_numbers else None,
+                "startSequenceNumber": sequence_numbers[0],
+                "endSequenceNumber": sequence_numbers[-1],
                 "batchSize": len(records),
             }
         )
+
+    def _drop_expired(self, records: list[dict[str, Any]], shard_id: str) -> list[dict[str, Any]]:
+        """The records still young enough for ``MaximumRecordAgeInSeconds``; the others are
+        skipped to the on-failure destination without an invocation, as Lambda does."""
+        limit = self.settings.max_record_age
+        if limit is None or limit < 0:
+            return records
+        oldest_allowed = time.time() - limit
+        expired = [
+            r
+            for r in records
+            if isinstance(r["dynamodb"].get("ApproximateCreationDateTime"), (int, float))
+            and r["dynamodb"]["ApproximateCreationDateTime"] < oldest_allowed
+        ]
+        if not expired:
+            return records
+        self.stats.expired_records += len(expired)
+        self._skip(expired, shard_id)
+        return [r for r in records if r not in expired]
 
     def _retry_from(self, result: Any, records: list[dict[str, Any]]) -> int | None:
         """Where a batch must be retried from after the function answered ``result``: ``None``

@@ -64,6 +64,13 @@ def event_source_settings(stack: Stack) -> EventSourceSettings:
         max_batching_window=float(props.get("MaximumBatchingWindowInSeconds", 0)),
         report_batch_item_failures="ReportBatchItemFailures"
         in (props.get("FunctionResponseTypes") or []),
+        bisect_on_error=bool(props.get("BisectBatchOnFunctionError", False)),
+        max_record_age=(
+            float(props["MaximumRecordAgeInSeconds"])
+            if "MaximumRecordAgeInSeconds" in props
+            else None
+        ),
+        parallelization_factor=int(props.get("ParallelizationFactor", 1)),
     )
 
 
