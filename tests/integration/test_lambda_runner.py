@@ -16,6 +16,8 @@ import time
 def handler(event, context):
     if event.get("sleep"):
         time.sleep(event["sleep"])
+    if event.get("answer_bytes"):
+        return {"data": "x" * event["answer_bytes"]}
     return {"remaining_ms": context.get_remaining_time_in_millis()}
 """
 
@@ -37,3 +39,24 @@ def test_an_answer_after_the_functions_timeout_is_a_failure(tmp_path: Path) -> N
             process.invoke({"sleep": 60})  # never answers: killed at the timeout's slack
         assert hung.value.error_type == "Sandbox.Timedout"
         assert process.invoke({})["remaining_ms"] > 0  # in a new environment
+
+
+def test_lambdas_payload_limits_hold(tmp_path: Path) -> None:
+    """An event over 6 MB (256 KB for an asynchronous invocation) never reaches the function;
+    a result over 6 MB fails the invocation, as Lambda's limits make them."""
+    asset = tmp_path / "asset"
+    asset.mkdir()
+    (asset / "fn.py").write_text(HANDLER)
+    spec = LambdaSpec(name="fn", asset_dir=asset, handler="fn.handler", timeout_seconds=10.0)
+    with LambdaProcess(spec, log_path=tmp_path / "fn.log") as process:
+        with pytest.raises(LambdaFunctionError) as large:
+            process.invoke({"pad": "x" * (6 * 1024 * 1024)})
+        assert large.value.error_type == "RequestEntityTooLargeException"
+        with pytest.raises(LambdaFunctionError) as large_async:
+            process.invoke({"pad": "x" * (256 * 1024)}, asynchronous=True)
+        assert large_async.value.error_type == "RequestEntityTooLargeException"
+        assert process.invocations == 0  # refused before the function ran
+        assert "remaining_ms" in process.invoke({"pad": "x" * (200 * 1024)}, asynchronous=True)
+        with pytest.raises(LambdaFunctionError) as answer:
+            process.invoke({"answer_bytes": 6 * 1024 * 1024})
+        assert answer.value.error_type == "Function.ResponseSizeTooLarge"

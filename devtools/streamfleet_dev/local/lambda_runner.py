@@ -97,6 +97,12 @@ RUNTIME_VARIABLES = frozenset(
 )
 
 
+# Lambda's payload limits: a synchronous invocation's request and response, and an asynchronous
+# invocation's event (EventBridge targets, schedules).
+SYNC_PAYLOAD_MAX_BYTES = 6 * 1024 * 1024
+ASYNC_PAYLOAD_MAX_BYTES = 256 * 1024
+
+
 class LambdaError(Exception):
     """A local Lambda function failed (base class)."""
 
@@ -539,9 +545,20 @@ class LambdaProcess:
 
     # Invocations -----------------------------------------------------------------------------
 
-    def invoke(self, event: Any, context: Any = None) -> Any:
+    def invoke(self, event: Any, context: Any = None, *, asynchronous: bool = False) -> Any:
         """Run one invocation with ``event``; ``context`` (an object or a mapping) supplies the
-        request id and names, like the Lambda service's."""
+        request id and names, like the Lambda service's. Lambda's payload limits hold: an event
+        over 6 MB (256 KB ``asynchronous``) is refused before the function runs, a result over
+        6 MB fails the invocation (``Function.ResponseSizeTooLarge``)."""
+        limit = ASYNC_PAYLOAD_MAX_BYTES if asynchronous else SYNC_PAYLOAD_MAX_BYTES
+        size = len(json.dumps(event, default=str).encode())
+        if size > limit:
+            raise LambdaFunctionError(
+                {
+                    "errorType": "RequestEntityTooLargeException",
+                    "errorMessage": f"Request must be smaller than {limit} bytes, got {size}",
+                }
+            )
         with self._lock:
             if not self.running:
                 self.start()  # a new environment after a crash or a timeout: a cold start
@@ -574,7 +591,17 @@ class LambdaProcess:
                 ) from None
         if "error" in answer:
             raise LambdaFunctionError(answer["error"])
-        return answer.get("result")
+        result = answer.get("result")
+        size = len(json.dumps(result, default=str).encode())
+        if size > SYNC_PAYLOAD_MAX_BYTES:
+            raise LambdaFunctionError(
+                {
+                    "errorType": "Function.ResponseSizeTooLarge",
+                    "errorMessage": f"Response payload size ({size} bytes) exceeded maximum "
+                    f"allowed payload size ({SYNC_PAYLOAD_MAX_BYTES} bytes).",
+                }
+            )
+        return result
 
     __call__ = invoke
 

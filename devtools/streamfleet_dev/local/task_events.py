@@ -460,7 +460,7 @@ class LocalEcs:
                 time.sleep(delay)
                 delivery.attempts += 1
                 try:
-                    delivery.result = self.handler.invoke(event)
+                    delivery.result = self.handler.invoke(event, asynchronous=True)
                     delivery.error = None
                     break
                 except LambdaError as exc:
