@@ -108,12 +108,80 @@ async def test_replication_is_last_writer_wins_by_its_own_clock_deletes_included
         assert replication.stats.deletes == 1
         assert await replication.poll_once() == 0  # its own writes are not changes
         if feed_kind == "stream":
-            # Concurrent writes in both Regions: the one applied last wins in both.
-            await put(east, state_item("USER#v", 500, east, bids=5))
-            await put(west, state_item("USER#v", 400, west, bids=4))
+            # Concurrent writes in both Regions: the one applied last wins in both, whichever
+            # Region is read first (east is, and wrote last).
+            await put(west, state_item("USER#v", 500, west, bids=5))
+            await put(east, state_item("USER#v", 400, east, bids=4))
             await replication.poll_once()
             assert (await items(east))["USER#v"]["bids"] == 4
             assert (await items(west))["USER#v"]["bids"] == 4
+    finally:
+        for client in (*clients.values(), *streams.values()):
+            client.close()
+
+
+class ReadTooEarly:
+    """A feed whose next read comes before the write that follows it: it sees nothing."""
+
+    def __init__(self, feed: ChangeFeed) -> None:
+        self.feed = feed
+        self.blind = False
+
+    async def read(self) -> list:
+        if self.blind:
+            self.blind = False
+            return []
+        return await self.feed.read()
+
+
+@pytest.mark.parametrize("feed_kind", ["stream", "scan"])
+async def test_a_change_that_finds_its_target_changed_unseen_is_weighed_again(
+    two_regions: dict[str, str], moto, feed_kind: str
+) -> None:
+    """East's feed is read, east writes a, west writes b, west's feed is read: b cannot go over
+    an east copy the replicator has not seen. It was dropped, and a then lost to b's copy in
+    the west: the Regions differed for good. Now b waits, and one of the two wins in both."""
+    east, west = "us-east-1", "us-west-2"
+    clients = {region: AsyncClient("dynamodb", region_name=region) for region in two_regions}
+    streams = {
+        region: AsyncClient("dynamodbstreams", region_name=region, endpoint_url=moto.endpoint)
+        for region in two_regions
+    }
+    try:
+        feeds: dict[str, ReadTooEarly] = {}
+        for region in (east, west):
+            if feed_kind == "scan":
+                inner: ChangeFeed = ScanFeed(clients[region], two_regions[region])
+            else:
+                described = await clients[region].call(
+                    "describe_table", TableName=two_regions[region]
+                )
+                inner = StreamFeed(streams[region], described["Table"]["LatestStreamArn"])
+            feeds[region] = ReadTooEarly(inner)
+        replication = StateReplication(
+            [ReplicaTable(r, clients[r], two_regions[r], feeds[r]) for r in (east, west)],
+            interval=0.05,
+        )
+        await replication.poll_once()
+        feeds[east].blind = True
+        for region, bids in ((east, 1), (west, 2)):
+            await clients[region].call(
+                "put_item",
+                TableName=two_regions[region],
+                Item=state_item("USER#x", 100, region, bids=bids),
+            )
+        await replication.poll_once()  # b finds east changed unseen: kept
+        assert replication.pending
+        await replication.poll_once()
+        await replication.poll_once()
+        copies = []
+        for region in (east, west):
+            page = await clients[region].call("scan", TableName=two_regions[region])
+            copies += [from_item(raw) for raw in page["Items"]]
+        assert len(copies) == 2 and copies[0] == copies[1]
+        if feed_kind == "stream":
+            assert copies[0]["bids"] == 2  # west wrote last
+        assert not replication.pending
     finally:
         for client in (*clients.values(), *streams.values()):
             client.close()

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import itertools
 import json
 import logging
 import time
@@ -48,7 +49,7 @@ class EventSourceSettings:
 
     batch_size: int = 100
     poll_interval: float = 0.25  # Lambda polls an idle shard about 4 times a second
-    max_retries: int = 3
+    max_retries: int = 3  # MaximumRetryAttempts; negative (Lambda's default -1): no limit
     starting_position: str = "LATEST"  # or TRIM_HORIZON
     max_batching_window: float = 0.0
     # FunctionResponseTypes: ReportBatchItemFailures. The function's batchItemFailures then
@@ -205,11 +206,15 @@ class StreamEventSource:
     async def _invoke(
         self, event: dict[str, Any], shard_id: str = "", attempts: int | None = None
     ) -> None:
+        """Invoke with ``event`` until it succeeds or its attempts (``None``: the mapping's) are
+        spent, then give the rest up."""
         records = event["Records"]
         batch_size = len(records)
         done = 0  # records before the lowest failed item of a partial failure: processed
-        attempts = self.settings.max_retries + 1 if attempts is None else attempts
-        for attempt in range(attempts):
+        if attempts is None:
+            retries = self.settings.max_retries
+            attempts = retries + 1 if retries >= 0 else None  # None: until the records expire
+        for attempt in range(attempts) if attempts is not None else itertools.count():
             records = self._drop_expired(records, shard_id)
             if not records:
                 return
@@ -224,15 +229,15 @@ class StreamEventSource:
                     "%s: invocation failed (attempt %d): %s", self.name, attempt + 1, exc
                 )
                 if self.settings.bisect_on_error and len(records) > 1:
-                    # Each half is retried on its own with the attempts left, so one bad record
-                    # ends up alone in its batch and alone skipped.
+                    # Each half is tried on its own (at least once: a split is not a retry that
+                    # could give records up unseen), so one bad record ends up alone in its
+                    # batch and alone skipped.
                     self.stats.bisections += 1
                     self.stats.records += done
+                    left = None if attempts is None else max(1, attempts - 1 - attempt)
                     half = len(records) // 2
                     for part in (records[:half], records[half:]):
-                        await self._invoke(
-                            {**event, "Records": part}, shard_id, attempts - 1 - attempt
-                        )
+                        await self._invoke({**event, "Records": part}, shard_id, left)
                     return
                 continue
             retry_from = self._retry_from(result, records)

@@ -59,7 +59,7 @@ def event_source_settings(stack: Stack) -> EventSourceSettings:
     props = mapping.get("Properties", {})
     return EventSourceSettings(
         batch_size=int(props.get("BatchSize", 100)),
-        max_retries=int(props.get("MaximumRetryAttempts", 3)),
+        max_retries=int(props.get("MaximumRetryAttempts", -1)),  # Lambda's default: no limit
         starting_position=str(props.get("StartingPosition", "LATEST")),
         max_batching_window=float(props.get("MaximumBatchingWindowInSeconds", 0)),
         report_batch_item_failures="ReportBatchItemFailures"

@@ -9,8 +9,13 @@ replicator's own clock**: each change is stamped with when it was applied in its
 stream record's ``ApproximateCreationDateTime``, or when the scan first saw it), never with an
 attribute of the item, as DynamoDB decides on its own write time and ignores the application's
 timestamps. A change is applied to a Region only if that Region's copy is older by that clock,
-and only if the copy is still the one the replicator last saw there (a write the replicator has
-not seen yet is newer than anything it holds, and wins when it is seen).
+and only if the copy's scalar attributes are still those the replicator last saw there (every
+write of the handlers moves ``updated_at_ms``); a change that finds the copy changed unseen
+waits until that change has been read, and the newer of the two wins everywhere.
+
+With a scan feed (dynalite) a change is stamped when a scan first sees it, so two writes to
+one item in different Regions within one polling interval are ordered by which Region was
+scanned last, not by when they were applied.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import is_condition_failure, names
 
 logger = logging.getLogger(__name__)
+SHARD_REFRESH_SECONDS = 5.0  # how often a stream's shard list is read again
 
 
 @dataclass
@@ -64,32 +70,43 @@ class StreamFeed:
     def __init__(self, streams: AsyncClient, stream_arn: str):
         self.streams = streams
         self.stream_arn = stream_arn
-        self._iterators: dict[str, str] = {}
+        self._iterators: dict[str, str | None] = {}  # None: a closed shard read to its end
+        self._described_at = float("-inf")
 
     async def read(self) -> list[Change]:
-        if not self._iterators:
-            await self._open_shards()
+        if time.monotonic() - self._described_at > SHARD_REFRESH_SECONDS:
+            await self._open_shards()  # shards that appeared since (a split), from their start
+            self._described_at = time.monotonic()
         changes: list[Change] = []
         for shard_id, iterator in list(self._iterators.items()):
+            if iterator is None:
+                continue
             page = await self.streams.call("get_records", ShardIterator=iterator, Limit=1000)
             for record in page.get("Records", []):
                 data = record.get("dynamodb", {})
                 keys = data.get("Keys") or data.get("NewImage") or {}
                 if model.PK not in keys:
                     continue
+                removed = record.get("eventName") == "REMOVE"
+                if not removed and set(data.get("NewImage") or {}) <= {model.PK}:
+                    # No image to apply: a keys-only record, or moto's bare key ahead of the
+                    # full image of an item an update created.
+                    continue
                 created = data.get("ApproximateCreationDateTime")
                 applied_at = created.timestamp() if hasattr(created, "timestamp") else time.time()
-                image = None if record.get("eventName") == "REMOVE" else data.get("NewImage")
+                image = None if removed else data["NewImage"]
                 changes.append(Change(keys[model.PK]["S"], image, applied_at))
             if page.get("NextShardIterator"):
                 self._iterators[shard_id] = page["NextShardIterator"]
-            else:  # a closed shard: its children appear in the next describe
-                del self._iterators[shard_id]
+            else:  # a closed shard: read to its end
+                self._iterators[shard_id] = None
         return changes
 
     async def _open_shards(self) -> None:
         description = await self.streams.call("describe_stream", StreamArn=self.stream_arn)
         for shard in description["StreamDescription"].get("Shards", []):
+            if shard["ShardId"] in self._iterators:
+                continue
             response = await self.streams.call(
                 "get_shard_iterator",
                 StreamArn=self.stream_arn,
@@ -146,7 +163,15 @@ class _Held:
 
     stamp: tuple[float, int]  # (applied at, tie-breaker): the item's last-writer-wins version
     image: str | None  # canonical image, None: absent
-    by_replication: bool  # written there by the replicator (its echo is not a new change)
+
+
+@dataclass
+class _Pending:
+    """A change still to be applied to one Region (kept until it is, or is superseded)."""
+
+    stamp: tuple[float, int]
+    text: str | None
+    image: dict[str, Any] | None
 
 
 @dataclass
@@ -154,15 +179,19 @@ class StateReplication:
     """Every Region's state table replicated to every other one (see the module docstring).
 
     ``poll_once`` reads each Region's feed, stamps what is new, and applies the newest change of
-    each item to every Region whose copy is older. Items are independent: a burst of writes to
-    one item costs one write per Region, not one per version.
+    each item to every other Region whose copy is older. A change waits in :attr:`pending` until
+    it is applied or a newer one supersedes it: one that found its target changed unseen is
+    tried again once that change has been read, and a failed read or write loses nothing.
     """
 
     replicas: list[ReplicaTable]
     interval: float
     stats: ReplicationStats = field(default_factory=ReplicationStats)
     paused: bool = False
+    pending: dict[tuple[str, str], _Pending] = field(default_factory=dict)  # (target, pk)
     _held: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    # (region, pk) -> images the replicator wrote there whose stream records are not read yet
+    _echoes: dict[tuple[str, str], list[str | None]] = field(default_factory=dict)
     _ties: itertools.count = field(default_factory=itertools.count)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -171,7 +200,7 @@ class StateReplication:
             if not self.paused:
                 try:
                     await self.poll_once()
-                except Exception as exc:  # a failed poll is retried by the next one
+                except Exception as exc:  # what was read waits in `pending` for the next poll
                     logger.warning("replication poll failed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)
@@ -179,45 +208,55 @@ class StateReplication:
     async def poll_once(self) -> int:
         """Read what changed everywhere and apply it elsewhere; the number of writes applied."""
         self.stats.passes += 1
-        newest: dict[str, tuple[_Held, str, dict[str, Any] | None]] = {}
         for replica in self.replicas:
-            for change in await replica.feed.read():
-                key = (replica.region, change.pk)
-                text = None if change.image is None else _canonical(change.image)
-                held = self._held.get(key)
-                if held is not None and held.by_replication and held.image == text:
-                    continue  # the replicator's own write, seen in the Region it wrote to
-                version = _Held((change.applied_at, next(self._ties)), text, False)
-                self._held[key] = version
-                best = newest.get(change.pk)
-                if best is None or best[0].stamp < version.stamp:
-                    newest[change.pk] = (version, replica.region, change.image)
+            try:
+                changes = await replica.feed.read()
+            except Exception as exc:  # the other Regions' changes still go out
+                logger.warning("replication: reading %s failed: %s", replica.region, exc)
+                continue
+            for change in changes:
+                self._take(replica.region, change)
+        keys = list(self.pending)
         results = await asyncio.gather(
-            *(
-                self._apply(pk, version, origin, image, target)
-                for pk, (version, origin, image) in newest.items()
-                for target in self.replicas
-                if target.region != origin
-            )
+            *(self._apply(target, pk) for target, pk in keys), return_exceptions=True
         )
-        return sum(results)
+        applied = 0
+        for (target, pk), result in zip(keys, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("replication: applying %s to %s failed: %s", pk, target, result)
+            else:
+                applied += result
+        return applied
 
-    async def _apply(
-        self,
-        pk: str,
-        version: _Held,
-        origin: str,
-        image: dict[str, Any] | None,
-        target: ReplicaTable,
-    ) -> int:
-        key = (target.region, pk)
+    def _take(self, region: str, change: Change) -> None:
+        """Stamp a change read from ``region`` and queue it for every other Region."""
+        key = (region, change.pk)
+        text = None if change.image is None else _canonical(change.image)
+        echoes = self._echoes.get(key)
+        if echoes and text in echoes:
+            echoes.remove(text)  # the replicator's own write, read back where it wrote it
+            return
+        stamp = (change.applied_at, next(self._ties))
+        self._held[key] = _Held(stamp, text)
+        for target in self.replicas:
+            if target.region == region:
+                continue
+            queued = self.pending.get((target.region, change.pk))
+            if queued is None or queued.stamp < stamp:
+                self.pending[(target.region, change.pk)] = _Pending(stamp, text, change.image)
+
+    async def _apply(self, target_region: str, pk: str) -> int:
+        """Apply the change pending for ``(target_region, pk)``: 1 if written, 0 otherwise."""
+        change = self.pending[(target_region, pk)]
+        target = next(r for r in self.replicas if r.region == target_region)
+        key = (target_region, pk)
         held = self._held.get(key)
-        if held is not None and held.stamp > version.stamp:
-            self.stats.conflicts += 1  # the target's own later write wins, and ships back
+        if held is not None and held.stamp > change.stamp:
+            del self.pending[key]  # the target's own later write wins, and is queued itself
+            self.stats.conflicts += 1
             return 0
         # Only over the copy last seen there: an unseen write in the target is newer.
-        expected = None if held is None else held.image
-        condition, values, attribute_names = _unchanged(expected)
+        condition, values, attribute_names = _unchanged(None if held is None else held.image)
         request: dict[str, Any] = {
             "TableName": target.table,
             "ConditionExpression": condition,
@@ -226,19 +265,23 @@ class StateReplication:
         if values:
             request["ExpressionAttributeValues"] = values
         try:
-            if image is None:
+            if change.image is None:
                 await target.client.call("delete_item", Key={model.PK: {"S": pk}}, **request)
             else:
-                await target.client.call("put_item", Item=image, **request)
+                await target.client.call("put_item", Item=change.image, **request)
         except Exception as exc:
             if not is_condition_failure(exc):
-                raise
+                raise  # still pending: the next poll tries again
+            # Changed unseen: kept, and weighed again once that change has been read.
             self.stats.conflicts += 1
             return 0
-        self._held[key] = _Held(version.stamp, version.image, True)
+        if self.pending.get(key) is change:
+            del self.pending[key]
+        self._held[key] = _Held(change.stamp, change.text)
+        self._echoes.setdefault(key, []).append(change.text)
         self.stats.shipped += 1
-        self.stats.deletes += image is None
-        lag_ms = int((time.time() - version.stamp[0]) * 1000)
+        self.stats.deletes += change.image is None
+        lag_ms = int((time.time() - change.stamp[0]) * 1000)
         self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag_ms)
         return 1
 
