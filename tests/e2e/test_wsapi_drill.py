@@ -16,8 +16,6 @@ from streamfleet import model
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.wsapi.drill import (
     DrillConfig,
-    FailoverResolver,
-    HealthAlarm,
     markdown,
     run_drill,
 )
@@ -107,34 +105,3 @@ def test_the_drill_refuses_to_run_against_aws(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "https://dynamodb.us-east-1.amazonaws.com")
     with pytest.raises(RuntimeError, match="loopback"):
         asyncio.run(run_drill(DrillConfig(clients=1)))
-
-
-def test_the_resolver_follows_the_alarm_rule() -> None:
-    now = [0.0]
-    alarms = {
-        region: HealthAlarm(datapoints=2, period=1.0, clock=lambda: now[0])
-        for region in ("primary", "secondary")
-    }
-    resolver = FailoverResolver(
-        "primary", "secondary", {"primary": "ws://p", "secondary": "ws://s"}, alarms, lambda: now[0]
-    )
-
-    def publish(region: str, value: int) -> None:
-        asyncio.run(alarms[region].publish("api", value, bool(value)))
-
-    publish("primary", 1)
-    publish("secondary", 1)
-    assert resolver.url() == "ws://p"
-    publish("primary", 0)  # one breaching datapoint: not yet
-    assert resolver.region() == "primary"
-    publish("primary", 0)  # 2 of 2
-    assert resolver.region() == "secondary"
-    publish("secondary", 1)
-    publish("primary", 1)  # back to OK
-    assert resolver.region() == "primary"
-    now[0] = 10.0  # no data for many periods: missing data is breaching
-    publish("secondary", 1)
-    assert resolver.region() == "secondary"
-    assert [region for _, region in resolver.history] == [
-        "primary", "secondary", "primary", "secondary"
-    ]  # fmt: skip

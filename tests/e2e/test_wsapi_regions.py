@@ -27,6 +27,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, REPO_ROOT
+from streamfleet_dev.wsapi.local_gateway import FailureMode
 from streamfleet_dev.wsapi.regions import LocalRegions, RegionsError, RegionsSettings
 
 PRIMARY, SECONDARY = "us-east-1", "us-west-2"
@@ -291,6 +292,39 @@ async def test_a_primary_state_store_outage_fails_over_and_loses_no_acknowledged
         return views == ["bob", "bob"]
 
     await until(converged, "both replicas hold Bob's 101")
+
+
+async def test_a_secondary_that_trips_during_a_failover_keeps_its_clients(
+    regions: LocalRegions,
+) -> None:
+    """The failover name answers with the secondary whatever its own canary says (its record
+    has no health check), so a secondary canary that swept its clients would only send them
+    straight back: it reports, and never sweeps."""
+    await regions.fail_primary("throttled")
+
+    async def serving_secondary() -> bool:
+        return regions.serving_region() == SECONDARY
+
+    await until(serving_secondary, "failover to the secondary")
+    async with await open_ws(regions.region_url(SECONDARY), await token_for(regions, "erin")) as ws:
+        await ws.send(json.dumps({"action": "heartbeat"}))
+        assert await asyncio.wait_for(ws.recv(), 10) == "pong"
+        regions.secondary.gateway.fail(FailureMode.THROTTLED)  # the arriving crowd, say
+        tripped_runs = len(regions.secondary.runs)
+
+        async def secondary_reports_unhealthy() -> bool:
+            runs = regions.secondary.runs[tripped_runs:]
+            return sum(run.value == 0 for run in runs) >= 3
+
+        await until(secondary_reports_unhealthy, "the secondary's canary tripped")
+        assert regions.serving_region() == SECONDARY
+        assert regions.secondary.closed_by_canary == 0
+        assert all(run.sweep is None for run in regions.secondary.runs)
+        # The socket is still open: a throttled API answers with its error frame.
+        await ws.send(json.dumps({"action": "heartbeat"}))
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert frame["message"] == "Internal server error"
+    regions.secondary.gateway.recover()
 
 
 # --- The command line ---------------------------------------------------------------------------

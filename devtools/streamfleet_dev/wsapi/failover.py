@@ -47,8 +47,12 @@ class HealthAlarm:
 
 @dataclass
 class FailoverResolver:
-    """Route 53 failover routing: the primary's URL while its alarm is OK, else the secondary's
-    (if that one is healthy; with both unhealthy Route 53 answers with the primary)."""
+    """Route 53 failover routing: the primary's URL while its alarm is OK, else the secondary's.
+
+    As deployed, the SECONDARY record has no health check, so Route 53 answers with it whenever
+    the primary is unhealthy, whatever the secondary's own alarm says. With
+    ``secondary_health_checked`` it has one, and with both unhealthy Route 53 answers with the
+    primary."""
 
     primary: str
     secondary: str
@@ -56,12 +60,13 @@ class FailoverResolver:
     alarms: dict[str, HealthAlarm]
     clock: Callable[[], float]
     history: list[tuple[float, str]] = field(default_factory=list)
+    secondary_health_checked: bool = False
 
     def region(self) -> str:
         """The region the failover name resolves to now; records every change."""
         if not self.alarms[self.primary].in_alarm():
             current = self.primary
-        elif not self.alarms[self.secondary].in_alarm():
+        elif not self.secondary_health_checked or not self.alarms[self.secondary].in_alarm():
             current = self.secondary
         else:
             current = self.primary
