@@ -21,6 +21,7 @@ Every function of the app runs on one runtime and one architecture, :data:`LAMBD
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import os
@@ -48,6 +49,7 @@ _SKIPPED_DIRS = frozenset({"__pycache__", IMAGE_DIR_NAME})
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 STAGING_DIR_NAME = "streamfleet-assets"
+WORKER_ENTRY = f"{PACKAGE_NAME}.worker.__main__"  # the image's `python -m streamfleet.worker`
 
 
 def runtime_package_dir() -> Path:
@@ -74,9 +76,13 @@ def worker_image_files(package_dir: Path | None = None) -> tuple[Path, Path]:
     raise FileNotFoundError(f"worker image files: none of {searched} exist")
 
 
-def package_files(package_dir: Path | None = None) -> Iterator[tuple[str, Path]]:
-    """``(relative POSIX path, file)`` of every file of the package, sorted, without caches."""
+def package_files(
+    package_dir: Path | None = None, entries: tuple[str, ...] | None = None
+) -> Iterator[tuple[str, Path]]:
+    """``(relative POSIX path, file)`` of every file of the package, sorted, without caches;
+    with ``entries`` (module names), only the modules they import (:func:`module_closure`)."""
     package_dir = package_dir or runtime_package_dir()
+    wanted = None if entries is None else module_closure(entries, package_dir)
     found: list[tuple[str, Path]] = []
     for root, dirs, files in os.walk(package_dir):
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
@@ -84,19 +90,84 @@ def package_files(package_dir: Path | None = None) -> Iterator[tuple[str, Path]]
             if name.endswith(_SKIPPED_SUFFIXES):
                 continue
             path = Path(root) / name
-            found.append((path.relative_to(package_dir).as_posix(), path))
+            relative = path.relative_to(package_dir).as_posix()
+            if wanted is None or relative in wanted:
+                found.append((relative, path))
     yield from sorted(found)
+
+
+def module_closure(entries: tuple[str, ...], package_dir: Path | None = None) -> frozenset[str]:
+    """The package's files (relative POSIX paths) that ``entries`` import, transitively: each
+    module's own file and every package ``__init__.py`` on the way.
+
+    Why: an artifact that carries only what it runs changes only when that changes; with the
+    whole package in every asset, a comment in the canary rolled the whole fleet. Imports are
+    read from each module's syntax tree, anywhere in it (a function's lazy import too); the
+    runtime imports nothing by computed name (the artifact tests, which run every function
+    and the worker from its asset, would fail if it did).
+    """
+    package_dir = package_dir or runtime_package_dir()
+    found: set[str] = set()
+    queue = [name for name in entries]
+    while queue:
+        module = queue.pop()
+        path = _module_file(module, package_dir)
+        if path is None:
+            raise ValueError(f"{module}: not a module of {PACKAGE_NAME} in {package_dir}")
+        relative = path.relative_to(package_dir).as_posix()
+        if relative in found:
+            continue
+        found.add(relative)
+        parts = module.split(".")
+        queue += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages on the way
+        queue += _imports_of(module, path, package_dir)
+    return frozenset(found)
+
+
+def _module_file(module: str, package_dir: Path) -> Path | None:
+    parts = module.split(".")
+    if parts[0] != PACKAGE_NAME:
+        return None
+    base = package_dir.joinpath(*parts[1:])
+    candidates = [base / "__init__.py", *([base.with_suffix(".py")] if len(parts) > 1 else [])]
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
+
+
+def _imports_of(module: str, path: Path, package_dir: Path) -> list[str]:
+    """The package's modules that ``module`` (in ``path``) names in an import."""
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names.append(base)
+            # `from package import name` may name a submodule.
+            names += [f"{base}.{alias.name}" for alias in node.names]
+    return [
+        name
+        for name in names
+        if (name == PACKAGE_NAME or name.startswith(PACKAGE_NAME + "."))
+        and _module_file(name, package_dir) is not None
+    ]
 
 
 def worker_image_layout(package_dir: Path | None = None) -> dict[str, Path]:
     """The worker's build context: relative path in the context -> source file.
 
-    The Dockerfile copies ``requirements.txt`` and ``streamfleet/`` relative to its context.
+    The Dockerfile copies ``requirements.txt`` and ``streamfleet/`` relative to its context:
+    of the package, only what the worker's entry point imports.
     """
     package_dir = package_dir or runtime_package_dir()
     dockerfile, requirements = worker_image_files(package_dir)
     layout = {DOCKERFILE: dockerfile, REQUIREMENTS: requirements}
-    for relative, path in package_files(package_dir):
+    for relative, path in package_files(package_dir, (WORKER_ENTRY,)):
         layout[f"{PACKAGE_NAME}/{relative}"] = path
     return layout
 
@@ -156,12 +227,15 @@ class PackageCopy:
     runtime provides, so there is nothing to install and no reason to start a container.
     """
 
-    def __init__(self, package_dir: Path | None = None) -> None:
+    def __init__(
+        self, package_dir: Path | None = None, entries: tuple[str, ...] | None = None
+    ) -> None:
         self._package_dir = package_dir or runtime_package_dir()
+        self._entries = entries
 
     def try_bundle(self, output_dir: str, *args: object, **kwargs: object) -> bool:
         destination = Path(output_dir) / PACKAGE_NAME
-        for relative, source in package_files(self._package_dir):
+        for relative, source in package_files(self._package_dir, self._entries):
             target = destination / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
@@ -453,10 +527,11 @@ class SitePackagesBundling:
         *,
         package_dir: Path | None = None,
         staging_root: Path | None = None,
+        entries: tuple[str, ...] | None = None,
     ) -> None:
         self.distributions = distributions
         self.target = target
-        self._package = PackageCopy(package_dir)
+        self._package = PackageCopy(package_dir, entries)
         self._staging_root = staging_root
 
     def try_bundle(self, output_dir: str, *args: object, **kwargs: object) -> bool:
@@ -480,12 +555,14 @@ def bundle_fingerprint(
     distributions: tuple[str, ...],
     target: LambdaPythonTarget,
     package_dir: Path | None = None,
+    entries: tuple[str, ...] | None = None,
 ) -> str:
-    """SHA-256 of what a bundle declares: every file of the package (path and content) and
-    :func:`bundle_declaration` (each distribution's version, the target). The third-party files
-    follow from those: the same version for the same target is the same wheel."""
+    """SHA-256 of what a bundle declares: every file of the package it carries (path and
+    content) and :func:`bundle_declaration` (each distribution's version, the target). The
+    third-party files follow from those: the same version for the same target is the same
+    wheel."""
     package_dir = package_dir or runtime_package_dir()
-    layout = {f"{PACKAGE_NAME}/{rel}": path for rel, path in package_files(package_dir)}
+    layout = {f"{PACKAGE_NAME}/{rel}": path for rel, path in package_files(package_dir, entries)}
     digest = hashlib.sha256(bundle_declaration(distributions, target).encode())
     digest.update(b"\0")
     digest.update(content_hash(layout).encode())
@@ -493,11 +570,15 @@ def bundle_fingerprint(
 
 
 def lambda_code(
-    distributions: tuple[str, ...] = (), target: LambdaPythonTarget = LAMBDA_TARGET
+    distributions: tuple[str, ...] = (),
+    target: LambdaPythonTarget = LAMBDA_TARGET,
+    *,
+    entries: tuple[str, ...] | None = None,
 ) -> lambda_.Code:
-    """Lambda code: the ``streamfleet`` package and ``distributions`` (with their dependencies)
-    built for ``target``; with no distributions, the package alone (boto3 comes from the
-    Lambda runtime).
+    """Lambda code: the ``streamfleet`` package (with ``entries``, only the modules they import:
+    a function's handler module) and ``distributions`` (with their dependencies) built for
+    ``target``; with no distributions, the package alone (boto3 comes from the Lambda
+    runtime).
 
     The asset hash is :func:`bundle_fingerprint`, the bundle's declared contents. CDK caches
     staged assets by source path, bundling options and asset hash, and a local bundler is not
@@ -508,13 +589,13 @@ def lambda_code(
     """
     package_dir = runtime_package_dir()
     local: PackageCopy | SitePackagesBundling = (
-        SitePackagesBundling(distributions, target, package_dir=package_dir)
+        SitePackagesBundling(distributions, target, package_dir=package_dir, entries=entries)
         if distributions
-        else PackageCopy(package_dir)
+        else PackageCopy(package_dir, entries)
     )
     return lambda_.Code.from_asset(
         str(package_dir),
         asset_hash_type=cdk.AssetHashType.CUSTOM,
-        asset_hash=bundle_fingerprint(distributions, target, package_dir),
+        asset_hash=bundle_fingerprint(distributions, target, package_dir, entries),
         bundling=cdk.BundlingOptions(image=target.runtime.bundling_image, local=local),
     )

@@ -79,7 +79,7 @@ def python_function(
         runtime=LAMBDA_TARGET.runtime,
         architecture=LAMBDA_TARGET.architecture,
         handler=handler,
-        code=lambda_code(distributions, LAMBDA_TARGET),
+        code=lambda_code(distributions, LAMBDA_TARGET, entries=(handler.rpartition(".")[0],)),
         role=role,
         log_group=log_group,
         logging_format=lambda_.LoggingFormat.JSON,

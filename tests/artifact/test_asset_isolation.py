@@ -1,0 +1,91 @@
+"""Each artifact carries only what it runs: a change to one module changes the assets of
+exactly the artifacts that import it.
+
+Every Lambda asset and the worker image once carried the whole ``streamfleet`` package, so a
+comment in the canary changed the worker image's hash (every worker handed off every stream
+at the next deploy) and redeployed every function. Checked here as ``cdk synth`` builds it: a
+copy of the checkout synthesized (``python app.py``) before and after a comment is added to
+the canary's module, and the two assemblies' asset references compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamfleet_cdk import assets
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+CANARY = "streamfleet.wsapi.canary.handler"
+ROUTER = "streamfleet.event_router.handler"
+
+
+def synthesize(checkout: Path, outdir: Path) -> dict[str, Any]:
+    """``python app.py`` in ``checkout``, with cdk.json's context, as the CDK CLI runs it."""
+    context = json.loads((checkout / "cdk.json").read_text())["context"]
+    env = {
+        **os.environ,
+        "CDK_OUTDIR": str(outdir),
+        "CDK_CONTEXT_JSON": json.dumps(context),
+        "PYTHONPATH": os.pathsep.join([str(checkout / "runtime"), str(checkout)]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    subprocess.run(
+        [sys.executable, "app.py"], cwd=checkout, env=env, check=True, capture_output=True
+    )
+    return {path.name: json.loads(path.read_text()) for path in outdir.glob("*.template.json")}
+
+
+def asset_references(templates: dict[str, Any]) -> dict[str, str]:
+    """``<template>/<handler>`` -> its code's S3 key, and ``<template>/worker`` -> the image."""
+    found: dict[str, str] = {}
+    for name, template in templates.items():
+        for resource in template.get("Resources", {}).values():
+            props = resource.get("Properties", {})
+            if resource["Type"] == "AWS::Lambda::Function" and "S3Key" in props.get("Code", {}):
+                found[f"{name}/{props['Handler']}"] = props["Code"]["S3Key"]
+            if resource["Type"] == "AWS::ECS::TaskDefinition":
+                for container in props.get("ContainerDefinitions", []):
+                    found[f"{name}/worker"] = json.dumps(container["Image"], sort_keys=True)
+    return found
+
+
+def test_a_comment_in_the_canary_changes_only_the_canarys_asset(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    for part in ("app.py", "cdk.json", "stacks", "streamfleet_cdk", "runtime"):
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(source, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            checkout.mkdir(exist_ok=True)
+            shutil.copyfile(source, checkout / part)
+    before = asset_references(synthesize(checkout, tmp_path / "before"))
+    canary = checkout / "runtime" / "streamfleet" / "wsapi" / "canary.py"
+    canary.write_text(canary.read_text() + "\n# A comment: nothing else changes.\n")
+    after = asset_references(synthesize(checkout, tmp_path / "after"))
+    assert before.keys() == after.keys()
+    changed = sorted(key for key in before if before[key] != after[key])
+    assert changed and all(key.endswith(f"/{CANARY}") for key in changed), changed
+    assert any(key.endswith("/worker") for key in before)
+    assert any(key.endswith(f"/{ROUTER}") for key in before)
+
+
+def test_each_artifact_carries_the_modules_it_imports_and_no_other() -> None:
+    worker = assets.module_closure((assets.WORKER_ENTRY,))
+    router = assets.module_closure((ROUTER.rpartition(".")[0],))
+    canary = assets.module_closure((CANARY.rpartition(".")[0],))
+    assert "wsapi/canary.py" in canary and "wsapi/canary.py" not in worker | router
+    # Operator tools and the client ship with no deployed artifact that does not use them.
+    for tool in ("cli.py", "preflight.py", "client/reconnecting.py"):
+        assert tool not in worker | router, tool
+    assert {"__init__.py", "worker/__init__.py", "worker/__main__.py"} <= worker
+    with pytest.raises(ValueError, match="not a module"):
+        assets.module_closure(("streamfleet.no_such_module",))
