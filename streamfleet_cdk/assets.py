@@ -91,6 +91,9 @@ def package_files(
                 continue
             path = Path(root) / name
             relative = path.relative_to(package_dir).as_posix()
+            if wanted is not None and not name.endswith(".py"):
+                # Imports cannot say who reads a data file: ship none rather than guess.
+                raise ValueError(f"{relative}: a data file in the package; no artifact knows it")
             if wanted is None or relative in wanted:
                 found.append((relative, path))
     yield from sorted(found)
@@ -103,12 +106,13 @@ def module_closure(entries: tuple[str, ...], package_dir: Path | None = None) ->
     Why: an artifact that carries only what it runs changes only when that changes; with the
     whole package in every asset, a comment in the canary rolled the whole fleet. Imports are
     read from each module's syntax tree, anywhere in it (a function's lazy import too); the
-    runtime imports nothing by computed name (the artifact tests, which run every function
-    and the worker from its asset, would fail if it did).
+    runtime imports nothing by computed name (the artifact tests, which import every handler
+    in a clean interpreter from its asset and run the worker from its build context, would
+    fail if it did), and holds no data files (:func:`package_files` refuses one).
     """
     package_dir = package_dir or runtime_package_dir()
     found: set[str] = set()
-    queue = [name for name in entries]
+    queue = list(entries)
     while queue:
         module = queue.pop()
         path = _module_file(module, package_dir)

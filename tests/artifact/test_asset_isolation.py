@@ -22,7 +22,6 @@ import pytest
 
 from streamfleet_cdk import assets
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "streamfleet.wsapi.canary.handler"
 ROUTER = "streamfleet.event_router.handler"
@@ -38,27 +37,41 @@ def synthesize(checkout: Path, outdir: Path) -> dict[str, Any]:
         "PYTHONPATH": os.pathsep.join([str(checkout / "runtime"), str(checkout)]),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    subprocess.run(
-        [sys.executable, "app.py"], cwd=checkout, env=env, check=True, capture_output=True
+    done = subprocess.run(
+        [sys.executable, "app.py"], cwd=checkout, env=env, capture_output=True, timeout=600
     )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
     return {path.name: json.loads(path.read_text()) for path in outdir.glob("*.template.json")}
 
 
-def asset_references(templates: dict[str, Any]) -> dict[str, str]:
-    """``<template>/<handler>`` -> its code's S3 key, and ``<template>/worker`` -> the image."""
-    found: dict[str, str] = {}
+def asset_references(templates: dict[str, Any]) -> dict[tuple[str, str, str], str]:
+    """``(template, logical ID, handler)`` -> its code's S3 key; ``(template, logical ID,
+    "worker")`` -> the task definition's image."""
+    found: dict[tuple[str, str, str], str] = {}
     for name, template in templates.items():
-        for resource in template.get("Resources", {}).values():
+        for logical_id, resource in template.get("Resources", {}).items():
             props = resource.get("Properties", {})
             if resource["Type"] == "AWS::Lambda::Function" and "S3Key" in props.get("Code", {}):
-                found[f"{name}/{props['Handler']}"] = props["Code"]["S3Key"]
+                found[(name, logical_id, props["Handler"])] = props["Code"]["S3Key"]
             if resource["Type"] == "AWS::ECS::TaskDefinition":
                 for container in props.get("ContainerDefinitions", []):
-                    found[f"{name}/worker"] = json.dumps(container["Image"], sort_keys=True)
+                    image = json.dumps(container["Image"], sort_keys=True)
+                    found[(name, logical_id, "worker")] = image
     return found
 
 
-def test_a_comment_in_the_canary_changes_only_the_canarys_asset(tmp_path: Path) -> None:
+def importers_of(relative: str, references: dict[tuple[str, str, str], str]) -> set:
+    """The artifacts whose entry point imports the package's file ``relative``."""
+    entries = {
+        key: assets.WORKER_ENTRY if key[2] == "worker" else key[2].rpartition(".")[0]
+        for key in references
+        if key[2] == "worker" or key[2].startswith(f"{assets.PACKAGE_NAME}.")
+    }
+    return {key for key, entry in entries.items() if relative in assets.module_closure((entry,))}
+
+
+@pytest.mark.slow
+def test_a_change_to_a_module_changes_exactly_the_assets_that_import_it(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
     for part in ("app.py", "cdk.json", "stacks", "streamfleet_cdk", "runtime"):
         source = REPO / part
@@ -67,15 +80,21 @@ def test_a_comment_in_the_canary_changes_only_the_canarys_asset(tmp_path: Path) 
         else:
             checkout.mkdir(exist_ok=True)
             shutil.copyfile(source, checkout / part)
+    package = checkout / "runtime" / "streamfleet"
     before = asset_references(synthesize(checkout, tmp_path / "before"))
-    canary = checkout / "runtime" / "streamfleet" / "wsapi" / "canary.py"
-    canary.write_text(canary.read_text() + "\n# A comment: nothing else changes.\n")
+    # A leaf (the canary's handler module), and a module two artifacts share.
+    for relative in ("wsapi/canary.py", "worker/ecs_metadata.py"):
+        module = package / relative
+        module.write_text(module.read_text() + "\n# A comment: nothing else changes.\n")
     after = asset_references(synthesize(checkout, tmp_path / "after"))
     assert before.keys() == after.keys()
-    changed = sorted(key for key in before if before[key] != after[key])
-    assert changed and all(key.endswith(f"/{CANARY}") for key in changed), changed
-    assert any(key.endswith("/worker") for key in before)
-    assert any(key.endswith(f"/{ROUTER}") for key in before)
+    changed = {key for key in before if before[key] != after[key]}
+    canary = {key for key in before if key[2] == CANARY}
+    shared = importers_of("worker/ecs_metadata.py", before)
+    assert canary and len({key[2] for key in shared}) >= 2  # the worker and another
+    assert changed == canary | shared
+    untouched = {key[2] for key in before} - {key[2] for key in changed}
+    assert ROUTER in untouched
 
 
 def test_each_artifact_carries_the_modules_it_imports_and_no_other() -> None:

@@ -12,6 +12,7 @@ it in a clean interpreter, compiled for the app's one target) are checked in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -62,6 +63,7 @@ from streamfleet_cdk.websocket_api import (
     WebSocketTables,
     WebSocketTablesProps,
 )
+from streamfleet_dev.wsapi.failover import FailoverResolver
 from tests.app_support import (
     TEST_ACCOUNT,
     arn_text,
@@ -803,6 +805,10 @@ def test_failover_records_primary_with_health_check_and_secondary(with_domain):
     assert secondary["Failover"] == "SECONDARY"
     assert secondary["SetIdentifier"] == f"{SECONDARY_REGION}-secondary"
     assert "HealthCheckId" not in secondary
+    # The local failover model (the drills, local mode) follows the records as synthesized.
+    modelled = dataclasses.fields(FailoverResolver)
+    (checked,) = [f.default for f in modelled if f.name == "secondary_health_checked"]
+    assert checked is ("HealthCheckId" in secondary)
 
 
 def test_each_region_maps_the_domain_with_its_own_certificate(with_domain):
