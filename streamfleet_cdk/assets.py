@@ -128,6 +128,15 @@ def module_closure(entries: tuple[str, ...], package_dir: Path | None = None) ->
     return frozenset(found)
 
 
+def module_imports(module: str, package_dir: Path | None = None) -> frozenset[str]:
+    """The package's modules that ``module`` imports directly (packages on the way excluded)."""
+    package_dir = package_dir or runtime_package_dir()
+    path = _module_file(module, package_dir)
+    if path is None:
+        raise ValueError(f"{module}: not a module of {PACKAGE_NAME} in {package_dir}")
+    return frozenset(name for name in _imports_of(module, path, package_dir) if name != module)
+
+
 def _module_file(module: str, package_dir: Path) -> Path | None:
     parts = module.split(".")
     if parts[0] != PACKAGE_NAME:

@@ -108,3 +108,33 @@ def test_each_artifact_carries_the_modules_it_imports_and_no_other() -> None:
     assert {"__init__.py", "worker/__init__.py", "worker/__main__.py"} <= worker
     with pytest.raises(ValueError, match="not a module"):
         assets.module_closure(("streamfleet.no_such_module",))
+
+
+def test_the_runtime_has_no_import_cycle() -> None:
+    """Modules of one concept import downwards: a cycle (the worker's fleet and its health
+    endpoint imported each other) makes neither usable, nor testable, alone."""
+    package = assets.runtime_package_dir()
+    modules = {
+        ".".join(
+            (assets.PACKAGE_NAME, *path.relative_to(package).with_suffix("").parts)
+        ).removesuffix(".__init__")
+        for path in package.rglob("*.py")
+        if "__pycache__" not in path.parts and "_image" not in path.parts
+    }
+    graph = {module: assets.module_imports(module) & modules for module in modules}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        if module in done:
+            return
+        assert module not in visiting, " -> ".join([*visiting, module])
+        visiting.append(module)
+        for imported in sorted(graph[module]):
+            if not module.startswith(imported + "."):  # a module's own package is not a cycle
+                visit(imported)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)

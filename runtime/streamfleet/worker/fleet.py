@@ -27,6 +27,7 @@ import random
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import boto3
 
@@ -238,7 +239,11 @@ class Worker:
             "metrics": self._metrics_loop,
         }
         if self.config.health_port is not None:
-            loops["health"] = lambda: serve_health(self, self.config.health_port)
+            loops["health"] = lambda: serve_health(
+                self.health_report,
+                self.config.health_port,
+                lambda port: self.log("health_listening", port=port),
+            )
         self._loops = {name: asyncio.create_task(run(), name=name) for name, run in loops.items()}
         stopping = asyncio.create_task(self._stopping.wait())
         await asyncio.wait([stopping, *self._loops.values()], return_when=asyncio.FIRST_COMPLETED)
@@ -375,6 +380,20 @@ class Worker:
     def dead_loops(self) -> list[str]:
         """Loops that ended although nothing asked them to (what the health check reports)."""
         return [name for name, task in self._loops.items() if task.done() and name != "health"]
+
+    def health_report(self) -> tuple[int, dict[str, Any]]:
+        """What ``GET /health`` answers now: 503 once a loop has died, else 200; with what the
+        worker holds."""
+        dead = self.dead_loops()
+        session = self.store.session
+        body = {
+            "worker": self.config.worker_id,
+            "connections": len(self.connections),
+            "session_live": not session.deadline_passed(),
+            "session_version": session.version,
+            "dead_loops": dead,
+        }
+        return (503 if dead else 200), body
 
     def end_all(self, reason: EndReason) -> None:
         for connection in list(self.connections.values()):

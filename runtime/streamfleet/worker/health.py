@@ -9,37 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .fleet import Worker
+from collections.abc import Callable
+from typing import Any
 
 MAX_REQUEST_BYTES = 8192
 
-
-def health_report(worker: Worker) -> tuple[int, dict]:
-    """The status code and body the endpoint would answer now."""
-    dead = worker.dead_loops()
-    session = worker.store.session
-    body = {
-        "worker": worker.config.worker_id,
-        "connections": len(worker.connections),
-        "session_live": not session.deadline_passed(),
-        "session_version": session.version,
-        "dead_loops": dead,
-    }
-    return (503 if dead else 200), body
+# The status code and body to answer now (the worker's :meth:`~.fleet.Worker.health_report`).
+HealthReport = Callable[[], tuple[int, dict[str, Any]]]
 
 
-async def serve_health(worker: Worker, port: int) -> None:
-    """Serve until cancelled."""
+async def serve_health(
+    report: HealthReport, port: int, on_listening: Callable[[int], None] = lambda port: None
+) -> None:
+    """Serve ``GET /health`` with ``report`` on ``port`` until cancelled; ``on_listening`` is
+    told the port bound (port 0 binds any free one)."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(2.0):
                 request = await reader.readuntil(b"\r\n\r\n")
             path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-            status, body = health_report(worker) if path == b"/health" else (404, {})
+            status, body = report() if path == b"/health" else (404, {})
             payload = json.dumps(body).encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
             writer.write(
@@ -56,6 +46,6 @@ async def serve_health(worker: Worker, port: int) -> None:
     server = await asyncio.start_server(answer, "0.0.0.0", port, limit=MAX_REQUEST_BYTES)
     # Port 0 binds whatever port is free: the log says which (tests read it; never chosen first
     # and bound later, when another process may have taken it).
-    worker.log("health_listening", port=server.sockets[0].getsockname()[1])
+    on_listening(server.sockets[0].getsockname()[1])
     async with server:
         await server.serve_forever()
