@@ -4,14 +4,17 @@ the application exactly once, in order, byte for byte.
 
 A small server model answers each subscribe the cursor asks for with the stored log (frames
 cut by the real ``pack_frames``, as the subscribe handler and the fan-out cut them), and the
-network model loses, repeats and reorders what either sends.
+network model loses, repeats and reorders what either sends. A live frame is lost only with its
+connection: a post that fails makes the fan-out close that subscriber (as deployed), a little
+later; until then the cursor may find the gap itself. Without that, a lost *last* frame would
+be a loss nothing could ever reveal, which no real connection produces.
 """
 
 from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamfleet.client import StreamCursor
@@ -43,10 +46,13 @@ def run(log: list[StoredMessage], seed: int, drop: float, dup: float, cut: float
     delivered = []
     now = 0.0
     live_next = 0  # the next message the fan-out posts
+    closing_at: list[float] = []  # when the fan-out closes a connection it failed to post to
 
     def send(source: str, frames: list[bytes]) -> None:
         for batch in entries(frames):
             if rng.random() < drop:
+                if source == SOURCE_LIVE and not closing_at:
+                    closing_at.append(now + rng.uniform(0, 2 * GAP_TIMEOUT))
                 continue
             copies = 2 if rng.random() < dup else 1
             for _ in range(copies):
@@ -78,7 +84,9 @@ def run(log: list[StoredMessage], seed: int, drop: float, dup: float, cut: float
         if in_flight and rng.random() < 0.8:
             source, batch = in_flight.pop(0)
             delivered.extend(cursor.on_entries(batch, source=source, region="r", now=now))
-        if rng.random() < cut:  # the connection is cut: what was on the wire is gone
+        closed = bool(closing_at) and now >= closing_at[0]
+        if closed or rng.random() < cut:  # the connection is cut: what was on the wire is gone
+            closing_at.clear()
             in_flight.clear()
             cursor.count_resubscribe("gap", now)
             subscribe()
@@ -91,6 +99,8 @@ def run(log: list[StoredMessage], seed: int, drop: float, dup: float, cut: float
 
 
 @settings(max_examples=60, deadline=None)
+# The last live frame lost with no later one to reveal it: found by Hypothesis once.
+@example(sizes=[0] * 5, seed=1142, drop=0.25, dup=0.0, cut=0.0)
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=40_000), min_size=1, max_size=40),
     seed=st.integers(min_value=0, max_value=2**32),
