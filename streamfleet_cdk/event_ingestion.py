@@ -334,8 +334,8 @@ class EventIngestion(Construct):
             log_level=props.log_level,
             tracing=props.tracing,
             environment={
-                "TABLE_NAME": props.lease_table.table_name,
-                "QUEUE_URL": self.queue.queue_url,
+                model.ENV_TABLE_NAME: props.lease_table.table_name,
+                model.ENV_QUEUE_URL: self.queue.queue_url,
                 "ALLOWED_UPSTREAMS": allowed_upstreams_env(props.allowed_upstreams),
             },
         )

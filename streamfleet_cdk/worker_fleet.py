@@ -411,9 +411,9 @@ class WorkerFleet(Construct):
         """What :meth:`streamfleet.worker.config.WorkerConfig.from_env` reads."""
         props = self._props
         return {
-            "TABLE_NAME": props.lease_table.table_name,
+            model.ENV_TABLE_NAME: props.lease_table.table_name,
             "MESSAGES_TABLE_NAME": props.messages_table.table_name,
-            "QUEUE_URL": props.queue.queue_url,
+            model.ENV_QUEUE_URL: props.queue.queue_url,
             "ALLOWED_UPSTREAMS": allowed_upstreams_env(props.allowed_upstreams),
             "SERVICE_NAME": props.service_name,
             "HEALTH_PORT": str(HEALTH_PORT),

@@ -39,8 +39,12 @@ from .worker.upstream_policy import UpstreamPolicy, UpstreamRefused
 
 T = TypeVar("T")
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-TableOption = Annotated[str, typer.Option("--table", envvar="TABLE_NAME", help="lease table")]
-QueueOption = Annotated[str, typer.Option("--queue-url", envvar="QUEUE_URL", help="intake queue")]
+TableOption = Annotated[
+    str, typer.Option("--table", envvar=model.ENV_TABLE_NAME, help="lease table")
+]
+QueueOption = Annotated[
+    str, typer.Option("--queue-url", envvar=model.ENV_QUEUE_URL, help="intake queue")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
 GroupOption = Annotated[str, typer.Option("--group", envvar="SESSION_GROUP", help="session group")]
 AllowedOption = Annotated[

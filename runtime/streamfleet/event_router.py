@@ -263,13 +263,13 @@ class RouterConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> RouterConfig:
         """Read and validate the environment; :class:`ConfigError` names the first bad one."""
         env = os.environ if env is None else env
-        table_name = required(env, "TABLE_NAME")
+        table_name = required(env, model.ENV_TABLE_NAME)
         if not TABLE_NAME_PATTERN.fullmatch(table_name):
-            raise ConfigError("TABLE_NAME", "not a DynamoDB table name or table ARN")
-        queue_url = required(env, "QUEUE_URL")
+            raise ConfigError(model.ENV_TABLE_NAME, "not a DynamoDB table name or table ARN")
+        queue_url = required(env, model.ENV_QUEUE_URL)
         parts = urlsplit(queue_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError("QUEUE_URL", "not an http(s) SQS queue URL")
+            raise ConfigError(model.ENV_QUEUE_URL, "not an http(s) SQS queue URL")
         try:
             upstreams = UpstreamPolicy.parse(
                 "ALLOWED_UPSTREAMS", required(env, "ALLOWED_UPSTREAMS")
@@ -420,7 +420,7 @@ def _build_router(clients: Callable[[], tuple[AsyncClient, ...]]) -> EventRouter
 
 
 _CONTAINER = WarmContainer(
-    ("TABLE_NAME", "QUEUE_URL", "ALLOWED_UPSTREAMS", "MAX_BODY_BYTES"),
+    (model.ENV_TABLE_NAME, model.ENV_QUEUE_URL, "ALLOWED_UPSTREAMS", "MAX_BODY_BYTES"),
     ("dynamodb", "sqs"),
     _build_router,
     CLIENT_SETTINGS,

@@ -72,8 +72,8 @@ from .wsapi.logs import log_event
 
 logger = logging.getLogger(__name__)
 
-ENV_TABLE_NAME = "TABLE_NAME"
-ENV_QUEUE_URL = "QUEUE_URL"
+ENV_TABLE_NAME = model.ENV_TABLE_NAME
+ENV_QUEUE_URL = model.ENV_QUEUE_URL
 ENV_REGION = "AWS_REGION"
 ENV_NAMES = (
     ENV_TABLE_NAME,

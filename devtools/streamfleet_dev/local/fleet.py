@@ -211,9 +211,9 @@ class Fleet:
         # What the template sets is overridden by name (a typo fails); the rest are extras.
         declared = container.environment
         refs = {
-            reference_of(declared["TABLE_NAME"]): self.lease_table,
+            reference_of(declared[model.ENV_TABLE_NAME]): self.lease_table,
             reference_of(declared["MESSAGES_TABLE_NAME"]): self.messages_table,
-            reference_of(declared["QUEUE_URL"]): self.queue_url,
+            reference_of(declared[model.ENV_QUEUE_URL]): self.queue_url,
         }
         environment = local_environment(
             declared,

@@ -601,9 +601,9 @@ def environment_lines(mode: LocalMode) -> dict[str, str]:
         "AWS_ACCESS_KEY_ID": "local",
         "AWS_SECRET_ACCESS_KEY": "local",
         "AWS_DEFAULT_REGION": os.environ["AWS_DEFAULT_REGION"],
-        "TABLE_NAME": fleet.lease_table,
+        model.ENV_TABLE_NAME: fleet.lease_table,
         "MESSAGES_TABLE_NAME": fleet.messages_table,
-        "QUEUE_URL": fleet.queue_url,
+        model.ENV_QUEUE_URL: fleet.queue_url,
         "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{fleet.upstream.port}",
     }
 

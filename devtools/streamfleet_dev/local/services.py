@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamfleet import model
 from streamfleet_dev.assembly import default_assembly, local_environment, reference_of
 from streamfleet_dev.wsapi.regions import LiveSettings
 
@@ -180,8 +181,8 @@ def start_event_api(fleet: Fleet, allowed_upstreams: str, log_path: Path) -> Eve
     stack = default_assembly().stack(WORKER_STACK)
     function = stack.function_with_handler(ROUTER_HANDLER)
     refs = {
-        reference_of(function.environment["TABLE_NAME"]): fleet.lease_table,
-        reference_of(function.environment["QUEUE_URL"]): fleet.queue_url,
+        reference_of(function.environment[model.ENV_TABLE_NAME]): fleet.lease_table,
+        reference_of(function.environment[model.ENV_QUEUE_URL]): fleet.queue_url,
     }
     environment = local_environment(
         function.environment,

@@ -156,9 +156,9 @@ class WorkerConfig:
                 fields="MAX_CONNECTIONS, MAX_MESSAGE_BYTES, MAX_WORKER_BUFFERED_BYTES",
             )
         return cls(
-            table_name=_required(env, "TABLE_NAME"),
+            table_name=_required(env, model.ENV_TABLE_NAME),
             messages_table_name=_required(env, "MESSAGES_TABLE_NAME"),
-            queue_url=_required(env, "QUEUE_URL"),
+            queue_url=_required(env, model.ENV_QUEUE_URL),
             upstreams=UpstreamPolicy.parse(
                 "ALLOWED_UPSTREAMS", _required(env, "ALLOWED_UPSTREAMS")
             ),
