@@ -14,6 +14,7 @@ import {
 } from '../src/client/index.js';
 
 const GAP_TIMEOUT_MS = 1000;
+const QUIET_TIMEOUT_MS = 5000;
 const STEP_MS = 100;
 const REPLAY_BUDGET = 40;
 const PART_CHARS = 9000;
@@ -55,17 +56,11 @@ function run(seed: number): { log: string[]; delivered: StreamMessage[] } {
   const delivered: StreamMessage[] = [];
   let now = 0;
   let liveNext = 0;
-  // A live frame is lost only with its connection: the fan-out closes a subscriber it failed
-  // to post to, a little later (a lost last frame would otherwise be a loss nothing reveals).
-  let closingAt: number | null = null;
 
   const send = (source: string, from: number, to: number): void => {
     for (let seq = from; seq <= to; seq += 1) {
       for (const entry of entriesOf(seq, log[seq - 1]!)) {
-        if (random() < drop) {
-          if (source === 'live' && closingAt === null) closingAt = now + random() * 2 * GAP_TIMEOUT_MS;
-          continue;
-        }
+        if (random() < drop) continue; // with the connection open: a later message, or the quiet check, finds it
         const frame: MessagesFrame = { type: 'messages', stream: 's', source, messages: [entry] };
         for (let copy = random() < dup ? 2 : 1; copy > 0; copy -= 1) {
           const at = Math.max(wire.length - Math.floor(random() * Math.min(4, wire.length + 1)), 0);
@@ -101,15 +96,13 @@ function run(seed: number): { log: string[]; delivered: StreamMessage[] } {
       liveNext = last;
     }
     if (wire.length > 0 && random() < 0.8) delivered.push(...cursor.onFrame(wire.shift()!, now));
-    const closed = closingAt !== null && now >= closingAt;
-    if (closed || random() < cut) {
-      closingAt = null;
+    if (random() < cut) {
       wire.length = 0; // the connection is cut: what was on the wire is gone
       cursor.countResubscribe('gap', now);
       subscribe();
       continue;
     }
-    const reason = cursor.resubscribeReason(now, GAP_TIMEOUT_MS);
+    const reason = cursor.resubscribeReason(now, GAP_TIMEOUT_MS, QUIET_TIMEOUT_MS);
     if (reason !== null) {
       cursor.countResubscribe(reason, now);
       subscribe();

@@ -23,6 +23,28 @@ function frame(stream: string, seqs: number[], source = 'live'): MessagesFrame {
 }
 
 describe('StreamCursor', () => {
+  it('asks where a quiet stream ends, ever more patiently, and from scratch after a delivery', () => {
+    // A live post lost with its connection open was found only by a later message: after a
+    // stream's last one, never.
+    const quiet = 60_000;
+    const cursor = new StreamCursor('s', 0);
+    cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 0, replayed: 0, upTo: 0, more: false }, 0);
+    cursor.onFrame(frame('s', [1]), 1);
+    expect(cursor.resubscribeReason(quiet, 2000, quiet)).toBeNull();
+    expect(cursor.resubscribeReason(1 + quiet, 2000, quiet)).toBe('quiet');
+    expect(cursor.resubscribeReason(1 + quiet, 2000)).toBeNull(); // off without a timeout
+    cursor.countResubscribe('quiet', 1 + quiet);
+    cursor.onSubscribed(
+      { type: 'subscribed', stream: 's', after: 1, replayed: 0, upTo: 1, more: false },
+      1 + quiet,
+    );
+    expect(cursor.resubscribeReason(3 * quiet, 2000, quiet)).toBeNull();
+    expect(cursor.resubscribeReason(1 + 3 * quiet, 2000, quiet)).toBe('quiet');
+    expect(cursor.stats.quietResubscribes).toBe(1);
+    cursor.onFrame(frame('s', [2]), 500_000);
+    expect(cursor.resubscribeReason(500_000 + quiet, 2000, quiet)).toBe('quiet');
+  });
+
   it('tells a forward jump once, and none for a first subscribe from the newest', () => {
     const cursor = new StreamCursor('s', 5);
     cursor.onSubscribed({ type: 'subscribed', stream: 's', after: 9, replayed: 0, upTo: 9, more: false }, 0);

@@ -160,6 +160,9 @@ class ClientConfig:
     # to fill it, the bound of each stream's reorder buffer, and whether to subscribe to what
     # the server's state lists for the user (getState's "subscriptions").
     gap_timeout: float = 2.0
+    # A subscribed stream heard nothing of for this long asks where its log ends (None: never):
+    # the only way to learn of a lost last post, at one subscribe per quiet stream, backing off.
+    quiet_timeout: float | None = 60.0
     max_buffered_per_stream: int = DEFAULT_MAX_BUFFERED
     follow_server_subscriptions: bool = True
     # A connection resets the backoff only once its state was restored and it stayed open this
@@ -179,6 +182,11 @@ class ClientConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be a finite number of seconds above zero")
+        quiet = self.quiet_timeout
+        if quiet is not None and not (isinstance(quiet, (int, float)) and math.isfinite(quiet)):
+            raise ValueError("quiet_timeout: must be a finite number of seconds, or None")
+        if quiet is not None and quiet < self.gap_timeout:
+            raise ValueError("quiet_timeout: must be at least gap_timeout, or None")
         # Above zero: a refused handshake is retried for as long as the client runs, and with
         # no base every retry (and every token fetch it forces) would follow at once.
         if not (math.isfinite(self.backoff_base) and self.backoff_base > 0):
@@ -567,7 +575,9 @@ class ReconnectingClient:
             await asyncio.sleep(interval)
             now = loop.time()
             for cursor in list(self.subscriptions.values()):
-                reason = cursor.resubscribe_reason(now, self.config.gap_timeout)
+                reason = cursor.resubscribe_reason(
+                    now, self.config.gap_timeout, self.config.quiet_timeout
+                )
                 if reason is not None:
                     cursor.count_resubscribe(reason, now)
                     cursor.in_flight = True  # before the task runs: one at a time

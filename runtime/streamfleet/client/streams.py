@@ -91,6 +91,7 @@ class CursorStats:
     dropped_for_space: int = 0
     gap_resubscribes: int = 0
     more_resubscribes: int = 0
+    quiet_resubscribes: int = 0  # a quiet stream asked where its log ends (a lost last post)
 
 
 @dataclass
@@ -116,6 +117,8 @@ class StreamCursor:
     gap_attempts: int = 0  # resubscribes since the last delivery: each waits twice as long
     acknowledged: bool = False  # a subscribe of the current connection was answered
     ahead: bool = False  # an entry of a newer epoch arrived: waited for like a gap
+    heard_at: float | None = None  # the last frame or reply of this stream
+    quiet_attempts: int = 0  # quiet resubscribes since the last delivery: each waits longer
     _epoch_change: EpochChange | None = None
     _skip: Skip | None = None
 
@@ -127,6 +130,7 @@ class StreamCursor:
         Returns what became deliverable (messages buffered before the start was known).
         """
         self.acknowledged = True
+        self.heard_at = now
         # Parts of a message the replay that follows brings whole are dropped: no part from
         # before a reconnect joins one from after it. Parts past the replay are kept: a live
         # message stored after the replay's read may have posted its first parts already.
@@ -175,6 +179,7 @@ class StreamCursor:
         self, entries: list[Any], *, source: str, region: str | None, now: float
     ) -> list[StreamMessage]:
         """The entries of a ``messages`` frame; returns the messages now deliverable, in order."""
+        self.heard_at = now
         for entry in entries:
             message = self._message(entry, source, region)
             if message is None:
@@ -198,7 +203,10 @@ class StreamCursor:
                 del self.buffer[highest]
                 self.stats.dropped_for_space += 1
         self.stats.buffered_max = max(self.stats.buffered_max, len(self.buffer))
-        return self._drain(now)
+        delivered = self._drain(now)
+        if delivered:
+            self.quiet_attempts = 0
+        return delivered
 
     def _message(self, entry: Any, source: str, region: str | None) -> StreamMessage | None:
         if not isinstance(entry, dict):
@@ -273,9 +281,16 @@ class StreamCursor:
 
     # When to ask again ----------------------------------------------------------------------
 
-    def resubscribe_reason(self, now: float, gap_timeout: float) -> str | None:
-        """``"gap"``, ``"more"`` or ``"start"`` when a subscribe from ``position`` should be
-        sent now; ``None`` otherwise (or while one is in flight)."""
+    def resubscribe_reason(
+        self, now: float, gap_timeout: float, quiet_timeout: float | None = None
+    ) -> str | None:
+        """``"gap"``, ``"more"``, ``"start"`` or ``"quiet"`` when a subscribe from ``position``
+        should be sent now; ``None`` otherwise (or while one is in flight).
+
+        ``"quiet"``: nothing of the stream was heard for ``quiet_timeout`` (doubling, up to 16
+        times, while each finds nothing new). A live post can be lost with its connection still
+        open (a fan-out out of time, a batch given up): a later message shows the gap, but after
+        a stream's last message nothing would, so a quiet stream asks where its log ends."""
         if self.in_flight or not self.acknowledged:
             return None
         if self.position is None:
@@ -297,6 +312,10 @@ class StreamCursor:
         wait = gap_timeout * 2 ** min(self.gap_attempts, 6)
         if self.gap_since is not None and now - self.gap_since >= wait:
             return "gap"
+        if quiet_timeout is not None and self.heard_at is not None:
+            quiet = quiet_timeout * 2 ** min(self.quiet_attempts, QUIET_BACKOFF_STEPS)
+            if now - self.heard_at >= quiet:
+                return "quiet"
         return None
 
     def count_resubscribe(self, reason: str, now: float) -> None:
@@ -308,10 +327,18 @@ class StreamCursor:
             self.gap_attempts += 1  # until something is delivered
         elif reason == "more":
             self.stats.more_resubscribes += 1
+        elif reason == "quiet":
+            self.stats.quiet_resubscribes += 1
+            self.quiet_attempts += 1
+            self.heard_at = now
         self.more_up_to = None
         self.promised_up_to = None  # the next reply promises anew
         self.gap_since = now if (self.buffer or self.parts or self.ahead) else None
 
+
+# A quiet stream asks where its log ends after quiet_timeout, then after twice as long, up to
+# 2**4 times as long (16 minutes at the clients' default 60 s) while nothing new comes.
+QUIET_BACKOFF_STEPS = 4
 
 # The wire's whole numbers, as both clients read them: 0 to 2**53 - 1 (what JavaScript counts
 # exactly), written with or without a fraction of zero (``1.0`` is 1, as JSON.parse has it).

@@ -162,3 +162,23 @@ def test_a_forward_jump_is_told_to_the_application_once():
     first = StreamCursor("t")  # a first subscribe from the newest: no jump
     subscribed(first, after=40, up_to=40, more=False, now=0)
     assert first.take_skip() is None
+
+
+def test_a_quiet_stream_asks_where_its_log_ends_ever_more_patiently():
+    """A live post lost with its connection open (a fan-out out of time, a batch given up) was
+    found only by a later message: after a stream's last one, never. A quiet stream now asks,
+    after the quiet timeout, then twice as long while nothing new comes; a delivery resets it."""
+    quiet = 60.0
+    cursor = StreamCursor("s", position=0)
+    subscribed(cursor, after=0, up_to=0, more=False, now=0)
+    cursor.on_entries([{"seq": 1, "data": "a"}], source="live", region=None, now=1)
+    assert cursor.resubscribe_reason(1 + quiet - 0.1, GAP_TIMEOUT, quiet) is None
+    assert cursor.resubscribe_reason(1 + quiet, GAP_TIMEOUT, quiet) == "quiet"
+    assert cursor.resubscribe_reason(1 + quiet, GAP_TIMEOUT) is None  # off without a timeout
+    cursor.count_resubscribe("quiet", 1 + quiet)
+    subscribed(cursor, after=1, up_to=1, more=False, now=1 + quiet)  # nothing new
+    assert cursor.resubscribe_reason(1 + 3 * quiet - 0.1, GAP_TIMEOUT, quiet) is None
+    assert cursor.resubscribe_reason(1 + 3 * quiet, GAP_TIMEOUT, quiet) == "quiet"
+    assert cursor.stats.quiet_resubscribes == 1
+    cursor.on_entries([{"seq": 2, "data": "b"}], source="live", region=None, now=500)
+    assert cursor.quiet_attempts == 0

@@ -65,7 +65,12 @@ import {
   type SubscribedReply,
   TOKEN_QUERY_PARAMETER,
 } from './protocol.js';
-import { DEFAULT_GAP_TIMEOUT_MS, DEFAULT_MAX_BUFFERED, StreamCursor } from './streams.js';
+import {
+  DEFAULT_GAP_TIMEOUT_MS,
+  DEFAULT_MAX_BUFFERED,
+  DEFAULT_QUIET_TIMEOUT_MS,
+  StreamCursor,
+} from './streams.js';
 import { globalTimers, type Timers } from './timers.js';
 
 /** Where the position of the last message delivered per stream is kept (what every reconnect
@@ -190,6 +195,12 @@ export interface StreamFleetClientOptions {
   timers?: Timers;
   /** How long a gap in a subscribed stream may stay open before the stored log is asked. Default 2 000 ms. */
   gapTimeoutMs?: number;
+  /**
+   * How long a subscribed stream may stay quiet before it asks where its log ends (doubling, up
+   * to 16 times, while nothing new comes): the only way to learn of a lost last post. Default
+   * 60 000 ms; `null`: never.
+   */
+  quietTimeoutMs?: number | null;
   /** The bound of each subscribed stream's reorder buffer. Default 10 000 messages. */
   maxBufferedPerStream?: number;
   /** Subscribe to the streams the server's state lists for the user. Default true. */
@@ -371,6 +382,7 @@ export class StreamFleetClient {
     subscriptionError: new Set(),
   };
   private readonly gapTimeoutMs: number;
+  private readonly quietTimeoutMs: number | null;
   private readonly maxBufferedPerStream: number;
   private readonly followServerSubscriptions: boolean;
   private readonly positions: PositionStore;
@@ -476,6 +488,10 @@ export class StreamFleetClient {
     this.random = options.random ?? Math.random;
     this.timers = options.timers ?? globalTimers;
     this.gapTimeoutMs = positiveMs('gapTimeoutMs', options.gapTimeoutMs, DEFAULT_GAP_TIMEOUT_MS);
+    this.quietTimeoutMs =
+      options.quietTimeoutMs === null
+        ? null
+        : positiveMs('quietTimeoutMs', options.quietTimeoutMs, DEFAULT_QUIET_TIMEOUT_MS);
     const maxBuffered = options.maxBufferedPerStream ?? DEFAULT_MAX_BUFFERED;
     if (!Number.isInteger(maxBuffered) || maxBuffered < 1) {
       throw new RangeError(
@@ -736,7 +752,7 @@ export class StreamFleetClient {
       if (generation !== this.generation || this.cursors.size === 0) return;
       const now = this.timers.now();
       for (const cursor of this.cursors.values()) {
-        const reason = cursor.resubscribeReason(now, this.gapTimeoutMs);
+        const reason = cursor.resubscribeReason(now, this.gapTimeoutMs, this.quietTimeoutMs);
         if (reason !== null) {
           cursor.countResubscribe(reason, now);
           void this.sendSubscribe(cursor);

@@ -31,6 +31,7 @@ export {
 } from './errors.js';
 export {
   DEFAULT_GAP_TIMEOUT_MS,
+  DEFAULT_QUIET_TIMEOUT_MS,
   DEFAULT_MAX_BUFFERED,
   MAX_PART_CHARS,
   MAX_PARTS,

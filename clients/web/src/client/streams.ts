@@ -34,10 +34,12 @@ import {
 
 export const DEFAULT_MAX_BUFFERED = 10_000;
 export const DEFAULT_GAP_TIMEOUT_MS = 2000;
+/** How long a subscribed stream may stay quiet before it asks where its log ends. */
+export const DEFAULT_QUIET_TIMEOUT_MS = 60_000;
 const MAX_GAP_DOUBLINGS = 6;
 
 /** Why a cursor wants a subscribe sent now. */
-export type ResubscribeReason = 'gap' | 'more' | 'start';
+export type ResubscribeReason = 'gap' | 'more' | 'start' | 'quiet';
 
 /** What a cursor did: a test's and a dashboard's evidence. */
 export interface CursorStats {
@@ -47,7 +49,12 @@ export interface CursorStats {
   droppedForSpace: number;
   gapResubscribes: number;
   moreResubscribes: number;
+  /** A quiet stream asked where its log ends (a lost last post). */
+  quietResubscribes: number;
 }
+
+/** A quiet stream asks again after its timeout, then twice as long, up to 2**4 times as long. */
+export const QUIET_BACKOFF_STEPS = 4;
 
 /** Parts of one message at most (a 384 KiB message takes about 13 frames of 32 KB). */
 export const MAX_PARTS = 64;
@@ -69,6 +76,7 @@ export class StreamCursor {
     droppedForSpace: 0,
     gapResubscribes: 0,
     moreResubscribes: 0,
+    quietResubscribes: 0,
   };
   /** A subscribe request is on its way (one at a time). */
   inFlight = false;
@@ -83,6 +91,10 @@ export class StreamCursor {
   requestId: string | null = null;
   private gapSince: number | null = null;
   private gapAttempts = 0;
+  /** The last frame or reply of this stream. */
+  private heardAt: number | null = null;
+  /** Quiet resubscribes since the last delivery: each waits longer. */
+  private quietAttempts = 0;
   private moreUpTo: StreamPosition | null = null;
   /** The last position a subscribe reply promised: awaited like a gap, so a replay whose frames
    * were lost is asked for again even on a quiet or stopped stream. */
@@ -141,6 +153,7 @@ export class StreamCursor {
   /** A `subscribed` reply: where the log starts for us, and whether the replay was cut. */
   onSubscribed(reply: SubscribedReply, now: number): StreamMessage[] {
     this.acknowledged = true;
+    this.heardAt = now;
     // Parts of a message the replay that follows brings whole are dropped: no part from before
     // a reconnect joins one from after it. Parts past the replay are kept: a live message
     // stored after the replay's read may have posted its first parts already.
@@ -167,6 +180,7 @@ export class StreamCursor {
 
   /** The entries of a `messages` frame; the messages now deliverable, in order. */
   onFrame(frame: MessagesFrame, now: number): StreamMessage[] {
+    this.heardAt = now;
     const entries = Array.isArray(frame.messages) ? frame.messages : [];
     for (const entry of entries) {
       const message = this.message(entry, frame);
@@ -192,8 +206,18 @@ export class StreamCursor {
     return this.drain(now);
   }
 
-  /** Whether a subscribe from `position` should be sent now (never while one is in flight). */
-  resubscribeReason(now: number, gapTimeoutMs: number): ResubscribeReason | null {
+  /**
+   * Whether a subscribe from `position` should be sent now (never while one is in flight).
+   * `quiet`: nothing of the stream was heard for `quietTimeoutMs` (doubling while each finds
+   * nothing new). A live post can be lost with its connection still open (a fan-out out of
+   * time, a batch given up): a later message shows the gap, but after a stream's last message
+   * nothing would, so a quiet stream asks where its log ends.
+   */
+  resubscribeReason(
+    now: number,
+    gapTimeoutMs: number,
+    quietTimeoutMs: number | null = null,
+  ): ResubscribeReason | null {
     if (this.inFlight || !this.acknowledged) return null;
     if (this.position === null) {
       if (this.buffer.size > 0 || this.parts.size > 0) return 'start';
@@ -212,6 +236,10 @@ export class StreamCursor {
     // every timeout for ever: each unproductive retry waits twice as long.
     const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
     if (this.gapSince !== null && now - this.gapSince >= wait) return 'gap';
+    if (quietTimeoutMs !== null && this.heardAt !== null) {
+      const quiet = quietTimeoutMs * 2 ** Math.min(this.quietAttempts, QUIET_BACKOFF_STEPS);
+      if (now - this.heardAt >= quiet) return 'quiet';
+    }
     return null;
   }
 
@@ -224,6 +252,10 @@ export class StreamCursor {
       this.gapAttempts += 1; // until something is delivered
     } else if (reason === 'more') {
       this.stats.moreResubscribes += 1;
+    } else if (reason === 'quiet') {
+      this.stats.quietResubscribes += 1;
+      this.quietAttempts += 1;
+      this.heardAt = now;
     }
     this.moreUpTo = null;
     this.promisedUpTo = null; // the next reply promises anew
@@ -312,7 +344,10 @@ export class StreamCursor {
       for (const seq of [...this.parts.keys()]) if (seq <= this.position) this.dropParts(seq);
     }
     this.stats.delivered += ready.length;
-    if (ready.length > 0) this.gapAttempts = 0;
+    if (ready.length > 0) {
+      this.gapAttempts = 0;
+      this.quietAttempts = 0;
+    }
     const at = this.at;
     if (this.promisedUpTo !== null && at !== null && comparePositions(at, this.promisedUpTo) >= 0) {
       this.promisedUpTo = null;
