@@ -160,9 +160,11 @@ def _imports_of(module: str, path: Path, package_dir: Path) -> list[str]:
                 base = ".".join(base_parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            names.append(base)
-            # `from package import name` may name a submodule.
-            names += [f"{base}.{alias.name}" for alias in node.names]
+            # `from package import name` names a submodule, or something of the package itself.
+            submodules = [f"{base}.{alias.name}" for alias in node.names]
+            names += submodules
+            if any(_module_file(name, package_dir) is None for name in submodules):
+                names.append(base)
     return [
         name
         for name in names

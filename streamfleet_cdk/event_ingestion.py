@@ -336,7 +336,7 @@ class EventIngestion(Construct):
             environment={
                 model.ENV_TABLE_NAME: props.lease_table.table_name,
                 model.ENV_QUEUE_URL: self.queue.queue_url,
-                "ALLOWED_UPSTREAMS": allowed_upstreams_env(props.allowed_upstreams),
+                model.ENV_ALLOWED_UPSTREAMS: allowed_upstreams_env(props.allowed_upstreams),
             },
         )
 

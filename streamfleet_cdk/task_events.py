@@ -211,8 +211,8 @@ class TaskStoppedHandler(Construct):
             reserved_concurrency=props.reserved_concurrency,
             log_level=props.log_level,
             environment={
-                task_events_runtime.ENV_TABLE_NAME: props.lease_table.table_name,
-                task_events_runtime.ENV_QUEUE_URL: props.queue.queue_url,
+                model.ENV_TABLE_NAME: props.lease_table.table_name,
+                model.ENV_QUEUE_URL: props.queue.queue_url,
                 model.ENV_ECS_CLUSTER_ARN: props.cluster.cluster_arn,
                 model.ENV_ECS_SERVICE_NAME: props.service_name,
             },

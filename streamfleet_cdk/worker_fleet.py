@@ -412,9 +412,9 @@ class WorkerFleet(Construct):
         props = self._props
         return {
             model.ENV_TABLE_NAME: props.lease_table.table_name,
-            "MESSAGES_TABLE_NAME": props.messages_table.table_name,
+            model.ENV_MESSAGES_TABLE_NAME: props.messages_table.table_name,
             model.ENV_QUEUE_URL: props.queue.queue_url,
-            "ALLOWED_UPSTREAMS": allowed_upstreams_env(props.allowed_upstreams),
+            model.ENV_ALLOWED_UPSTREAMS: allowed_upstreams_env(props.allowed_upstreams),
             "SERVICE_NAME": props.service_name,
             "HEALTH_PORT": str(HEALTH_PORT),
             "LEASE_SECONDS": _seconds(props.lease_seconds),

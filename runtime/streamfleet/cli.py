@@ -51,7 +51,7 @@ AllowedOption = Annotated[
     str,
     typer.Option(
         "--allowed-upstreams",
-        envvar="ALLOWED_UPSTREAMS",
+        envvar=model.ENV_ALLOWED_UPSTREAMS,
         help="comma-separated scheme://host[:port] the fleet may dial (as the router checks)",
     ),
 ]
@@ -59,7 +59,7 @@ MessagesOption = Annotated[
     str,
     typer.Option(
         "--messages-table",
-        envvar="MESSAGES_TABLE_NAME",
+        envvar=model.ENV_MESSAGES_TABLE_NAME,
         help="messages table: with it, lag is measured (messages stored past the checkpoint)",
     ),
 ]
@@ -96,7 +96,8 @@ def _aws_error(exc: Exception) -> typer.Exit | None:
         error = exc.response.get("Error", {})
         code, message = error.get("Code", "?"), error.get("Message", "")
         if code == "ResourceNotFoundException":
-            return _fail(f"not found: {message or code} (check --table / TABLE_NAME and region)")
+            hint = f"check --table / {model.ENV_TABLE_NAME} and region"
+            return _fail(f"not found: {message or code} ({hint})")
         return _fail(f"AWS refused: {code}: {message}")
     return None
 
@@ -146,7 +147,7 @@ def allowed_policy(allowed_upstreams: str) -> UpstreamPolicy:
             2,
         )
     try:
-        return UpstreamPolicy.parse("ALLOWED_UPSTREAMS", allowed_upstreams)
+        return UpstreamPolicy.parse(model.ENV_ALLOWED_UPSTREAMS, allowed_upstreams)
     except ValueError as exc:
         raise _fail(str(exc), 2) from None
 

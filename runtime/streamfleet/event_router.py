@@ -272,12 +272,12 @@ class RouterConfig:
             raise ConfigError(model.ENV_QUEUE_URL, "not an http(s) SQS queue URL")
         try:
             upstreams = UpstreamPolicy.parse(
-                "ALLOWED_UPSTREAMS", required(env, "ALLOWED_UPSTREAMS")
+                model.ENV_ALLOWED_UPSTREAMS, required(env, model.ENV_ALLOWED_UPSTREAMS)
             )
         except ConfigError:
             raise
         except ValueError as exc:
-            raise ConfigError("ALLOWED_UPSTREAMS", str(exc).partition(": ")[2]) from None
+            raise ConfigError(model.ENV_ALLOWED_UPSTREAMS, str(exc).partition(": ")[2]) from None
         raw_max = env.get("MAX_BODY_BYTES", "").strip()
         max_body_bytes = DEFAULT_MAX_BODY_BYTES
         if raw_max:
@@ -420,7 +420,7 @@ def _build_router(clients: Callable[[], tuple[AsyncClient, ...]]) -> EventRouter
 
 
 _CONTAINER = WarmContainer(
-    (model.ENV_TABLE_NAME, model.ENV_QUEUE_URL, "ALLOWED_UPSTREAMS", "MAX_BODY_BYTES"),
+    (model.ENV_TABLE_NAME, model.ENV_QUEUE_URL, model.ENV_ALLOWED_UPSTREAMS, "MAX_BODY_BYTES"),
     ("dynamodb", "sqs"),
     _build_router,
     CLIENT_SETTINGS,

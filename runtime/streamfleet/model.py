@@ -208,6 +208,7 @@ DEFAULT_MESSAGE_RETENTION_DAYS = 7
 # The fleet side's lease table and intake queue (the router, the workers, the task events).
 ENV_TABLE_NAME = "TABLE_NAME"
 ENV_QUEUE_URL = "QUEUE_URL"
+ENV_ALLOWED_UPSTREAMS = "ALLOWED_UPSTREAMS"  # where STARTs may point the workers
 ENV_MESSAGE_RETENTION_DAYS = "MESSAGE_RETENTION_DAYS"  # how long stored messages are kept
 ENV_MEMORY_LIMIT_MIB = "MEMORY_LIMIT_MIB"  # the task's memory: buffering must fit in its share
 # Set by ECS in every container of a task: where the task's metadata (its ARN) is served.

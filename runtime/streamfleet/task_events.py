@@ -72,12 +72,10 @@ from .wsapi.logs import log_event
 
 logger = logging.getLogger(__name__)
 
-ENV_TABLE_NAME = model.ENV_TABLE_NAME
-ENV_QUEUE_URL = model.ENV_QUEUE_URL
 ENV_REGION = "AWS_REGION"
 ENV_NAMES = (
-    ENV_TABLE_NAME,
-    ENV_QUEUE_URL,
+    model.ENV_TABLE_NAME,
+    model.ENV_QUEUE_URL,
     model.ENV_ECS_CLUSTER_ARN,
     model.ENV_ECS_SERVICE_NAME,
     ENV_REGION,
@@ -135,13 +133,13 @@ class TaskEventsConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> TaskEventsConfig:
         """Read and validate the environment; :class:`ConfigError` names the first bad one."""
         env = os.environ if env is None else env
-        table_name = required(env, ENV_TABLE_NAME)
+        table_name = required(env, model.ENV_TABLE_NAME)
         if not TABLE_NAME_PATTERN.fullmatch(table_name):
-            raise ConfigError(ENV_TABLE_NAME, "not a DynamoDB table name or table ARN")
-        queue_url = required(env, ENV_QUEUE_URL)
+            raise ConfigError(model.ENV_TABLE_NAME, "not a DynamoDB table name or table ARN")
+        queue_url = required(env, model.ENV_QUEUE_URL)
         parts = urlsplit(queue_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(ENV_QUEUE_URL, "not an http(s) SQS queue URL")
+            raise ConfigError(model.ENV_QUEUE_URL, "not an http(s) SQS queue URL")
         region = required(env, ENV_REGION)
         if not REGION_PATTERN.fullmatch(region):
             raise ConfigError(ENV_REGION, f"{region[:64]!r} is not a Region")

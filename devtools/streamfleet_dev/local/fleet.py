@@ -201,7 +201,7 @@ class Fleet:
         stack, container, image_bin = worker_container()
         wanted = {
             **FAST_ENV,
-            "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{self.upstream.port}",
+            model.ENV_ALLOWED_UPSTREAMS: f"ws://127.0.0.1:{self.upstream.port}",
             "MAX_CONNECTIONS": "100",
             "HEALTH_PORT": "",  # none ("0": a free port, named in its health_listening log)
             "WORKER_ID": worker_id,
@@ -212,7 +212,7 @@ class Fleet:
         declared = container.environment
         refs = {
             reference_of(declared[model.ENV_TABLE_NAME]): self.lease_table,
-            reference_of(declared["MESSAGES_TABLE_NAME"]): self.messages_table,
+            reference_of(declared[model.ENV_MESSAGES_TABLE_NAME]): self.messages_table,
             reference_of(declared[model.ENV_QUEUE_URL]): self.queue_url,
         }
         environment = local_environment(

@@ -602,9 +602,9 @@ def environment_lines(mode: LocalMode) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": "local",
         "AWS_DEFAULT_REGION": os.environ["AWS_DEFAULT_REGION"],
         model.ENV_TABLE_NAME: fleet.lease_table,
-        "MESSAGES_TABLE_NAME": fleet.messages_table,
+        model.ENV_MESSAGES_TABLE_NAME: fleet.messages_table,
         model.ENV_QUEUE_URL: fleet.queue_url,
-        "ALLOWED_UPSTREAMS": f"ws://127.0.0.1:{fleet.upstream.port}",
+        model.ENV_ALLOWED_UPSTREAMS: f"ws://127.0.0.1:{fleet.upstream.port}",
     }
 
 

@@ -188,7 +188,7 @@ def start_event_api(fleet: Fleet, allowed_upstreams: str, log_path: Path) -> Eve
         function.environment,
         stack,
         refs=refs,
-        overrides={"ALLOWED_UPSTREAMS": allowed_upstreams},
+        overrides={model.ENV_ALLOWED_UPSTREAMS: allowed_upstreams},
     )
     spec = LambdaSpec.for_function(function, environment, region=stack.region)
     code_dir = host_twin(function.asset_dir) if native_mismatches(spec) else None

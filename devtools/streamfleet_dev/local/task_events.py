@@ -260,8 +260,8 @@ def handler_bindings(stack: Stack, *, table: str, queue_url: str) -> Bindings:
     template = stack.template_bindings()
     refs = dict(template.refs)
     for variable, value in (
-        (handler_module.ENV_TABLE_NAME, table),
-        (handler_module.ENV_QUEUE_URL, queue_url),
+        (model.ENV_TABLE_NAME, table),
+        (model.ENV_QUEUE_URL, queue_url),
     ):
         logical_id = reference_of(declared[variable])
         if logical_id is None:

@@ -478,7 +478,7 @@ class World:
             table_name=self.lease_table,
             messages_table_name=self.messages_table,
             queue_url=self.queue_url,
-            upstreams=UpstreamPolicy.parse("ALLOWED_UPSTREAMS", self.upstream.url),
+            upstreams=UpstreamPolicy.parse(model.ENV_ALLOWED_UPSTREAMS, self.upstream.url),
             worker_id=worker_id,
             timing=timing.lease,
             reconcile_every=timing.reconcile_every,

@@ -157,10 +157,10 @@ class WorkerConfig:
             )
         return cls(
             table_name=_required(env, model.ENV_TABLE_NAME),
-            messages_table_name=_required(env, "MESSAGES_TABLE_NAME"),
+            messages_table_name=_required(env, model.ENV_MESSAGES_TABLE_NAME),
             queue_url=_required(env, model.ENV_QUEUE_URL),
             upstreams=UpstreamPolicy.parse(
-                "ALLOWED_UPSTREAMS", _required(env, "ALLOWED_UPSTREAMS")
+                model.ENV_ALLOWED_UPSTREAMS, _required(env, model.ENV_ALLOWED_UPSTREAMS)
             ),
             worker_id=check_id("WORKER_ID", worker_id),
             timing=timing,
