@@ -42,7 +42,16 @@ describe('StreamCursor', () => {
     expect(cursor.resubscribeReason(1 + 3 * quiet, 2000, quiet)).toBe('quiet');
     expect(cursor.stats.quietResubscribes).toBe(1);
     cursor.onFrame(frame('s', [2]), 500_000);
-    expect(cursor.resubscribeReason(500_000 + quiet, 2000, quiet)).toBe('quiet');
+    // A delivery does not make it eager again (a slow stream would pay a subscribe a message)...
+    expect(cursor.resubscribeReason(500_000 + quiet, 2000, quiet)).toBeNull();
+    expect(cursor.resubscribeReason(500_000 + 2 * quiet, 2000, quiet)).toBe('quiet');
+    cursor.countResubscribe('quiet', 500_000 + 2 * quiet);
+    // ...finding a lost tail does, and the tail is then awaited as a gap.
+    cursor.onSubscribed(
+      { type: 'subscribed', stream: 's', after: 2, replayed: 0, upTo: 3, more: false },
+      500_000 + 2 * quiet,
+    );
+    expect(cursor.resubscribeReason(500_000 + 3 * quiet, 2000, quiet)).toBe('gap');
   });
 
   it('tells a forward jump once, and none for a first subscribe from the newest', () => {

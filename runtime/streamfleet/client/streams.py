@@ -118,7 +118,10 @@ class StreamCursor:
     acknowledged: bool = False  # a subscribe of the current connection was answered
     ahead: bool = False  # an entry of a newer epoch arrived: waited for like a gap
     heard_at: float | None = None  # the last frame or reply of this stream
-    quiet_attempts: int = 0  # quiet resubscribes since the last delivery: each waits longer
+    # Quiet resubscribes that found nothing since the last that found a lost tail: each waits
+    # twice as long (a delivery does not reset it: a slow stream would pay a subscribe a gap).
+    quiet_attempts: int = 0
+    quiet_asked: bool = False  # the subscribe in flight is a quiet one
     _epoch_change: EpochChange | None = None
     _skip: Skip | None = None
 
@@ -131,6 +134,12 @@ class StreamCursor:
         """
         self.acknowledged = True
         self.heard_at = now
+        if self.quiet_asked:
+            self.quiet_asked = False
+            found = _reply_position(reply, "upTo")
+            at = None if self.position is None else StreamPosition(self.epoch, self.position)
+            if found is not None and at is not None and found > at:
+                self.quiet_attempts = 0  # it found a lost tail: ask as soon again
         # Parts of a message the replay that follows brings whole are dropped: no part from
         # before a reconnect joins one from after it. Parts past the replay are kept: a live
         # message stored after the replay's read may have posted its first parts already.
@@ -203,10 +212,7 @@ class StreamCursor:
                 del self.buffer[highest]
                 self.stats.dropped_for_space += 1
         self.stats.buffered_max = max(self.stats.buffered_max, len(self.buffer))
-        delivered = self._drain(now)
-        if delivered:
-            self.quiet_attempts = 0
-        return delivered
+        return self._drain(now)
 
     def _message(self, entry: Any, source: str, region: str | None) -> StreamMessage | None:
         if not isinstance(entry, dict):
@@ -312,7 +318,7 @@ class StreamCursor:
         wait = gap_timeout * 2 ** min(self.gap_attempts, 6)
         if self.gap_since is not None and now - self.gap_since >= wait:
             return "gap"
-        if quiet_timeout is not None and self.heard_at is not None:
+        if quiet_timeout is not None and self.heard_at is not None and self.gap_since is None:
             quiet = quiet_timeout * 2 ** min(self.quiet_attempts, QUIET_BACKOFF_STEPS)
             if now - self.heard_at >= quiet:
                 return "quiet"
@@ -330,6 +336,7 @@ class StreamCursor:
         elif reason == "quiet":
             self.stats.quiet_resubscribes += 1
             self.quiet_attempts += 1
+            self.quiet_asked = True
             self.heard_at = now
         self.more_up_to = None
         self.promised_up_to = None  # the next reply promises anew

@@ -167,7 +167,9 @@ def test_a_forward_jump_is_told_to_the_application_once():
 def test_a_quiet_stream_asks_where_its_log_ends_ever_more_patiently():
     """A live post lost with its connection open (a fan-out out of time, a batch given up) was
     found only by a later message: after a stream's last one, never. A quiet stream now asks,
-    after the quiet timeout, then twice as long while nothing new comes; a delivery resets it."""
+    after the quiet timeout, then twice as long each time it finds nothing (a delivery does not
+    make it eager again: a slow stream would pay a subscribe per message); one that finds a
+    lost tail does; never while a gap is already being waited for."""
     quiet = 60.0
     cursor = StreamCursor("s", position=0)
     subscribed(cursor, after=0, up_to=0, more=False, now=0)
@@ -181,4 +183,9 @@ def test_a_quiet_stream_asks_where_its_log_ends_ever_more_patiently():
     assert cursor.resubscribe_reason(1 + 3 * quiet, GAP_TIMEOUT, quiet) == "quiet"
     assert cursor.stats.quiet_resubscribes == 1
     cursor.on_entries([{"seq": 2, "data": "b"}], source="live", region=None, now=500)
+    assert cursor.quiet_attempts == 1  # still patient
+    cursor.count_resubscribe("quiet", 500 + 2 * quiet)
+    subscribed(cursor, after=2, up_to=3, more=False, now=500 + 2 * quiet)  # a lost tail: seq 3
     assert cursor.quiet_attempts == 0
+    # The tail is now awaited as a gap, and no quiet subscribe mixes into its backoff.
+    assert cursor.resubscribe_reason(500 + 3 * quiet, GAP_TIMEOUT, quiet) == "gap"

@@ -492,6 +492,9 @@ export class StreamFleetClient {
       options.quietTimeoutMs === null
         ? null
         : positiveMs('quietTimeoutMs', options.quietTimeoutMs, DEFAULT_QUIET_TIMEOUT_MS);
+    if (this.quietTimeoutMs !== null && this.quietTimeoutMs < this.gapTimeoutMs) {
+      throw new RangeError('StreamFleetClient: quietTimeoutMs must be at least gapTimeoutMs, or null');
+    }
     const maxBuffered = options.maxBufferedPerStream ?? DEFAULT_MAX_BUFFERED;
     if (!Number.isInteger(maxBuffered) || maxBuffered < 1) {
       throw new RangeError(

@@ -93,8 +93,11 @@ export class StreamCursor {
   private gapAttempts = 0;
   /** The last frame or reply of this stream. */
   private heardAt: number | null = null;
-  /** Quiet resubscribes since the last delivery: each waits longer. */
+  /** Quiet resubscribes that found nothing since the last that found a lost tail: each waits
+   * twice as long (a delivery does not reset it: a slow stream would pay a subscribe a gap). */
   private quietAttempts = 0;
+  /** The subscribe in flight is a quiet one. */
+  private quietAsked = false;
   private moreUpTo: StreamPosition | null = null;
   /** The last position a subscribe reply promised: awaited like a gap, so a replay whose frames
    * were lost is asked for again even on a quiet or stopped stream. */
@@ -154,6 +157,13 @@ export class StreamCursor {
   onSubscribed(reply: SubscribedReply, now: number): StreamMessage[] {
     this.acknowledged = true;
     this.heardAt = now;
+    if (this.quietAsked) {
+      this.quietAsked = false;
+      const found = replyPosition(reply.upTo, reply.upToEpoch);
+      const at = this.at;
+      // It found a lost tail: ask as soon again.
+      if (found !== null && at !== null && comparePositions(found, at) > 0) this.quietAttempts = 0;
+    }
     // Parts of a message the replay that follows brings whole are dropped: no part from before
     // a reconnect joins one from after it. Parts past the replay are kept: a live message
     // stored after the replay's read may have posted its first parts already.
@@ -236,7 +246,7 @@ export class StreamCursor {
     // every timeout for ever: each unproductive retry waits twice as long.
     const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
     if (this.gapSince !== null && now - this.gapSince >= wait) return 'gap';
-    if (quietTimeoutMs !== null && this.heardAt !== null) {
+    if (quietTimeoutMs !== null && this.heardAt !== null && this.gapSince === null) {
       const quiet = quietTimeoutMs * 2 ** Math.min(this.quietAttempts, QUIET_BACKOFF_STEPS);
       if (now - this.heardAt >= quiet) return 'quiet';
     }
@@ -255,6 +265,7 @@ export class StreamCursor {
     } else if (reason === 'quiet') {
       this.stats.quietResubscribes += 1;
       this.quietAttempts += 1;
+      this.quietAsked = true;
       this.heardAt = now;
     }
     this.moreUpTo = null;
@@ -344,10 +355,7 @@ export class StreamCursor {
       for (const seq of [...this.parts.keys()]) if (seq <= this.position) this.dropParts(seq);
     }
     this.stats.delivered += ready.length;
-    if (ready.length > 0) {
-      this.gapAttempts = 0;
-      this.quietAttempts = 0;
-    }
+    if (ready.length > 0) this.gapAttempts = 0;
     const at = this.at;
     if (this.promisedUpTo !== null && at !== null && comparePositions(at, this.promisedUpTo) >= 0) {
       this.promisedUpTo = null;
