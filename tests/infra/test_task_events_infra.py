@@ -145,14 +145,14 @@ def test_the_handler_environment_is_what_the_handler_accepts(built):
         function = properties(template, logical_id(stack, stack.task_stopped.function))
         variables = function["Environment"]["Variables"]
         assert set(variables) == {
-            runtime.ENV_TABLE_NAME,
-            runtime.ENV_QUEUE_URL,
+            model.ENV_TABLE_NAME,
+            model.ENV_QUEUE_URL,
             model.ENV_ECS_CLUSTER_ARN,
             model.ENV_ECS_SERVICE_NAME,
         }
         fleet = stack.fleet
-        assert variables[runtime.ENV_TABLE_NAME] == stack.resolve(stack.lease_table.table_name)
-        assert variables[runtime.ENV_QUEUE_URL] == stack.resolve(stack.ingestion.queue.queue_url)
+        assert variables[model.ENV_TABLE_NAME] == stack.resolve(stack.lease_table.table_name)
+        assert variables[model.ENV_QUEUE_URL] == stack.resolve(stack.ingestion.queue.queue_url)
         assert variables[model.ENV_ECS_CLUSTER_ARN] == stack.resolve(fleet.cluster.cluster_arn)
         assert variables[model.ENV_ECS_SERVICE_NAME] == stack.resolve(fleet.service.service_name)
         # What CloudFormation would put there, read by the handler's own parser (AWS_REGION is
@@ -161,8 +161,8 @@ def test_the_handler_environment_is_what_the_handler_accepts(built):
         cluster = f"arn:aws:ecs:{region}:{TEST_ACCOUNT}:cluster/StreamFleet-Workers-Cluster"
         config = runtime.TaskEventsConfig.from_env(
             {
-                runtime.ENV_TABLE_NAME: model.DEFAULT_LEASE_TABLE_NAME,
-                runtime.ENV_QUEUE_URL: DEPLOYED_QUEUE_URL,
+                model.ENV_TABLE_NAME: model.DEFAULT_LEASE_TABLE_NAME,
+                model.ENV_QUEUE_URL: DEPLOYED_QUEUE_URL,
                 model.ENV_ECS_CLUSTER_ARN: cluster,
                 model.ENV_ECS_SERVICE_NAME: "StreamFleet-Primary-WorkersService06F7B0BF-abc",
                 runtime.ENV_REGION: region,
