@@ -66,7 +66,7 @@ async def run_source(
     function: Recorder | None = None,
 ) -> tuple[Recorder, StreamEventSource]:
     """The event source on ``arn`` invoking ``function`` (a new Recorder by default) while
-    ``body`` runs."""
+    ``body(recorder, source)`` runs."""
     recorder = function or Recorder()
     streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
     source = StreamEventSource(
@@ -76,7 +76,7 @@ async def run_source(
     task = asyncio.create_task(source.run(stop))
     try:
         await source.ready()
-        await body(recorder)
+        await body(recorder, source)
     finally:
         stop.set()
         await task
@@ -98,7 +98,7 @@ async def test_records_written_within_the_window_arrive_in_one_invocation(
     # Three writes, 0.3 s apart: inside the window even where each write takes a second.
     settings = EventSourceSettings(poll_interval=0.05, max_batching_window=6.0, batch_size=100)
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         for group in range(3):
             await asyncio.to_thread(store, dynamodb, table, range(group * 5 + 1, group * 5 + 6))
             await asyncio.sleep(0.3)
@@ -115,7 +115,7 @@ async def test_a_full_batch_is_invoked_without_waiting_for_the_window(messages_s
     # A source that waited for the window would invoke long after the poll below gave up.
     settings = EventSourceSettings(poll_interval=0.05, max_batching_window=300.0, batch_size=10)
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 11))
         await until(lambda: recorder.batches, 30, "the full batch, before the window")
 
@@ -160,7 +160,7 @@ async def test_a_partial_batch_failure_is_retried_from_the_failed_item(
     )
     function = FailingOnce(2, identifier)
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 6))
         await until(lambda: len(recorder.batches) >= 2, 60, "the batch and its retry")
 
@@ -220,26 +220,11 @@ async def test_a_failing_batch_is_bisected_until_the_bad_record_is_alone(message
                 raise RuntimeError("seq 3 is poison")
             return {"batchItemFailures": []}
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 5))
-        await until(lambda: source_of[0].stats.skipped_batches, 60, "the poison given up on")
+        await until(lambda: source.stats.skipped_batches, 60, "the poison given up on")
 
-    source_of: list[StreamEventSource] = []
-    function = PoisonedBy3()
-    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
-    source = StreamEventSource(
-        streams=streams, stream_arn=arn, function=function, region=REGION, settings=settings
-    )
-    source_of.append(source)
-    stop = asyncio.Event()
-    task = asyncio.create_task(source.run(stop))
-    try:
-        await source.ready()
-        await body(function)
-    finally:
-        stop.set()
-        await task
-        streams.close()
+    function, source = await run_source(arn, endpoint, settings, body, PoisonedBy3())
     processed = sorted(seq for _, seqs in function.batches if 3 not in seqs for seq in seqs)
     assert processed == [1, 2, 4]
     (given_up,) = source.stats.on_failure
@@ -255,26 +240,11 @@ async def test_records_older_than_the_maximum_age_are_skipped_without_an_invocat
     dynamodb, table, arn, endpoint = messages_stream
     settings = EventSourceSettings(poll_interval=0.05, batch_size=10, max_record_age=0.0)
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 4))
-        await until(lambda: source_of[0].stats.expired_records >= 3, 60, "the records expired")
+        await until(lambda: source.stats.expired_records >= 3, 60, "the records expired")
 
-    source_of: list[StreamEventSource] = []
-    recorder = Recorder()
-    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
-    source = StreamEventSource(
-        streams=streams, stream_arn=arn, function=recorder, region=REGION, settings=settings
-    )
-    source_of.append(source)
-    stop = asyncio.Event()
-    task = asyncio.create_task(source.run(stop))
-    try:
-        await source.ready()
-        await body(recorder)
-    finally:
-        stop.set()
-        await task
-        streams.close()
+    recorder, source = await run_source(arn, endpoint, settings, body)
     assert recorder.batches == [] and source.stats.invocations == 0
     assert sum(d["batchSize"] for d in source.stats.on_failure) == 3
 
@@ -289,7 +259,7 @@ async def test_a_parallelization_factor_splits_a_batch_by_item_each_in_order(
         poll_interval=0.05, max_batching_window=300.0, batch_size=8, parallelization_factor=2
     )
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 9))
         await until(lambda: sum(len(s) for _, s in recorder.batches) >= 8, 60, "8 records")
 
@@ -303,7 +273,7 @@ async def test_records_younger_than_the_maximum_age_are_invoked(messages_stream)
     dynamodb, table, arn, endpoint = messages_stream
     settings = EventSourceSettings(poll_interval=0.05, batch_size=10, max_record_age=3600.0)
 
-    async def body(recorder: Recorder) -> None:
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 4))
         await until(lambda: sum(len(s) for _, s in recorder.batches) >= 3, 60, "3 records")
 
