@@ -56,7 +56,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -305,7 +305,7 @@ class _Faults:
         tuple[str, ...], list[tuple[float, tuple[list[tuple[str, str]], bytes]]]
     ] = field(default_factory=dict)
     # "<Region>/<table>" -> when writes reached it (the newest older than the lag, and later)
-    table_writes: dict[str, list[float]] = field(default_factory=dict)
+    table_writes: dict[str, deque[float]] = field(default_factory=dict)
     stale_answers: int = 0  # answers that differed from the index's current one
 
     def answer_lost(self, body: bytes) -> bool:
@@ -323,7 +323,16 @@ class _Faults:
 
     def wrote(self, table: str) -> None:
         """A write (applied or not) reached ``table`` now."""
-        self.table_writes.setdefault(table, []).append(time.monotonic())
+        now = time.monotonic()
+        self._writes_of(table, now).append(now)
+
+    def _writes_of(self, table: str, now: float) -> deque[float]:
+        """``table``'s write times within the lag, and the newest older one (all that matters):
+        bounded by the write rate times the lag, on a table no index query ever reads too."""
+        writes = self.table_writes.setdefault(table, deque())
+        while len(writes) > 1 and writes[1] <= now - self.index_lag:
+            writes.popleft()
+        return writes
 
     def stale_answer(
         self, key: tuple[str, ...], table: str, answer: tuple[list[tuple[str, str]], bytes]
@@ -333,9 +342,7 @@ class _Faults:
         than the lag: what a lagging index could answer now."""
         now = time.monotonic()
         cutoff = now - self.index_lag
-        writes = self.table_writes.get(table, [])
-        while len(writes) > 1 and writes[1] <= cutoff:
-            writes.pop(0)  # only the newest write older than the lag matters
+        writes = self._writes_of(table, now)
         visible = writes[0] if writes and writes[0] <= cutoff else float("-inf")
         answers = [(at, given) for at, given in self.index_answers.get(key, []) if at > visible]
         answers.append((now, answer))
