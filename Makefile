@@ -138,7 +138,7 @@ chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, ch
 drill: setup $(WEB)/dist/.built $(CHROMIUM) ## Failover drill of the WebSocket API, then the end-to-end live-delivery drill (fleet, fan-out, Python clients and browser pages)
 	$(PYTHON) -m streamfleet_dev.wsapi.drill --markdown
 
-worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see README)
+worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see docs/worker.md)
 	$(PYTHON) -m streamfleet.worker
 
 upstream: setup ## Run the fake upstream on port 8765

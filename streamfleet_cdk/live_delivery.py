@@ -18,7 +18,7 @@ out to the subscribed clients of this Region's WebSocket API.
 
 Why a change stream and not polling, a queue or a topic: the write that stores a message is
 the trigger, in each Region for that Region's replica (replicated writes included), in order per
-item, with no extra write per message; see the README's *Live delivery* section for the
+item, with no extra write per message; see docs/live-delivery.md for the
 latency, cost and slow-subscriber reasoning.
 """
 

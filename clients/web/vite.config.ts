@@ -1,4 +1,4 @@
-// The demo pages: the live auction (index.html) on StreamFleetClient, and the seed article's
+// The demo pages: the live auction (index.html) on StreamFleetClient, and the reference
 // react-use-websocket configuration (react-use-websocket.html). Built into dist/, which
 // LocalRegions serves next to /resolve and /token.
 import { fileURLToPath } from 'node:url';

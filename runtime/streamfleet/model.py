@@ -144,7 +144,7 @@ class DesiredState(StrEnum):
 
 
 # The value of AWAITING_OWNER. One constant partition: the index holds only unowned rows, so it
-# stays small; a START burst of thousands per second would want sharding (see README).
+# stays small; a START burst of thousands per second would want sharding.
 AWAITING_OWNER_VALUE = DesiredState.STARTED.value
 
 # --- Session item attributes ---
@@ -495,7 +495,7 @@ WS_REPLY_ERROR = "error"
 WS_REPLY_SUBSCRIBED = "subscribed"
 WS_REPLY_UNSUBSCRIBED = "unsubscribed"
 WS_REPLY_MESSAGES = "messages"  # one or more messages of one stream, each with its seq
-# API Gateway's WebSocket limits (README.md, "Protocol").
+# API Gateway's WebSocket limits (docs/protocol.md).
 WS_MAX_FRAME_BYTES = 32 * 1024
 WS_MAX_MESSAGE_BYTES = 128 * 1024
 WS_MAX_CONNECTION_SECONDS = 2 * 60 * 60

@@ -6,7 +6,7 @@ session and its streams are owned by peers well before its lease would have let 
 (the view says so), ``f``/``r`` fail the primary region over and back, ``d N`` drains a
 worker, the hand-run worker command works against it, and Ctrl-C stops everything. With
 ``--no-task-events`` the same kill waits for the lease. Plus the view's pieces on their own
-(sizing, events) and the worker run from the virtualenv as the README says."""
+(sizing, events) and the worker run from the virtualenv as docs/local-mode.md says."""
 
 from __future__ import annotations
 
@@ -728,7 +728,7 @@ def test_a_session_ended_by_its_stopped_event_is_said_before_the_takeover_it_all
     assert len(said) == 1 and len(moves) == 1 and said[0] < moves[0], lines
 
 
-# --- The worker from the virtualenv, as the README runs it ----------------------------------------
+# --- The worker from the virtualenv, as docs/local-mode.md runs it --------------------------------
 
 
 def test_the_worker_runs_from_the_virtualenv_and_names_a_missing_setting(tmp_path):

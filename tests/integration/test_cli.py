@@ -148,7 +148,7 @@ def test_connection_rows_lag_counts_from_the_origin_when_never_checkpointed():
 
 
 def test_make_cli_json_output_pipes_into_json_tool(fleet):
-    """The README's own command: make must not echo the recipe into stdout."""
+    """The documented command (docs/operations.md): make must not echo the recipe into stdout."""
     if not (REPO / ".venv" / ".installed").exists():
         pytest.fail("make setup has not run (the suite runs under make test)")
     make = subprocess.run(

@@ -162,8 +162,9 @@ class RandomFaults:
             self.injected[str(fault)] += 1
             if operation == "batch_write_item" and fault in (Fault.LATE, Fault.DUPLICATE):
                 # Message writes are not fenced: the design assumes one that was sent before the
-                # holder's deadline reaches DynamoDB within the safety margin (README). Model
-                # that bound here; unbounded late delivery is exercised on fenced writes.
+                # holder's deadline reaches DynamoDB within the safety margin
+                # (docs/lease-model.md). Model that bound here; unbounded late delivery is
+                # exercised on fenced writes.
                 return Decision(fault, self.rng.uniform(0.0, 0.05))
             return Decision(fault, self.rng.uniform(0.01, self.max_seconds))
 

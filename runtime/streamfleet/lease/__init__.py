@@ -1,4 +1,4 @@
-"""The lease store: sessions with fencing tokens on DynamoDB (README.md, "The lease model").
+"""The lease store: sessions with fencing tokens on DynamoDB (docs/lease-model.md).
 
 Small classes with one job each, wired together by :class:`LeaseStore`:
 

@@ -1,7 +1,7 @@
 /**
  * The wire protocol of the StreamFleet client-facing WebSocket API (API Gateway WebSocket API,
- * route selection on `$request.body.action`). The contract lives in the repository's README,
- * section "The client-facing WebSocket API".
+ * route selection on `$request.body.action`). The contract lives in the repository's
+ * docs/protocol.md.
  */
 
 /** The application subprotocol the server selects (never the token entry). */
