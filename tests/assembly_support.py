@@ -43,7 +43,11 @@ from streamfleet_dev.assembly import (
     load,
     synthesize,
 )
-from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
+from streamfleet_dev.local.aws_proxy import (
+    DEFAULT_INDEX_LAG_SECONDS,
+    DEFAULT_THROTTLE_RATE,
+    AwsProxy,
+)
 from streamfleet_dev.local.lambda_runner import (
     RUNTIME_VARIABLES,
     LambdaProcess,
@@ -351,11 +355,13 @@ def build_world(servers: Mapping[str, Any], tmp: Path) -> Iterator[World]:
     assembly = artifact_assembly()
     moto, dynalite = servers["moto"].endpoint, servers["dynalite"].endpoint
     suffix = uuid.uuid4().hex[:8]
-    # Indexes lag as DynamoDB's do: the artifacts must cope with a stale view.
+    # Indexes lag and requests are throttled as DynamoDB's and API Gateway's may be: the
+    # artifacts must cope with a stale view and a refused call.
     proxy = AwsProxy(
         default_backend=moto,
         record_path=tmp / "aws-calls.jsonl",
         index_lag_seconds=DEFAULT_INDEX_LAG_SECONDS,
+        throttle_rate=DEFAULT_THROTTLE_RATE,
     ).start()
     idp_key = SigningKey.generate("idp-1")
     regions: dict[str, Region] = {}
@@ -557,7 +563,11 @@ CANARY_ENTRY = "streamfleet.wsapi.canary.handler"
 async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRegion]:
     """The Region's WebSocket API as deployed: its route keys and stage from the template, the
     handler replying through the Management API via the recording proxy."""
-    from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway
+    from streamfleet_dev.wsapi.local_gateway import (
+        DEFAULT_MANAGEMENT_FAULT_RATES,
+        GatewaySettings,
+        LocalGateway,
+    )
 
     region = world.regions[role]
     stack = region.websocket.stack
@@ -585,6 +595,11 @@ async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRe
         account_id=LOCAL_ACCOUNT,
         handler_timeout_seconds=handler_function.timeout_seconds,
         authorizer_timeout_seconds=authorizer_function.timeout_seconds,
+        # Throttled Management API calls, which the callers' retries must absorb; no random
+        # refusals (403): a refused reply is lost by design, and the route tests assert each one.
+        management_fault_rates=tuple(
+            (status, rate) for status, rate in DEFAULT_MANAGEMENT_FAULT_RATES if status == 429
+        ),
     )
     async with LocalGateway(settings, authorizer=authorizer, handler=handler) as gateway:
         # The proxy forwards the whole path, stage included, to the gateway's own origin.

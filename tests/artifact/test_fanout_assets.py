@@ -149,6 +149,7 @@ def test_the_local_mapping_takes_every_setting_the_template_gives() -> None:
     assert settings.report_batch_item_failures is True
     assert (settings.max_retries, settings.max_record_age) == (10, 3600.0)
     assert (settings.parallelization_factor, settings.bisect_on_error) == (1, False)
+    assert settings.on_failure_destination is True  # the FailedRecords queue
 
 
 def test_the_local_mapping_parses_each_setting_and_lambdas_defaults() -> None:
@@ -168,12 +169,15 @@ def test_the_local_mapping_parses_each_setting_and_lambdas_defaults() -> None:
                 "MaximumRecordAgeInSeconds": 120,
                 "ParallelizationFactor": 4,
                 "MaximumRetryAttempts": 2,
+                "DestinationConfig": {"OnFailure": {"Destination": "arn:aws:sqs:::q"}},
             }
         )
     )
     assert (given.bisect_on_error, given.max_record_age) == (True, 120.0)
     assert (given.parallelization_factor, given.max_retries) == (4, 2)
+    assert given.on_failure_destination is True
     absent = event_source_settings(Template({}))
     # Lambda's defaults: no retry limit, no age limit, one batch per shard, no bisect.
     assert (absent.max_retries, absent.max_record_age) == (-1, None)
     assert (absent.parallelization_factor, absent.bisect_on_error) == (1, False)
+    assert absent.on_failure_destination is False  # records given up are only bypassed

@@ -21,7 +21,7 @@ def _client(service: str, endpoint: str, key: str = "caller-a", **config):
         region_name="us-east-1",
         aws_access_key_id=key,
         aws_secret_access_key="x",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, **config),
+        config=Config(**{"retries": {"max_attempts": 1, "mode": "standard"}, **config}),
     )
 
 
@@ -186,3 +186,49 @@ def test_index_queries_are_answered_from_a_lagging_view(servers, proxy):
         time.sleep(0.05)
     with pytest.raises(ValueError, match="seconds"):
         proxy.set_index_lag(-1)
+
+
+def test_throttled_requests_are_refused_as_dynamodb_does_and_not_applied(servers, proxy):
+    """A throttled write is answered ProvisionedThroughputExceededException and never applied,
+    so a caller's retry is the only way it lands; the SDK's retries absorb a small rate."""
+    name = f"px-throttle-{uuid.uuid4().hex[:8]}"
+    dynamodb = _client("dynamodb", proxy.endpoint, retries={"total_max_attempts": 1})
+    _table(dynamodb, name)
+    proxy.set_throttle(1.0)
+    with pytest.raises(ClientError) as refused:
+        dynamodb.put_item(TableName=name, Item={"pk": {"S": "a"}})
+    assert refused.value.response["Error"]["Code"] == "ProvisionedThroughputExceededException"
+    assert dynamodb.describe_table(TableName=name)  # control-plane calls are not throttled
+    proxy.set_throttle(0)
+    assert "Item" not in dynamodb.get_item(TableName=name, Key={"pk": {"S": "a"}})
+    assert proxy.state()["throttled"] == 1
+
+    proxy.set_throttle(0.2, seed=7)
+    retrying = _client("dynamodb", proxy.endpoint, retries={"max_attempts": 10, "mode": "standard"})
+    for index in range(20):
+        retrying.put_item(TableName=name, Item={"pk": {"S": f"k{index}"}})
+    assert len(dynamodb.scan(TableName=name)["Items"]) == 20
+    assert proxy.state()["throttled"] > 1
+    with pytest.raises(ValueError, match="rate"):
+        proxy.set_throttle(1.5)
+
+
+def test_the_same_seed_throttles_the_same_requests(servers, proxy):
+    name = f"px-seeded-{uuid.uuid4().hex[:8]}"
+    dynamodb = _client("dynamodb", proxy.endpoint, retries={"total_max_attempts": 1})
+    _table(dynamodb, name)
+
+    def pattern() -> list[bool]:
+        outcomes = []
+        for _ in range(40):
+            try:
+                dynamodb.get_item(TableName=name, Key={"pk": {"S": "a"}})
+                outcomes.append(False)
+            except ClientError:
+                outcomes.append(True)
+        return outcomes
+
+    proxy.set_throttle(0.25, seed=11)
+    first = pattern()
+    proxy.set_throttle(0.25, seed=11)
+    assert pattern() == first and any(first) and not all(first)

@@ -8,6 +8,7 @@ Against a messages table's real change stream on moto's server.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -19,7 +20,11 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import to_attr
 from streamfleet_dev.tables import create_table
-from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
+from streamfleet_dev.wsapi.event_source import (
+    EventSourceSettings,
+    OnFailureDestination,
+    StreamEventSource,
+)
 
 REGION = "us-east-1"
 
@@ -64,13 +69,19 @@ async def run_source(
     settings: EventSourceSettings,
     body,
     function: Recorder | None = None,
+    on_failure: OnFailureDestination | None = None,
 ) -> tuple[Recorder, StreamEventSource]:
     """The event source on ``arn`` invoking ``function`` (a new Recorder by default) while
     ``body(recorder, source)`` runs."""
     recorder = function or Recorder()
     streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
     source = StreamEventSource(
-        streams=streams, stream_arn=arn, function=recorder, region=REGION, settings=settings
+        streams=streams,
+        stream_arn=arn,
+        function=recorder,
+        region=REGION,
+        settings=settings,
+        on_failure=on_failure,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(source.run(stop))
@@ -170,9 +181,11 @@ async def test_a_partial_batch_failure_is_retried_from_the_failed_item(
     assert source.stats.records == 5  # each record counted once, however it was retried
 
 
-async def test_a_batch_that_keeps_failing_is_described_to_the_on_failure_destination(
+async def test_a_batch_that_keeps_failing_is_sent_to_the_on_failure_destination(
     messages_stream,
 ) -> None:
+    """The queue is sent Lambda's invocation record: which shard and which sequence numbers were
+    given up, so an operator can find them in the log; the batch is not retried again."""
     dynamodb, table, arn, endpoint = messages_stream
     settings = EventSourceSettings(
         poll_interval=0.05, max_batching_window=300.0, batch_size=5, max_retries=1
@@ -183,24 +196,58 @@ async def test_a_batch_that_keeps_failing_is_described_to_the_on_failure_destina
             super().__call__(event, context)
             raise RuntimeError("the function failed")
 
-    streams = AsyncClient("dynamodbstreams", region_name=REGION, endpoint_url=endpoint)
-    source = StreamEventSource(
-        streams=streams, stream_arn=arn, function=Failing(), region=REGION, settings=settings
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(source.run(stop))
-    try:
-        await source.ready()
+    sqs = AsyncClient("sqs", region_name=REGION, endpoint_url=endpoint)
+    queue = await sqs.call("create_queue", QueueName=f"failed-{uuid.uuid4().hex[:8]}")
+    destination = OnFailureDestination(sqs, queue["QueueUrl"], "arn:aws:lambda:::function:f")
+
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
         await asyncio.to_thread(store, dynamodb, table, range(1, 6))
         await until(lambda: source.stats.skipped_batches, 60, "the batch given up on")
+
+    try:
+        recorder, _ = await run_source(arn, endpoint, settings, body, Failing(), destination)
+        received = await sqs.call(
+            "receive_message", QueueUrl=queue["QueueUrl"], MaxNumberOfMessages=10
+        )
     finally:
-        stop.set()
-        await task
-        streams.close()
-    (described,) = source.stats.on_failure
-    assert described["batchSize"] == 5 and described["shardId"]
-    first, last = int(described["startSequenceNumber"]), int(described["endSequenceNumber"])
+        sqs.close()
+    (message,) = received["Messages"]
+    sent = json.loads(message["Body"])
+    assert sent["requestContext"]["condition"] == "RetryAttemptsExhausted"
+    assert sent["requestContext"]["approximateInvokeCount"] == 2  # the try and its one retry
+    assert sent["responseContext"]["functionError"] == "Unhandled"
+    batch = sent["DDBStreamBatchInfo"]
+    assert batch["batchSize"] == 5 and batch["shardId"] and batch["streamArn"] == arn
+    first, last = int(batch["startSequenceNumber"]), int(batch["endSequenceNumber"])
     assert first < last
+    assert [seqs for _, seqs in recorder.batches] == [[1, 2, 3, 4, 5]] * 2
+
+
+async def test_expired_records_are_sent_to_the_destination_as_record_age_exceeded(
+    messages_stream,
+) -> None:
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(poll_interval=0.05, batch_size=10, max_record_age=0.0)
+    sqs = AsyncClient("sqs", region_name=REGION, endpoint_url=endpoint)
+    queue = await sqs.call("create_queue", QueueName=f"failed-{uuid.uuid4().hex[:8]}")
+    destination = OnFailureDestination(sqs, queue["QueueUrl"], "arn:aws:lambda:::function:f")
+
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 4))
+        await until(lambda: source.stats.expired_records >= 3, 60, "the records expired")
+
+    try:
+        recorder, _ = await run_source(arn, endpoint, settings, body, None, destination)
+        received = await sqs.call(
+            "receive_message", QueueUrl=queue["QueueUrl"], MaxNumberOfMessages=10
+        )
+    finally:
+        sqs.close()
+    sent = [json.loads(m["Body"]) for m in received["Messages"]]
+    assert sum(s["DDBStreamBatchInfo"]["batchSize"] for s in sent) == 3
+    assert {s["requestContext"]["condition"] for s in sent} == {"RecordAgeExceeded"}
+    assert all("responseContext" not in s for s in sent)  # never invoked
+    assert recorder.batches == []
 
 
 async def test_a_failing_batch_is_bisected_until_the_bad_record_is_alone(messages_stream) -> None:
@@ -228,7 +275,7 @@ async def test_a_failing_batch_is_bisected_until_the_bad_record_is_alone(message
     processed = sorted(seq for _, seqs in function.batches if 3 not in seqs for seq in seqs)
     assert processed == [1, 2, 4]
     (given_up,) = source.stats.on_failure
-    assert given_up["batchSize"] == 1
+    assert given_up["DDBStreamBatchInfo"]["batchSize"] == 1
     # [1,2,3,4] failed and was split; [1,2] passed; [3,4] failed and was split; [3] failed
     # alone and was given up; [4] passed.
     assert source.stats.bisections == 2
@@ -246,7 +293,7 @@ async def test_records_older_than_the_maximum_age_are_skipped_without_an_invocat
 
     recorder, source = await run_source(arn, endpoint, settings, body)
     assert recorder.batches == [] and source.stats.invocations == 0
-    assert sum(d["batchSize"] for d in source.stats.on_failure) == 3
+    assert sum(d["DDBStreamBatchInfo"]["batchSize"] for d in source.stats.on_failure) == 3
 
 
 async def test_a_parallelization_factor_splits_a_batch_by_item_each_in_order(

@@ -151,3 +151,50 @@ async def test_the_client_reconnects_across_the_maximum_duration_and_keeps_its_s
         state_reply = await request(client, {"action": "getState", "auction": "a1"})
     assert running.stats.aged_out >= 1
     assert state_reply["auction"]["highestIsYou"] is True
+
+
+def _posts_refused(endpoint: str, connection_id: str, posts: int) -> list[str | None]:
+    """Post ``posts`` frames, each tried once: the error code each one got (None: posted)."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    management = boto3.client(
+        "apigatewaymanagementapi",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+    codes: list[str | None] = []
+    for index in range(posts):
+        try:
+            management.post_to_connection(ConnectionId=connection_id, Data=f"{index}".encode())
+            codes.append(None)
+        except ClientError as exc:
+            codes.append(exc.response["Error"]["Code"])
+    return codes
+
+
+async def test_management_faults_on_by_rate_are_api_gateways_errors_and_replay_by_seed() -> None:
+    """The fan-out and the repliers meet throttling and refusals in every run: a seeded fraction
+    of the Management API's calls, with API Gateway's error codes, the same calls each time."""
+    routes = Routes()
+    outcomes = []
+    for _ in range(2):
+        settings = {"management_fault_rates": ((429, 0.2), (403, 0.05)), "fault_seed": 3}
+        async with (
+            gateway(routes, **settings) as running,
+            connect(running.url, open_timeout=5),
+        ):
+            (connection_id,) = running.connection_ids
+            outcomes.append(
+                await asyncio.to_thread(
+                    _posts_refused, running.management_endpoint, connection_id, 60
+                )
+            )
+    assert outcomes[0] == outcomes[1]
+    assert {"LimitExceededException", "ForbiddenException", None} == set(outcomes[0])
+    with pytest.raises(ValueError, match="management_fault_rates"):
+        GatewaySettings(region=REGION, management_fault_rates=((500, 0.1),))

@@ -12,8 +12,12 @@ Code under test reaches AWS only through the standard endpoint variables. Point
   the answer's status and the IAM condition values it can see (``cloudwatch:namespace``), in
   memory and, if asked, as JSON lines in a file. Give each component its own access key id and
   the record says who called what: the input of an IAM least-privilege check;
-* **injects faults**: added latency per request (for all services or one) and a "down" switch
-  that drops requests without an answer, as an unreachable endpoint would;
+* **injects faults**: added latency per request (for all services or one), a "down" switch
+  that drops requests without an answer, as an unreachable endpoint would, and throttling: a
+  seeded fraction of DynamoDB's item and query requests answered
+  ``ProvisionedThroughputExceededException`` and of the Management API's calls answered 429
+  ``LimitExceededException``, neither applied, as a hot partition or an account's rate limit
+  answers;
 * **lags secondary indexes**: DynamoDB's global secondary indexes are eventually consistent, and
   dynalite and moto update theirs synchronously. With ``index_lag_seconds`` a query or scan of
   an index may be answered with an earlier answer to the same request, the oldest that still
@@ -49,6 +53,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import random
 import re
 import struct
 import subprocess
@@ -70,6 +75,9 @@ INDEX_ANSWERS_KEPT = 20  # answers remembered per request: fewer only makes answ
 # How stale the local worlds' index answers are by default: DynamoDB propagates to a global
 # secondary index "usually within a fraction of a second", so a second is on the strict side.
 DEFAULT_INDEX_LAG_SECONDS = 1.0
+# The fraction of requests the local worlds throttle by default: often enough that every run
+# meets throttling on its busy paths, rarely enough that the SDKs' retries absorb it.
+DEFAULT_THROTTLE_RATE = 0.01
 BACKEND_TIMEOUT_SECONDS = 60.0
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade"}
@@ -307,6 +315,18 @@ class _Faults:
     # "<Region>/<table>" -> when writes reached it (the newest older than the lag, and later)
     table_writes: dict[str, deque[float]] = field(default_factory=dict)
     stale_answers: int = 0  # answers that differed from the index's current one
+    throttle_rate: float = 0.0
+    throttle_random: random.Random = field(default_factory=random.Random)
+    throttled: int = 0
+
+    def throttles(self, parsed: ParsedRequest) -> bool:
+        """Whether to answer ``parsed`` as throttled (decided once per request)."""
+        if not self.throttle_rate or parsed.operation not in _THROTTLED_OPERATIONS:
+            return False
+        if self.throttle_random.random() >= self.throttle_rate:
+            return False
+        self.throttled += 1
+        return True
 
     def answer_lost(self, body: bytes) -> bool:
         if self.lose_first_answer is None or self.lose_first_answer not in body:
@@ -370,6 +390,8 @@ class AwsProxy:
         service_backends: signing name (``dynamodb``, ``sqs``, ``execute-api``...) -> backend;
             for DynamoDB, where tables not in ``table_backends`` go.
         index_lag_seconds: how stale an answer from a secondary index may be (0: never).
+        throttle_rate, throttle_seed: the fraction of DynamoDB item and query requests and of
+            Management API calls answered as throttled, drawn from ``throttle_seed``.
         record_path: append every request as one JSON line to this file.
         keep_records: also keep them in memory for :meth:`records` (turn off for long runs;
             :meth:`counts` is always kept).
@@ -383,6 +405,8 @@ class AwsProxy:
         table_backends: Mapping[str, str] | None = None,
         service_backends: Mapping[str, str] | None = None,
         index_lag_seconds: float = 0.0,
+        throttle_rate: float = 0.0,
+        throttle_seed: int | None = None,
         record_path: Path | None = None,
         keep_records: bool = True,
         host: str = "127.0.0.1",
@@ -398,6 +422,7 @@ class AwsProxy:
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
         self.set_index_lag(index_lag_seconds)
+        self.set_throttle(throttle_rate, seed=throttle_seed)
         self._server = _Server((host, port), _handler_class(self))
         self._thread: threading.Thread | None = None
 
@@ -475,6 +500,15 @@ class AwsProxy:
             self._faults.index_answers.clear()
             self._faults.table_writes.clear()
 
+    def set_throttle(self, rate: float, *, seed: int | None = None) -> None:
+        """Answer ``rate`` of the DynamoDB item and query requests and of the Management API's
+        calls as throttled from now on (0: none), drawn from ``seed``."""
+        if not 0 <= rate <= 1:
+            raise ValueError(f"rate: {rate!r} must be between 0 and 1")
+        with self._lock:
+            self._faults.throttle_rate = float(rate)
+            self._faults.throttle_random = random.Random(seed)
+
     def set_down(self, down: bool, *, service: str | None = None) -> None:
         """Drop every request (of ``service``, or all) without an answer while ``down``."""
         with self._lock:
@@ -491,6 +525,8 @@ class AwsProxy:
                 "down": sorted(k or "*" for k in self._faults.down),
                 "index_lag": self._faults.index_lag,
                 "stale_index_answers": self._faults.stale_answers,
+                "throttle_rate": self._faults.throttle_rate,
+                "throttled": self._faults.throttled,
                 "requests": sum(self._counts.values()),
             }
 
@@ -547,6 +583,12 @@ class AwsProxy:
             if command == "index-lag" and method == "POST":
                 self.set_index_lag(float(query.get("seconds", "0")))
                 return 200, self.state()
+            if command == "throttle" and method == "POST":
+                seed = query.get("seed")
+                self.set_throttle(
+                    float(query.get("rate", "0")), seed=None if seed is None else int(seed)
+                )
+                return 200, self.state()
             if command == "down" and method == "POST":
                 self.set_down(query.get("on", "1") not in ("0", "false"), service=service)
                 return 200, self.state()
@@ -559,6 +601,31 @@ class AwsProxy:
 
 
 _WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
+_THROTTLED_OPERATIONS = _WRITES | {
+    "GetItem",
+    "BatchGetItem",
+    "Query",
+    "Scan",
+    "TransactGetItems",
+    "PostToConnection",
+    "GetConnection",
+    "DeleteConnection",
+}
+# What a throttled request is answered, by the service's protocol.
+_THROTTLED_ANSWERS: dict[str, tuple[int, str, bytes]] = {
+    "dynamodb": (
+        400,
+        "application/x-amz-json-1.0",
+        json.dumps(
+            {
+                "__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                "message": "The level of configured provisioned throughput for the table was "
+                "exceeded. Consider increasing your provisioning level with the UpdateTable API.",
+            }
+        ).encode(),
+    ),
+    "execute-api": (429, "application/json", b'{"message":"LimitExceededException"}'),
+}
 
 
 def _reads_index(parsed: ParsedRequest) -> bool:
@@ -631,6 +698,16 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
             if proxy._faults.is_down(parsed.service):
                 proxy._record(parsed, 0)
                 self.close_connection = True
+                return
+            with proxy._lock:
+                throttled = parsed.service in _THROTTLED_ANSWERS and proxy._faults.throttles(parsed)
+            if throttled:
+                status, content_type, answer = _THROTTLED_ANSWERS[parsed.service]
+                proxy._record(parsed, status)
+                headers = [("Content-Type", content_type)]
+                if parsed.service == "execute-api":
+                    headers.append(("x-amzn-ErrorType", "LimitExceededException"))
+                self._answer(status, headers, answer)
                 return
             try:
                 backend = proxy.backend_for(parsed)
@@ -728,6 +805,9 @@ class ProxyProcess:
 
     def set_latency(self, seconds: float, *, service: str | None = None) -> None:
         self.control("latency", seconds=seconds, service=service)
+
+    def set_throttle(self, rate: float, *, seed: int | None = None) -> None:
+        self.control("throttle", rate=rate, seed=seed)
 
     def lose_first_answers(self, marker: str | None) -> int:
         return int(self.control("lose-first-answers", marker=marker or "")["answers_lost"])

@@ -63,7 +63,7 @@ from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.e2e import READER_CLAIM, READER_GROUP
 from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
 
-from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS
+from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE
 from .fleet import Fleet, WorkerProcess, worker_container
 from .servers import LOCAL_AWS_ENV
 from .services import EventApi, RegionsProcess, start_event_api
@@ -738,7 +738,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             else "starting moto (SQS and DynamoDB)"
         )
         stores = await asyncio.to_thread(
-            start_stores, workdir, leases_on=args.dynamodb, index_lag_seconds=args.index_lag
+            start_stores,
+            workdir,
+            leases_on=args.dynamodb,
+            index_lag_seconds=args.index_lag,
+            throttle_rate=args.throttle,
         )
         go_on()
         os.environ["AWS_ENDPOINT_URL_SQS"] = stores.sqs_endpoint
@@ -781,6 +785,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 live=live_settings(fleet, stores),
                 dynamodb_endpoint=stores.dynamodb_endpoint,
                 streams=stream_ids,
+                # Refusals (403) a tenth as often as throttling, as by default.
+                management_fault_rates=((429, args.throttle), (403, args.throttle / 10)),
             )
             await asyncio.to_thread(regions.start)
             go_on()
@@ -957,6 +963,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds an index query's answer may be stale (DynamoDB's GSIs are eventually "
         "consistent; 0: never)",
     )
+    parser.add_argument(
+        "--throttle",
+        type=float,
+        default=DEFAULT_THROTTLE_RATE,
+        help="the fraction of DynamoDB item and query requests and of Management API calls "
+        "answered as throttled (0: none)",
+    )
     parser.add_argument("--summary", action="store_true", help="print a JSON summary at the end")
     parser.add_argument(
         "--no-regions", action="store_true", help="without the WebSocket API's two regions"
@@ -989,6 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be ≥ 1, --streams ≥ 0, --rate > 0")
     if not 0 <= args.index_lag <= 60:
         parser.error("--index-lag: from 0 to 60 seconds")
+    if not 0 <= args.throttle <= 0.5:
+        parser.error("--throttle: a fraction from 0 to 0.5")
     with tempfile.TemporaryDirectory(prefix="streamfleet-local-") as tmp:
         try:
             asyncio.run(run(args, Path(tmp)))

@@ -23,7 +23,7 @@ from typing import Any
 
 from streamfleet import model
 from streamfleet_dev.assembly import default_assembly, local_environment, reference_of
-from streamfleet_dev.wsapi.regions import LiveSettings
+from streamfleet_dev.wsapi.regions import LiveSettings, format_fault_rates
 
 from . import http_adapter
 from .fleet import WORKER_STACK, Fleet
@@ -49,7 +49,9 @@ class RegionsProcess:
         live: LiveSettings | None = None,
         dynamodb_endpoint: str | None = None,
         streams: tuple[str, ...] = (),
+        management_fault_rates: tuple[tuple[int, float], ...] | None = None,
     ):
+        self.management_fault_rates = management_fault_rates
         self.static_dir = static_dir
         self.log_path = log_path
         self.live = live
@@ -69,6 +71,8 @@ class RegionsProcess:
             command += live_arguments(self.live)
         for stream in self.streams:
             command += ["--stream", stream]
+        if self.management_fault_rates is not None:
+            command += ["--management-faults", format_fault_rates(self.management_fault_rates)]
         return command
 
     def start(self) -> RegionsProcess:

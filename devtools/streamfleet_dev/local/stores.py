@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy, ParsedRequest
+from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE, AwsProxy, ParsedRequest
 from .servers import LocalServer, dynalite_server, moto_server
 
 # What the fleet harness names its messages tables (``Fleet``: ``messages-<8 hex>``), and the
@@ -90,9 +90,11 @@ def start_stores(
     *,
     leases_on: str = "dynalite",
     index_lag_seconds: float = DEFAULT_INDEX_LAG_SECONDS,
+    throttle_rate: float = DEFAULT_THROTTLE_RATE,
 ) -> LocalStores:
     """moto's server and (unless ``leases_on`` is ``moto``) dynalite, started side by side,
-    and the routing proxy in front of them, whose index answers lag by ``index_lag_seconds``."""
+    and the routing proxy in front of them, whose index answers lag by ``index_lag_seconds``
+    and which throttles ``throttle_rate`` of the item and query requests."""
     if leases_on not in ("dynalite", "moto"):
         raise ValueError(f"leases_on: dynalite or moto, not {leases_on!r}")
     with ThreadPoolExecutor(2) as pool:
@@ -122,6 +124,7 @@ def start_stores(
         service_backends={"dynamodb": leases},
         keep_records=False,
         index_lag_seconds=index_lag_seconds,
+        throttle_rate=throttle_rate,
     ).start()
     return LocalStores(moto=moto, dynalite=dynalite, proxy=proxy)
 

@@ -43,7 +43,11 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item, to_attr
-from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
+from streamfleet_dev.local.aws_proxy import (
+    DEFAULT_INDEX_LAG_SECONDS,
+    DEFAULT_THROTTLE_RATE,
+    AwsProxy,
+)
 from streamfleet_dev.local.fleet import FAST_ENV
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet_dev.tables import create_table
@@ -151,6 +155,7 @@ class LiveWorld:
             table_backends={name: self.moto for name in self.messages_tables},
             keep_records=False,
             index_lag_seconds=DEFAULT_INDEX_LAG_SECONDS,
+            throttle_rate=DEFAULT_THROTTLE_RATE,
         ).start()
         await asyncio.to_thread(self._create_fleet_resources)
         self.upstream = await asyncio.to_thread(

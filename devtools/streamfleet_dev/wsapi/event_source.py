@@ -5,7 +5,9 @@ it is idle, again at once when a poll returned records), and invokes the functio
 ``BatchSize`` records, one batch per shard at a time, so a shard's records are processed in
 order; a batch whose invocation fails is retried (``MaximumRetryAttempts``; split in two first
 with ``BisectBatchOnFunctionError``), then skipped to the on-failure destination, and records
-older than ``MaximumRecordAgeInSeconds`` are skipped there without an invocation. With
+older than ``MaximumRecordAgeInSeconds`` are skipped there without an invocation: the
+destination (an SQS queue) is sent a JSON invocation record that names the shard and the
+sequence numbers, never the records themselves. With
 ``ParallelizationFactor`` N a shard's batch is processed as up to N concurrent batches, each
 item's records in order in one of them. ``IteratorAge`` is how old the last record of a batch
 was when it was processed.
@@ -29,6 +31,7 @@ import itertools
 import json
 import logging
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +61,16 @@ class EventSourceSettings:
     bisect_on_error: bool = False  # BisectBatchOnFunctionError
     max_record_age: float | None = None  # MaximumRecordAgeInSeconds (None, -1: no limit)
     parallelization_factor: int = 1  # ParallelizationFactor: concurrent batches per shard
+    on_failure_destination: bool = False  # DestinationConfig.OnFailure names a queue
+
+
+@dataclass(frozen=True)
+class OnFailureDestination:
+    """``DestinationConfig.OnFailure``: the SQS queue told of every batch given up on."""
+
+    sqs: AsyncClient
+    queue_url: str
+    function_arn: str
 
 
 @dataclass
@@ -71,9 +84,10 @@ class EventSourceStats:
     partial_failures: int = 0  # invocations that reported some items failed
     bisections: int = 0  # failed batches split in two (BisectBatchOnFunctionError)
     expired_records: int = 0  # skipped for MaximumRecordAgeInSeconds, never invoked
-    # What the on-failure destination would be told of each skipped batch: its shard and the
-    # first and last sequence numbers it held.
+    # The invocation record of each batch given up on, as the on-failure destination is sent
+    # it (whether or not there is one).
     on_failure: list[dict[str, Any]] = field(default_factory=list)
+    destination_failures: int = 0  # records the destination could not be sent
     max_iterator_age_ms: float = 0.0
     iterator_ages_ms: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
@@ -91,6 +105,7 @@ class StreamEventSource:
         region: str,
         settings: EventSourceSettings | None = None,
         name: str = "event-source",
+        on_failure: OnFailureDestination | None = None,
     ):
         self.streams = streams
         self.stream_arn = stream_arn
@@ -98,6 +113,7 @@ class StreamEventSource:
         self.region = region
         self.settings = settings or EventSourceSettings()
         self.name = name
+        self.on_failure = on_failure
         self.stats = EventSourceStats()
         self.paused = False
         self._iterators: dict[str, str | None] = {}
@@ -214,16 +230,21 @@ class StreamEventSource:
         if attempts is None:
             retries = self.settings.max_retries
             attempts = retries + 1 if retries >= 0 else None  # None: until the records expire
+        invoked = 0
+        error: str | None = None
         for attempt in range(attempts) if attempts is not None else itertools.count():
-            records = self._drop_expired(records, shard_id)
+            records = await self._drop_expired(records, shard_id)
             if not records:
                 return
             event = {**event, "Records": records}
             self.stats.invocations += 1
+            invoked += 1
             context = SimpleNamespace(aws_request_id=f"{self.name}-{self.stats.invocations}")
             try:
                 result = await asyncio.to_thread(self.function, event, context)
+                error = None
             except Exception as exc:
+                error = "Unhandled"
                 self.stats.failed_invocations += 1
                 logger.warning(
                     "%s: invocation failed (attempt %d): %s", self.name, attempt + 1, exc
@@ -258,24 +279,65 @@ class StreamEventSource:
             self.stats.batch_sizes.append(batch_size)
             return
         self.stats.records += done
-        self._skip(records, shard_id)
+        await self._skip(
+            records, shard_id, "RetryAttemptsExhausted", invoked, {"functionError": error}
+        )
 
-    def _skip(self, records: list[dict[str, Any]], shard_id: str) -> None:
-        """Give ``records`` up, described as the on-failure destination would be told."""
+    async def _skip(
+        self,
+        records: list[dict[str, Any]],
+        shard_id: str,
+        condition: str,
+        invoke_count: int,
+        response: dict[str, Any] | None = None,
+    ) -> None:
+        """Give ``records`` up: the on-failure destination is sent the invocation record Lambda
+        sends (``requestContext``, ``responseContext``, ``DDBStreamBatchInfo``)."""
         if not records:
             return
         self.stats.skipped_batches += 1
-        sequence_numbers = [r["dynamodb"].get("SequenceNumber") for r in records]
-        self.stats.on_failure.append(
-            {
+        arrivals = [r["dynamodb"].get("ApproximateCreationDateTime") for r in records]
+        document: dict[str, Any] = {
+            "requestContext": {
+                "requestId": str(uuid.uuid4()),
+                "functionArn": self.on_failure.function_arn if self.on_failure else None,
+                "condition": condition,
+                "approximateInvokeCount": invoke_count,
+            },
+            "version": "1.0",
+            "timestamp": _iso(time.time(), milliseconds=True),
+            "DDBStreamBatchInfo": {
                 "shardId": shard_id,
-                "startSequenceNumber": sequence_numbers[0],
-                "endSequenceNumber": sequence_numbers[-1],
+                "startSequenceNumber": records[0]["dynamodb"].get("SequenceNumber"),
+                "endSequenceNumber": records[-1]["dynamodb"].get("SequenceNumber"),
+                "approximateArrivalOfFirstRecord": _iso(arrivals[0]),
+                "approximateArrivalOfLastRecord": _iso(arrivals[-1]),
                 "batchSize": len(records),
+                "streamArn": self.stream_arn,
+            },
+        }
+        if invoke_count:  # a record skipped for its age was never invoked: no response
+            document["responseContext"] = {
+                "statusCode": 200,
+                "executedVersion": "$LATEST",
+                **{k: v for k, v in (response or {}).items() if v is not None},
             }
-        )
+        self.stats.on_failure.append(document)
+        if self.on_failure is None:
+            return
+        try:
+            await self.on_failure.sqs.call(
+                "send_message",
+                QueueUrl=self.on_failure.queue_url,
+                MessageBody=json.dumps(document, separators=(",", ":")),
+            )
+        except Exception as exc:  # the records stay skipped; only their description is lost
+            self.stats.destination_failures += 1
+            logger.warning("%s: the on-failure destination failed: %s", self.name, exc)
 
-    def _drop_expired(self, records: list[dict[str, Any]], shard_id: str) -> list[dict[str, Any]]:
+    async def _drop_expired(
+        self, records: list[dict[str, Any]], shard_id: str
+    ) -> list[dict[str, Any]]:
         """The records still young enough for ``MaximumRecordAgeInSeconds``; the others are
         skipped to the on-failure destination without an invocation, as Lambda does."""
         limit = self.settings.max_record_age
@@ -291,7 +353,7 @@ class StreamEventSource:
         if not expired:
             return records
         self.stats.expired_records += len(expired)
-        self._skip(expired, shard_id)
+        await self._skip(expired, shard_id, "RecordAgeExceeded", 0)
         return [r for r in records if r not in expired]
 
     def _retry_from(self, result: Any, records: list[dict[str, Any]]) -> int | None:
@@ -326,6 +388,17 @@ class StreamEventSource:
             "dynamodb": _jsonable(payload),
             "eventSourceARN": self.stream_arn,
         }
+
+
+def _iso(seconds: Any, *, milliseconds: bool = False) -> str | None:
+    """A time as the invocation record writes it (UTC, ``Z``)."""
+    if isinstance(seconds, dt.datetime):
+        seconds = seconds.timestamp()
+    if not isinstance(seconds, (int, float)):
+        return None
+    moment = dt.datetime.fromtimestamp(seconds, dt.UTC)
+    text = moment.isoformat(timespec="milliseconds" if milliseconds else "seconds")
+    return text.replace("+00:00", "Z")
 
 
 def _jsonable(value: Any) -> Any:

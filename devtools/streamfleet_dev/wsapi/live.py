@@ -71,6 +71,9 @@ def event_source_settings(stack: Stack) -> EventSourceSettings:
             else None
         ),
         parallelization_factor=int(props.get("ParallelizationFactor", 1)),
+        on_failure_destination=bool(
+            ((props.get("DestinationConfig") or {}).get("OnFailure") or {}).get("Destination")
+        ),
     )
 
 

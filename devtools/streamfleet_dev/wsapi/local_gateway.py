@@ -33,6 +33,7 @@ import http
 import itertools
 import json
 import logging
+import random
 import secrets
 import threading
 import time
@@ -107,6 +108,25 @@ class GatewaySettings:
     handler_timeout_seconds: float = model.WS_HANDLER_TIMEOUT_SECONDS
     authorizer_timeout_seconds: float = model.WS_AUTHORIZER_TIMEOUT_SECONDS
     account_id: str = "000000000000"
+    # A seeded fraction of the Management API's calls answered with an error, by status
+    # ((429, 0.01): one in a hundred throttled): the callers meet these in every run, not only
+    # where a test asks for one (fail_management).
+    management_fault_rates: tuple[tuple[int, float], ...] = ()
+    fault_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for status, rate in self.management_fault_rates:
+            if status not in _MANAGEMENT_ERRORS or not 0 <= rate <= 1:
+                raise ValueError(
+                    f"management_fault_rates: ({status}, {rate}) is not a status of "
+                    f"{sorted(_MANAGEMENT_ERRORS)} with a rate between 0 and 1"
+                )
+
+
+# What the local worlds inject by default: throttling often enough that every run meets it on
+# its busy paths, and a rare refusal (403, as for a connection of another stage or a missing
+# permission) so that the one-off failure of a post is met too.
+DEFAULT_MANAGEMENT_FAULT_RATES = ((429, 0.01), (403, 0.001))
 
 
 @dataclass
@@ -189,6 +209,7 @@ class LocalGateway:
         # status) per call to come, in order (see fail_management); tests call from threads.
         self._management_faults: list[tuple[str, str | None, int]] = []
         self._faults_lock = threading.Lock()
+        self._fault_random = random.Random(settings.fault_seed)
         self._management_tasks: set[asyncio.Task[Any]] = set()
         self._request_ids = itertools.count(1)
         self._url: str | None = None
@@ -310,6 +331,9 @@ class LocalGateway:
             for index, (wanted, target, status) in enumerate(self._management_faults):
                 if wanted == method and target in (None, connection_id):
                     del self._management_faults[index]
+                    return status
+            for status, rate in self.settings.management_fault_rates:
+                if self._fault_random.random() < rate:
                     return status
         return None
 

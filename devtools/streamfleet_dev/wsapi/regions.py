@@ -1,7 +1,7 @@
 """Two local regions of the client-facing WebSocket API, with failover, behind one HTTP port.
 
 What :class:`LocalRegions` runs, each piece standing in for its AWS counterpart and running the
-real runtime code (the contract with the browser client: README.md, "Protocol"):
+real runtime code (the contract with the browser client: docs/protocol.md):
 
 * a primary (``us-east-1``) and a secondary (``us-west-2``) region, each a
   :class:`~.local_gateway.LocalGateway` (API Gateway's WebSocket routing and Management API)
@@ -90,10 +90,19 @@ from streamfleet.wsapi.handlers import (
     StateReplica,
     WsApiHandlers,
 )
-from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
+from streamfleet_dev.wsapi.event_source import (
+    EventSourceSettings,
+    OnFailureDestination,
+    StreamEventSource,
+)
 from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
 from streamfleet_dev.wsapi.live import event_source_settings, fanout_process
-from streamfleet_dev.wsapi.local_gateway import FailureMode, GatewaySettings, LocalGateway
+from streamfleet_dev.wsapi.local_gateway import (
+    DEFAULT_MANAGEMENT_FAULT_RATES,
+    FailureMode,
+    GatewaySettings,
+    LocalGateway,
+)
 from streamfleet_dev.wsapi.replication import (
     ChangeFeed,
     MessageReplicator,
@@ -183,6 +192,9 @@ class RegionsSettings:
     lambda_concurrency: int = 16
     table_prefix: str = "local"
     live: LiveSettings | None = None
+    # Management API calls answered with an error, by status and rate (see GatewaySettings):
+    # on by default, as strict as AWS can be.
+    management_fault_rates: tuple[tuple[int, float], ...] = DEFAULT_MANAGEMENT_FAULT_RATES
 
     def __post_init__(self) -> None:
         if not self.primary or not self.secondary or self.primary == self.secondary:
@@ -199,6 +211,10 @@ class RegionsSettings:
             raise RegionsError(f"backend: one of {', '.join(BACKENDS)}")
         if self.host not in LOOPBACK_HOSTS:
             raise RegionsError("host: the local regions listen on loopback only")
+        try:
+            GatewaySettings(region=self.primary, management_fault_rates=self.management_fault_rates)
+        except ValueError as exc:
+            raise RegionsError(str(exc)) from None
 
 
 def check_local_endpoint(value: str, what: str) -> str:
@@ -233,6 +249,7 @@ class Region:
     messages_table: str | None = None
     fanout: Any = None  # a LambdaProcess (the asset) or an in-process Fanout
     event_source: StreamEventSource | None = None
+    failed_records_queue: str | None = None  # the on-failure destination's URL, when it has one
     fanout_metrics: list[dict[str, Any]] = field(default_factory=list)  # in-process only
 
     @property
@@ -486,6 +503,7 @@ class LocalRegions:
                 host=s.host,
                 port=port,
                 lambda_concurrency=s.lambda_concurrency,
+                management_fault_rates=s.management_fault_rates,
             ),
             authorizer=authorizer,
             handler_factory=handlers,
@@ -572,13 +590,19 @@ class LocalRegions:
                 )
             region.fanout = await asyncio.to_thread(self._fanout_for, region, live)
             function = region.fanout.invoke if live.fanout_from_assembly else region.fanout
+            settings = self._event_source_settings(region, live)
             region.event_source = StreamEventSource(
                 streams=self._async("dynamodbstreams", region.name, streams_endpoint),
                 stream_arn=stream_arn,
                 function=function,
                 region=region.name,
-                settings=self._event_source_settings(region, live),
+                settings=settings,
                 name=f"fanout-{region.name}",
+                on_failure=(
+                    await self._failed_records_queue(region, streams_endpoint)
+                    if settings.on_failure_destination
+                    else None
+                ),
             )
             self._tasks.append(loop.create_task(region.event_source.run(self._stop)))
             await region.event_source.ready()
@@ -591,6 +615,18 @@ class LocalRegions:
                     interval=live.replication_interval,
                 )
                 self._tasks.append(loop.create_task(self.message_replicator.run(self._stop)))
+
+    async def _failed_records_queue(self, region: Region, endpoint: str) -> OnFailureDestination:
+        """The mapping's on-failure destination: a queue on the server that has SQS (moto)."""
+        sqs = self._async("sqs", region.name, endpoint)
+        created = await sqs.call("create_queue", QueueName=f"fanout-failed-records-{region.name}")
+        url = region.failed_records_queue = created["QueueUrl"]
+        account = url.rstrip("/").split("/")[-2]  # the server's account, as in the queue's URL
+        return OnFailureDestination(
+            sqs=sqs,
+            queue_url=url,
+            function_arn=f"arn:aws:lambda:{region.name}:{account}:function:fanout",
+        )
 
     def _create_messages_replica(self, region: Region) -> None:
         from streamfleet_dev.tables import create_table
@@ -1009,6 +1045,22 @@ def _live_settings(
     )
 
 
+def _fault_rates(text: str) -> tuple[tuple[int, float], ...]:
+    """``429=0.01,403=0.001`` (or ``none``) as GatewaySettings' ``management_fault_rates``."""
+    if text.strip() == "none":
+        return ()
+    try:
+        pairs = [item.split("=") for item in text.split(",")]
+        return tuple((int(status), float(rate)) for status, rate in pairs)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not STATUS=RATE,... or none") from None
+
+
+def format_fault_rates(rates: tuple[tuple[int, float], ...]) -> str:
+    """The ``--management-faults`` argument for ``rates``."""
+    return ",".join(f"{status}={rate}" for status, rate in rates) or "none"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m streamfleet_dev.wsapi.regions --serve``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1018,6 +1070,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--primary-port", type=int, default=0)
     parser.add_argument("--secondary-port", type=int, default=0)
     parser.add_argument("--backend", choices=BACKENDS, default="dynalite")
+    parser.add_argument(
+        "--management-faults",
+        type=_fault_rates,
+        default=RegionsSettings.management_fault_rates,
+        help="Management API calls answered with an error: STATUS=RATE,... (429=0.01,403=0.001)"
+        " or none",
+    )
     parser.add_argument("--canary-period", type=float, default=RegionsSettings.canary_period)
     parser.add_argument("--canary-timeout", type=float, default=RegionsSettings.canary_timeout)
     parser.add_argument(
@@ -1093,6 +1152,7 @@ def main(argv: list[str] | None = None) -> int:
             healthy_runs_to_recover=args.healthy_runs_to_recover,
             dynamodb_endpoint=args.dynamodb_endpoint,
             live=live_settings,
+            management_fault_rates=args.management_faults,
         )
         asyncio.run(serve(settings, args.static_dir, tuple(args.stream)))
     except RegionsError as exc:
