@@ -462,7 +462,10 @@ class WorkerFleet(Construct):
         return cloudwatch.Alarm(
             self,
             "LeasesLostAlarm",
-            alarm_description="StreamFleet: workers lost leases (sessions lapsed); see README",
+            alarm_description=(
+                "StreamFleet: workers lost leases (sessions lapsed); "
+                "see docs/operations.md, What each alarm means"
+            ),
             metric=cloudwatch.Metric(
                 namespace=model.METRIC_NAMESPACE,
                 metric_name=model.METRIC_LEASES_LOST,
