@@ -28,7 +28,7 @@ from pathlib import Path
 
 from streamfleet_dev.assembly import ContainerSpec
 from streamfleet_dev.cache import download_cache
-from streamfleet_dev.local.servers import TEST_RUN_VARIABLE
+from streamfleet_dev.local.servers import RUN_MARKS
 
 IMAGE_ENV_DIR_NAME = "streamfleet-image-python"
 
@@ -144,5 +144,5 @@ def container_launch(
 
 
 def _minimal_host_env() -> dict[str, str]:
-    passed = ("HOME", "LANG", "TMPDIR", TEST_RUN_VARIABLE)
+    passed = ("HOME", "LANG", "TMPDIR", *RUN_MARKS)
     return {name: os.environ[name] for name in passed if name in os.environ}

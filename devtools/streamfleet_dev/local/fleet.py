@@ -237,6 +237,9 @@ class Fleet:
                 cwd=launch.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # As in a task: no terminal's signals (a Ctrl-C, a closed window's SIGHUP) reach
+                # it; whoever runs the fleet stops it in order (SIGTERM, a handoff).
+                start_new_session=True,
             )
         worker = WorkerProcess(worker_id, process, log_path)
         self.workers[worker_id] = worker

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamfleet_dev.cache import download_cache
-from streamfleet_dev.local.servers import TEST_RUN_VARIABLE
+from streamfleet_dev.local.servers import RUN_MARKS
 
 if TYPE_CHECKING:
     from streamfleet_dev.assembly import FunctionSpec
@@ -238,8 +238,8 @@ def runtime_environment(spec: LambdaSpec, sdk_dir: Path | None) -> dict[str, str
         # Lambda's own, when the function logs JSON at an application log level.
         **({"AWS_LAMBDA_LOG_FORMAT": "JSON"} if spec.log_format == "JSON" else {}),
         **({"AWS_LAMBDA_LOG_LEVEL": spec.log_level} if spec.log_level else {}),
-        # Not Lambda's: the test suite's mark on the processes it started.
-        **{name: os.environ[name] for name in (TEST_RUN_VARIABLE,) if name in os.environ},
+        # Not Lambda's: the test suite's and local mode's marks on the processes they started.
+        **{name: os.environ[name] for name in RUN_MARKS if name in os.environ},
     }
 
 

@@ -46,6 +46,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,8 @@ from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
 
 from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE
 from .fleet import Fleet, WorkerProcess, worker_container
-from .servers import LOCAL_AWS_ENV
+from .reaper import Reaper
+from .servers import LOCAL_AWS_ENV, LOCAL_RUN_VARIABLE
 from .services import EventApi, RegionsProcess, start_event_api
 from .stores import LocalStores, replica_name, start_stores
 from .terminal import Keyboard, LineEditor
@@ -1004,11 +1006,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--index-lag: from 0 to 60 seconds")
     if not 0 <= args.throttle <= 0.5:
         parser.error("--throttle: a fraction from 0 to 0.5")
+    # Everything started from here on carries the mark; the reaper stops what is left of it
+    # once this process has gone, whether it stopped in order or was killed.
+    token = os.environ.setdefault(LOCAL_RUN_VARIABLE, uuid.uuid4().hex)
     with tempfile.TemporaryDirectory(prefix="streamfleet-local-") as tmp:
+        reaper = Reaper(token, Path(tmp) / "reaper.log").start()
         try:
             asyncio.run(run(args, Path(tmp)))
         except StartupStopped:
             return 130
+        finally:
+            reaper.close()
     return 0
 
 

@@ -33,6 +33,10 @@ LOCAL_AWS_ENV = {
 # The test suite marks every process it starts with this variable (its run's token), so that
 # what is left at its end can be found; the local launchers pass it through.
 TEST_RUN_VARIABLE = "STREAMFLEET_TEST_RUN"
+# Local mode marks what it starts the same way, so that its reaper finds what is left however
+# local mode ended (see reaper.py).
+LOCAL_RUN_VARIABLE = "STREAMFLEET_LOCAL_RUN"
+RUN_MARKS = (TEST_RUN_VARIABLE, LOCAL_RUN_VARIABLE)
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
