@@ -16,10 +16,10 @@ from streamfleet import model
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.wsapi.drill import (
     DrillConfig,
+    DrillFailure,
     markdown,
     run_drill,
 )
-from streamfleet_dev.wsapi.local_gateway import FailureMode
 
 
 @pytest.fixture
@@ -35,14 +35,15 @@ def drill_env(servers, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.mark.parametrize(
     ("failure", "clients", "canary_disconnects"),
     [
-        (FailureMode.THROTTLED, 8, True),
-        (FailureMode.DOWN, 4, True),
-        (FailureMode.THROTTLED, 4, False),
+        (DrillFailure.THROTTLED, 8, True),
+        (DrillFailure.DOWN, 4, True),
+        (DrillFailure.THROTTLED, 4, False),
+        (DrillFailure.STORE, 4, True),
     ],
-    ids=["throttled-handler", "region-down", "throttled-clients-on-their-own"],
+    ids=["throttled-handler", "region-down", "throttled-clients-on-their-own", "state-store-down"],
 )
 async def test_failover_drill(
-    drill_env: str, failure: FailureMode, clients: int, canary_disconnects: bool
+    drill_env: str, failure: DrillFailure, clients: int, canary_disconnects: bool
 ) -> None:
     # Timings a loaded machine keeps: at the drill's own 0.2 s canary period (0.15 s timeout) two
     # slow probes alone fail the primary over before the failure.
@@ -68,7 +69,16 @@ async def test_failover_drill(
     bids = summary["bids"]
     assert bids["lost"] == {config.primary: 0, config.secondary: 0}
     assert bids["accepted"] > 0 and bids["highest"][config.primary] >= bids["max_acknowledged"]
-    assert all(count > 0 for count in bids["accepted_on"].values())
+    if failure is DrillFailure.STORE:
+        # The auctions' home was unreachable: the secondary refused bids as retryable, and
+        # accepted none it could not judge.
+        assert bids["accepted_on"][config.secondary] == 0
+        assert bids["refused_by_error"]["home_unavailable"] > 0
+    else:
+        assert all(count > 0 for count in bids["accepted_on"].values())
+    # The secondary's canary tripped while the name answered with it: the name stayed, and it
+    # closed nobody (the checks above), having reported unhealthy as the alarm counts.
+    assert summary["secondary_trip"]["unhealthy_runs"] >= config.alarm_datapoints
     # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
     assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
         config.canary_period
@@ -78,13 +88,13 @@ async def test_failover_drill(
     assert details["auth_failures"] == 0
     assert details["token_provider_calls"] == details["attempts"]
     assert details["pongs"] > 0  # heartbeats were answered with the text frame pong
-    if failure is FailureMode.THROTTLED and canary_disconnects:
+    if failure is DrillFailure.THROTTLED and canary_disconnects:
         # The canary closed the open sockets of the throttled region once it tripped (the
         # alarm's 2 of 2), before two heartbeats went unanswered.
         assert details["closed_by_canary"] >= 1
         assert details["closed_by_canary"] + details["forced_reconnects"] >= clients
         assert summary["gateways"][config.secondary]["closed_by_canary"] == 0
-    if failure is FailureMode.THROTTLED and not canary_disconnects:
+    if failure is DrillFailure.THROTTLED and not canary_disconnects:
         # Without the canary's help, open sockets that stopped answering were abandoned by the
         # clients themselves (two heartbeats without a pong).
         assert details["closed_by_canary"] == 0

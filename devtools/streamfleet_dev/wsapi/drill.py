@@ -13,18 +13,23 @@ instances whose endpoint provider asks the resolver for the "failover name" and 
 token on every attempt.
 
 The scenario: connect every client, bid, make the primary fail (by default the hardest way to
-notice: the handler is throttled, sockets stay open, nothing answers), keep bidding, and measure
+notice: the handler is throttled, sockets stay open, nothing answers; or the Region is down; or
+only its state store is, so handshakes fail while the gateway runs), keep bidding, and measure
 the time to detect (resolver switched), the time until every client is served by the secondary
-again, and whether every acknowledged bid survived; then recover the primary and check the slow
-fail-back (``healthy_runs_to_recover`` good canary runs first) and that the clients, moved back,
-find their state there too.
+again, and whether every acknowledged bid survived. With the primary's store down the auctions'
+home cannot be reached, so the secondary must refuse bids as retryable, never accept one its
+replica cannot judge. While the name answers with the secondary, the secondary's own canary is
+made to trip (its handlers throttled, as by the arriving crowd): the name must stay, and that
+canary must close no connection. Then recover the primary and check the slow fail-back
+(``healthy_runs_to_recover`` good canary runs first) and that the clients, moved back, find
+their state there too.
 
 Timings are compressed (canary every 0.2 s, heartbeat 0.3 s / 0.4 s, backoff base 0.05 s): the
 same ratios as production (1 min, 30 s / 35 s, 2 s), a few hundred times faster. A client can
 leave the failed region two ways, and the summary counts both: its own rule (two heartbeats
 without a ``pong``) or the canary closing its connection (what moves third-party clients).
 
-Run it: ``python -m streamfleet_dev.wsapi.drill [--clients 8] [--failure throttled|down]
+Run it: ``python -m streamfleet_dev.wsapi.drill [--clients 8] [--failures throttled,down,store]
 [--backend dynalite|moto] [--markdown] [--only failover|live]``. After this failover drill it
 runs the end-to-end drill of live delivery (:mod:`.live_drill`: the real fleet, both regions'
 fan-out, Python clients and browser pages, a worker ``kill -9``, a network drop and a regional
@@ -48,8 +53,10 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from streamfleet import model
@@ -93,6 +100,14 @@ logger = logging.getLogger(__name__)
 # --- Configuration ------------------------------------------------------------------------------
 
 
+class DrillFailure(StrEnum):
+    """How the primary fails."""
+
+    THROTTLED = FailureMode.THROTTLED.value  # handlers do not run; sockets stay open
+    DOWN = FailureMode.DOWN.value  # sockets dropped, handshakes refused
+    STORE = "store"  # the handlers' DynamoDB stops answering; the gateway runs
+
+
 @dataclass(frozen=True)
 class DrillConfig:
     """The drill's scale and (compressed) timings."""
@@ -100,7 +115,7 @@ class DrillConfig:
     clients: int = 8
     primary: str = "us-east-1"
     secondary: str = "us-west-2"
-    failure: FailureMode = FailureMode.THROTTLED
+    failure: DrillFailure = DrillFailure.THROTTLED
     canary_period: float = 0.2
     canary_timeout: float = 0.15
     healthy_runs_to_recover: int = 3
@@ -119,6 +134,11 @@ class DrillConfig:
     # The canary closes the clients' connections while the region is unhealthy (server-driven
     # failover); off, only the clients' own missed-pong rule moves them.
     disconnect_when_unhealthy: bool = True
+    # While the name answers with the secondary, trip the secondary's canary too.
+    trip_secondary: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "failure", DrillFailure(self.failure))
 
 
 # --- Clients ------------------------------------------------------------------------------------
@@ -172,6 +192,8 @@ class DrillClient:
         self.ready_at: list[tuple[float, str]] = []  # (time, region) of every restored state
         self.bids: list[AckedBid] = []
         self.unacknowledged = 0
+        self.unacknowledged_amounts: set[int] = set()
+        self.refusals: Counter[str] = Counter()  # error replies to bids, by error code
         self.client = ReconnectingClient(
             self.provider,
             ClientConfig(
@@ -217,6 +239,7 @@ class DrillClient:
                 )
             except (NotConnected, ConnectionLost, TimeoutError):
                 self.unacknowledged += 1
+                self.unacknowledged_amounts.add(amount)
             else:
                 if reply.get("type") == model.WS_REPLY_BID:
                     self.bids.append(
@@ -231,6 +254,8 @@ class DrillClient:
                     )
                 else:
                     self.unacknowledged += 1
+                    self.unacknowledged_amounts.add(amount)
+                    self.refusals[str(reply.get("error"))] += 1
             await asyncio.sleep(self.config.bid_interval * (0.5 + self.rng.random()))
 
 
@@ -344,7 +369,10 @@ async def _phases(
 
     # Phase 2: the primary fails.
     failed_at = clock()
-    await regions.fail_primary(config.failure.value)
+    if config.failure is DrillFailure.STORE:
+        await regions.fail_primary_store()
+    else:
+        await regions.fail_primary(config.failure.value)
     await _wait_for(
         lambda: resolver.switched_to(config.secondary, failed_at) is not None,
         config.deadline_seconds,
@@ -361,6 +389,11 @@ async def _phases(
         c.restored_in(config.secondary, failed_at) - failed_at for c in drill_clients
     ]
     await asyncio.sleep(config.bidding_seconds)  # bid on the secondary
+    trip = (
+        await _trip_secondary(config, regions, drill_clients, clock)
+        if config.trip_secondary
+        else None
+    )
     bidding.clear()
     await asyncio.sleep(config.bid_timeout)  # let the last requests end
 
@@ -417,7 +450,53 @@ async def _phases(
         replicators=regions.replicators,
         regions=regions.regions,
         resolver_history=resolver.history,
+        trip=trip,
     )
+
+
+async def _trip_secondary(
+    config: DrillConfig,
+    regions: LocalRegions,
+    drill_clients: list[DrillClient],
+    clock: Callable[[], float],
+) -> dict[str, Any]:
+    """The secondary's canary trips while the name answers with it: the name must stay (its
+    record has no health check) and that canary must close nobody (they would come straight
+    back); the clients ride it out on their own rule and are served again once it recovers."""
+    secondary, resolver = regions.secondary, regions.resolver
+    assert resolver is not None
+    tripped_at = clock()
+    closed_before = secondary.closed_by_canary
+    seen = {id(run) for run in secondary.runs}
+    secondary.gateway.fail(FailureMode.THROTTLED)
+
+    def unhealthy_runs() -> int:
+        return sum(run.value == 0 for run in secondary.runs if id(run) not in seen)
+
+    try:
+        await _wait_for(
+            lambda: unhealthy_runs() >= config.alarm_datapoints,
+            config.deadline_seconds,
+            "the secondary's canary reported unhealthy",
+        )
+        name_stayed = regions.serving_region() == config.secondary
+    finally:
+        secondary.gateway.recover()
+    recovered_at = clock()
+    # A client either kept its socket through the trip or gave it up on missed pongs and came
+    # back through the name; either way it must end up served by the secondary.
+    await _wait_for(
+        lambda: all(c.client.ready and c.client.region == config.secondary for c in drill_clients),
+        config.deadline_seconds,
+        "every client served by the secondary again after its canary tripped",
+        lambda: _whereabouts(drill_clients, resolver, recovered_at),
+    )
+    return {
+        "unhealthy_runs": unhealthy_runs(),
+        "name_stayed_on_secondary": name_stayed
+        and resolver.switched_to(config.primary, tripped_at) is None,
+        "closed_by_secondary_canary": secondary.closed_by_canary - closed_before,
+    }
 
 
 def _summarise(
@@ -434,9 +513,12 @@ def _summarise(
     replicators: list[StateReplication],
     regions: dict[str, Region],
     resolver_history: list[tuple[float, str]],
+    trip: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     acked = [bid for c in drill_clients for bid in c.bids]
     accepted = [bid for bid in acked if bid.accepted]
+    refusals = sum((c.refusals for c in drill_clients), Counter())
+    unacknowledged_amounts = set().union(*(c.unacknowledged_amounts for c in drill_clients))
     lost = {
         name: [
             bid.amount for bid in accepted if model.bid_pk(config.auction, bid.amount) not in items
@@ -470,11 +552,40 @@ def _summarise(
         "detected": detected_at is not None,
         "all_clients_reconnected_to_secondary": len(reconnect_times) == config.clients,
         "no_acknowledged_bid_lost": all(not amounts for amounts in lost.values()),
+        # The highest is the highest recorded bid, or a bid whose answer never came: one the
+        # store took before an outage cut off its record (a retry would have written it).
         "highest_is_the_highest_recorded_bid": all(
-            highest[name] == (recorded_bids[name] or [0])[-1] >= max_accepted for name in final
+            highest[name] >= (recorded_bids[name] or [0])[-1] >= max_accepted
+            and (
+                highest[name] == (recorded_bids[name] or [0])[-1]
+                or highest[name] in unacknowledged_amounts
+            )
+            for name in final
         ),
-        "bids_accepted_on_both_regions": bool(accepted)
-        and {bid.region for bid in accepted} == {config.primary, config.secondary},
+        **(
+            {
+                # The auctions' home (the primary) is unreachable: the secondary refuses every
+                # bid as retryable rather than judge it against a replica that may be behind.
+                "secondary_refused_bids_while_home_down": refusals.get("home_unavailable", 0) > 0
+                and not any(bid.region == config.secondary for bid in accepted),
+                "bids_accepted_before_the_outage": any(
+                    bid.region == config.primary for bid in accepted
+                ),
+            }
+            if config.failure is DrillFailure.STORE
+            else {
+                "bids_accepted_on_both_regions": bool(accepted)
+                and {bid.region for bid in accepted} == {config.primary, config.secondary},
+            }
+        ),
+        **(
+            {
+                "secondary_trip_kept_the_name": trip["name_stayed_on_secondary"],
+                "secondary_trip_closed_nobody": trip["closed_by_secondary_canary"] == 0,
+            }
+            if trip is not None
+            else {}
+        ),
         "no_failover_before_the_failure": all(
             region == config.primary for t, region in resolver_history if t < failed_at
         ),
@@ -508,6 +619,7 @@ def _summarise(
             "accepted": len(accepted),
             "refused": len(acked) - len(accepted),
             "unacknowledged": sum(c.unacknowledged for c in drill_clients),
+            "refused_by_error": dict(refusals),
             "accepted_on": {name: sum(bid.region == name for bid in accepted) for name in final},
             "lost": {name: len(amounts) for name, amounts in lost.items()},
             "highest": highest,
@@ -535,6 +647,7 @@ def _summarise(
             }
             for name, region in regions.items()
         },
+        "secondary_trip": trip,
         "checks": checks,
         "passed": all(checks.values()),
     }
@@ -561,7 +674,21 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{summary['clients_detail']['closed_by_canary']} / "
             f"{summary['clients_detail']['forced_reconnects']}",
         ),
+        (
+            "Bids refused, by error",
+            ", ".join(f"{k}: {v}" for k, v in sorted(bids["refused_by_error"].items())) or "-",
+        ),
     ]
+    trip = summary.get("secondary_trip")
+    if trip is not None:
+        rows.append(
+            (
+                "Secondary's canary tripped during the failover: unhealthy runs / name stayed / "
+                "connections it closed",
+                f"{trip['unhealthy_runs']} / {trip['name_stayed_on_secondary']} / "
+                f"{trip['closed_by_secondary_canary']}",
+            )
+        )
     lines = ["| Measure | Value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
     lines += ["| Check | Result |", "|---|---|"]
     lines += [f"| {k} | {'pass' if v else 'FAIL'} |" for k, v in summary["checks"].items()]
@@ -573,9 +700,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=DrillConfig.clients)
     parser.add_argument(
-        "--failure",
-        choices=[FailureMode.THROTTLED.value, FailureMode.DOWN.value],
-        default=FailureMode.THROTTLED.value,
+        "--failures",
+        type=_failures,
+        default=tuple(DrillFailure),
+        help="how the primary fails, one failover drill each: "
+        + ",".join(DrillFailure)
+        + " (all by default)",
     )
     parser.add_argument(
         "--backend",
@@ -601,15 +731,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # Failed probes and closed connections are what a drill is about: not warnings here.
     logging.getLogger("streamfleet.wsapi").setLevel(logging.INFO if args.verbose else logging.ERROR)
-    config = DrillConfig(
-        clients=args.clients,
-        failure=FailureMode(args.failure),
-        seed=args.seed,
-        disconnect_when_unhealthy=not args.no_canary_disconnect,
-    )
+    if not args.verbose:  # a handler whose store is down fails on purpose, with a traceback
+        logging.getLogger("streamfleet.wsapi.handlers").setLevel(logging.CRITICAL)
     passed = True
     if args.only != "live":
-        passed = _failover_main(args, config)
+        configs = [
+            DrillConfig(
+                clients=args.clients,
+                failure=failure,
+                seed=args.seed,
+                disconnect_when_unhealthy=not args.no_canary_disconnect,
+            )
+            for failure in args.failures
+        ]
+        passed = _failover_main(args, configs)
     if args.only != "failover":
         from streamfleet_dev.wsapi import live_drill
 
@@ -626,9 +761,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if passed else 1
 
 
-def _failover_main(args: argparse.Namespace, config: DrillConfig) -> bool:
+FAILURE_TITLES = {
+    DrillFailure.THROTTLED: "throttled (sockets open, nothing answers)",
+    DrillFailure.DOWN: "down (sockets dropped, handshakes refused)",
+    DrillFailure.STORE: "state store down (handshakes and writes fail)",
+}
+
+
+def _failures(text: str) -> tuple[DrillFailure, ...]:
+    try:
+        return tuple(DrillFailure(name.strip()) for name in text.split(",") if name.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a comma-separated list of {', '.join(DrillFailure)}"
+        ) from None
+
+
+def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool:
+    """One failover drill per config, on servers started once; whether all passed."""
     from streamfleet_dev.local.servers import dynalite_server, moto_server
 
+    config = configs[0]
+    passed = True
     started = []
     try:
         if not os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
@@ -648,12 +802,18 @@ def _failover_main(args: argparse.Namespace, config: DrillConfig) -> bool:
                 if cloudwatch is not dynamodb:
                     started.append(cloudwatch)
                 os.environ["AWS_ENDPOINT_URL_CLOUDWATCH"] = cloudwatch.endpoint
-        summary = asyncio.run(run_drill(config))
+        for config in configs:
+            summary = asyncio.run(run_drill(config))
+            if args.markdown:
+                print(f"\n## Failover drill: the primary {FAILURE_TITLES[config.failure]}\n")
+                print(markdown(summary))
+            else:
+                print(json.dumps(summary, indent=2))
+            passed = passed and bool(summary["passed"])
     finally:
         for server in started:
             server.stop()
-    print(markdown(summary) if args.markdown else json.dumps(summary, indent=2))
-    return bool(summary["passed"])
+    return passed
 
 
 if __name__ == "__main__":
