@@ -167,7 +167,7 @@ async def test_auction_page_fails_over_with_its_state_and_comes_back(
     assert_screenshots(artifacts, "auction-before-failover", "auction-after-failover")
 
 
-async def test_react_use_websocket_with_the_articles_configuration(
+async def test_react_use_websocket_with_the_reference_configuration(
     web_build: Path, dynalite_endpoint: str, artifacts: Path
 ) -> None:
     """react-use-websocket 4.13.0 itself, configured as a typical app does: healthy, the
