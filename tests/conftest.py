@@ -26,9 +26,10 @@ from pathlib import Path
 import boto3
 import pytest
 
+from streamfleet_dev.local.reaper import process_stat
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, TEST_RUN_VARIABLE, LocalServer
 from tests.router_support import router  # noqa: F401 - the event router on moto
-from tests.support import BACKENDS, servers_on_demand
+from tests.support import BACKENDS, servers_on_demand, use_backend
 from tests.wsapi_live_support import moto_tables  # noqa: F401 - every live-delivery table on moto
 from tests.wsapi_support import gateway, tables  # noqa: F401 - fixtures of the WebSocket API tests
 
@@ -52,12 +53,6 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(RUN_TOKEN_VARIABLE, uuid.uuid4().hex)
 
 
-def _stat(pid: int | str) -> tuple[int, int]:
-    """A process's parent and when it started, in clock ticks since boot (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[1]), int(fields[19])
-
-
 # The CDK's jsii kernel: a Node process the interpreter itself owns and ends at its exit.
 INTERPRETER_OWNED = ("jsii-runtime",)
 
@@ -73,7 +68,7 @@ def _leftovers(token: str, since: int) -> dict[int, str]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            parent, started = _stat(entry.name)
+            parent, started = process_stat(entry.name)
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             environment = (entry / "environ").read_bytes()
         except OSError:  # gone meanwhile, or a zombie's
@@ -95,7 +90,7 @@ def _leftovers(token: str, since: int) -> dict[int, str]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not hasattr(session.config, "workerinput") and os.name == "posix" and Path("/proc").is_dir():
-        token, since = os.environ[RUN_TOKEN_VARIABLE], _stat(os.getpid())[1]
+        token, since = os.environ[RUN_TOKEN_VARIABLE], process_stat(os.getpid())[1]
         deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS  # a process may still be exiting
         while (left := _leftovers(token, since)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -122,12 +117,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Loca
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, servers, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Point the standard endpoint variable at one DynamoDB implementation."""
-    if request.param != "aws":
-        for name, value in LOCAL_AWS_ENV.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers[request.param].endpoint)
-    return request.param
+    """Each DynamoDB implementation in turn."""
+    return use_backend(request.param, servers, monkeypatch)
 
 
 @pytest.fixture

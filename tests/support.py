@@ -9,13 +9,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from streamfleet.aws import AsyncClient
-from streamfleet_dev.local.servers import LocalServer, dynalite_server, moto_server
+from streamfleet_dev.local.servers import (
+    LOCAL_AWS_ENV,
+    LocalServer,
+    dynalite_server,
+    moto_server,
+)
 
 # The lease conformance suite runs against each: moto's server and dynalite always, real DynamoDB
 # too with STREAMFLEET_TEST_AWS=1 (the ambient AWS credentials and region).
 USE_AWS = os.environ.get("STREAMFLEET_TEST_AWS") == "1"
 BACKENDS = ["moto", "dynalite", *(["aws"] if USE_AWS else [])]
+# dynalite behind the recording proxy, whose index answers lag as DynamoDB's may (neither server
+# lags on its own): the lease contract must hold with a stale index too.
+LAGGING = "dynalite-lagging-index"
+LEASE_BACKENDS = [*BACKENDS, LAGGING]
 
 
 @dataclass
@@ -60,6 +71,17 @@ def servers_on_demand(logs: Path) -> Iterator[dict[str, LocalServer]]:
 
     class Lazy(dict):
         def __missing__(self, kind: str) -> LocalServer:
+            if kind == LAGGING:
+                from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
+
+                server = AwsProxy(
+                    default_backend=self["dynalite"].endpoint,
+                    keep_records=False,
+                    index_lag_seconds=DEFAULT_INDEX_LAG_SECONDS,
+                ).start()
+                started[kind] = server
+                self[kind] = server
+                return server
             factory = {"moto": moto_server, "dynalite": dynalite_server}[kind]
             server = factory(log_path=logs / f"{kind}.log").start()
             started[kind] = server
@@ -71,3 +93,12 @@ def servers_on_demand(logs: Path) -> Iterator[dict[str, LocalServer]]:
     finally:
         for server in started.values():
             server.stop()
+
+
+def use_backend(name: str, servers: dict[str, LocalServer], monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point the standard endpoint variable at one DynamoDB implementation for one test."""
+    if name != "aws":
+        for variable, value in LOCAL_AWS_ENV.items():
+            monkeypatch.setenv(variable, value)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers[name].endpoint)
+    return name

@@ -326,3 +326,30 @@ async def test_records_younger_than_the_maximum_age_are_invoked(messages_stream)
 
     _, source = await run_source(arn, endpoint, settings, body)
     assert source.stats.expired_records == 0 and not source.stats.on_failure
+
+
+async def test_a_batch_that_ages_out_while_retried_says_how_often_it_was_invoked(
+    messages_stream,
+) -> None:
+    """With no retry limit (Lambda's default) a failing batch is given up only when its records
+    pass the maximum age: its record then counts the invocations and names the failure."""
+    dynamodb, table, arn, endpoint = messages_stream
+    settings = EventSourceSettings(
+        poll_interval=0.05, batch_size=10, max_retries=-1, max_record_age=1.0
+    )
+
+    class Failing(Recorder):
+        def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+            super().__call__(event, context)
+            time.sleep(0.05)
+            raise RuntimeError("the function failed")
+
+    async def body(recorder: Recorder, source: StreamEventSource) -> None:
+        await asyncio.to_thread(store, dynamodb, table, range(1, 2))
+        await until(lambda: source.stats.skipped_batches, 60, "the batch aged out")
+
+    recorder, source = await run_source(arn, endpoint, settings, body, Failing())
+    (given_up,) = source.stats.on_failure
+    assert given_up["requestContext"]["condition"] == "RecordAgeExceeded"
+    assert given_up["requestContext"]["approximateInvokeCount"] == len(recorder.batches) >= 1
+    assert given_up["responseContext"]["functionError"] == "Unhandled"

@@ -1,5 +1,6 @@
-"""The local Lambda runtime keeps Lambda's timeout: an answer that comes after it is a failure,
-and a function that does not answer is killed (its environment is not reused)."""
+"""The local Lambda runtime keeps Lambda's limits: an answer that comes after the timeout is a
+failure, a function that does not answer is killed (its environment is not reused), a function
+that uses more than its memory size is killed, and payloads are bounded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import time
 
 
 def handler(event, context):
+    if event.get("hold_mb"):
+        held = bytearray(event["hold_mb"] * 1024 * 1024)  # zeroed: every page touched
+        time.sleep(0.5)
+        return {"held": len(held)}
     if event.get("sleep"):
         time.sleep(event["sleep"])
     if event.get("answer_bytes"):
@@ -60,3 +65,20 @@ def test_lambdas_payload_limits_hold(tmp_path: Path) -> None:
         with pytest.raises(LambdaFunctionError) as answer:
             process.invoke({"answer_bytes": 6 * 1024 * 1024})
         assert answer.value.error_type == "Function.ResponseSizeTooLarge"
+
+
+def test_a_function_over_its_memory_size_is_killed(tmp_path: Path) -> None:
+    """Lambda ends an environment that uses more than the function's memory size; the next
+    invocation runs in a new one."""
+    asset = tmp_path / "asset"
+    asset.mkdir()
+    (asset / "fn.py").write_text(HANDLER)
+    spec = LambdaSpec(name="fn", asset_dir=asset, handler="fn.handler", memory_mb=128)
+    with LambdaProcess(spec, log_path=tmp_path / "fn.log") as process:
+        assert process.invoke({"hold_mb": 16})["held"] == 16 * 1024 * 1024
+        with pytest.raises(LambdaFunctionError) as killed:
+            process.invoke({"hold_mb": 256})
+        assert killed.value.error_type == "Runtime.OutOfMemory"
+        assert not process.running
+        assert "remaining_ms" in process.invoke({})  # in a new environment
+        assert (process.peak_memory_mb() or 0) <= spec.memory_mb

@@ -15,9 +15,8 @@ Code under test reaches AWS only through the standard endpoint variables. Point
 * **injects faults**: added latency per request (for all services or one), a "down" switch
   that drops requests without an answer, as an unreachable endpoint would, and throttling: a
   seeded fraction of DynamoDB's item and query requests answered
-  ``ProvisionedThroughputExceededException`` and of the Management API's calls answered 429
-  ``LimitExceededException``, neither applied, as a hot partition or an account's rate limit
-  answers;
+  ``ProvisionedThroughputExceededException`` and not applied, as a hot partition answers (the
+  Management API's faults are the local gateway's own: ``management_fault_rates``);
 * **lags secondary indexes**: DynamoDB's global secondary indexes are eventually consistent, and
   dynalite and moto update theirs synchronously. With ``index_lag_seconds`` a query or scan of
   an index may be answered with an earlier answer to the same request, the oldest that still
@@ -390,8 +389,8 @@ class AwsProxy:
         service_backends: signing name (``dynamodb``, ``sqs``, ``execute-api``...) -> backend;
             for DynamoDB, where tables not in ``table_backends`` go.
         index_lag_seconds: how stale an answer from a secondary index may be (0: never).
-        throttle_rate, throttle_seed: the fraction of DynamoDB item and query requests and of
-            Management API calls answered as throttled, drawn from ``throttle_seed``.
+        throttle_rate, throttle_seed: the fraction of DynamoDB item and query requests
+            answered as throttled, drawn from ``throttle_seed``.
         record_path: append every request as one JSON line to this file.
         keep_records: also keep them in memory for :meth:`records` (turn off for long runs;
             :meth:`counts` is always kept).
@@ -501,8 +500,8 @@ class AwsProxy:
             self._faults.table_writes.clear()
 
     def set_throttle(self, rate: float, *, seed: int | None = None) -> None:
-        """Answer ``rate`` of the DynamoDB item and query requests and of the Management API's
-        calls as throttled from now on (0: none), drawn from ``seed``."""
+        """Answer ``rate`` of the DynamoDB item and query requests as throttled from now on (0:
+        none), drawn from ``seed``."""
         if not 0 <= rate <= 1:
             raise ValueError(f"rate: {rate!r} must be between 0 and 1")
         with self._lock:
@@ -601,31 +600,16 @@ class AwsProxy:
 
 
 _WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
-_THROTTLED_OPERATIONS = _WRITES | {
-    "GetItem",
-    "BatchGetItem",
-    "Query",
-    "Scan",
-    "TransactGetItems",
-    "PostToConnection",
-    "GetConnection",
-    "DeleteConnection",
-}
-# What a throttled request is answered, by the service's protocol.
-_THROTTLED_ANSWERS: dict[str, tuple[int, str, bytes]] = {
-    "dynamodb": (
-        400,
-        "application/x-amz-json-1.0",
-        json.dumps(
-            {
-                "__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
-                "message": "The level of configured provisioned throughput for the table was "
-                "exceeded. Consider increasing your provisioning level with the UpdateTable API.",
-            }
-        ).encode(),
-    ),
-    "execute-api": (429, "application/json", b'{"message":"LimitExceededException"}'),
-}
+_THROTTLED_OPERATIONS = _WRITES | {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"}
+# What DynamoDB answers a throttled request on an on-demand table (a batch is refused whole
+# here; DynamoDB may instead return part of it as unprocessed, which is not emulated).
+_THROTTLED_ANSWER = json.dumps(
+    {
+        "__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+        "message": "Throughput exceeds the current capacity of your table or index. DynamoDB is "
+        "automatically scaling your table or index so please try again shortly.",
+    }
+).encode()
 
 
 def _reads_index(parsed: ParsedRequest) -> bool:
@@ -700,14 +684,11 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             with proxy._lock:
-                throttled = parsed.service in _THROTTLED_ANSWERS and proxy._faults.throttles(parsed)
+                throttled = parsed.service == "dynamodb" and proxy._faults.throttles(parsed)
             if throttled:
-                status, content_type, answer = _THROTTLED_ANSWERS[parsed.service]
-                proxy._record(parsed, status)
-                headers = [("Content-Type", content_type)]
-                if parsed.service == "execute-api":
-                    headers.append(("x-amzn-ErrorType", "LimitExceededException"))
-                self._answer(status, headers, answer)
+                proxy._record(parsed, 400)
+                headers = [("Content-Type", "application/x-amz-json-1.0")]
+                self._answer(400, headers, _THROTTLED_ANSWER)
                 return
             try:
                 backend = proxy.backend_for(parsed)

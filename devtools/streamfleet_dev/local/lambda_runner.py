@@ -61,6 +61,9 @@ INIT_TIMEOUT_SECONDS = 30.0  # Lambda's own is 10 s; a cold import here is slowe
 # is not reused); one that answers late within it is told so by its bootstrap.
 INVOKE_SLACK_SECONDS = 2.0
 STOP_TIMEOUT_SECONDS = 5.0
+# How often the environment's memory is read while it works. The kernel's high-water mark is
+# read, so a peak between two reads is seen too, one read late.
+MEMORY_POLL_SECONDS = 0.05
 
 # Variables the Lambda service sets in every execution environment (reserved: a template cannot
 # set them). A function may read them although its template does not name them.
@@ -132,6 +135,10 @@ class LambdaFunctionError(LambdaError):
 
 class LambdaTimeout(LambdaError):
     """No answer within the function's timeout (plus slack): the environment was killed."""
+
+
+class LambdaOutOfMemory(LambdaError):
+    """The environment used more than the function's memory size: it was killed."""
 
 
 @dataclass(frozen=True)
@@ -589,6 +596,13 @@ class LambdaProcess:
                         "errorMessage": f"Task timed out after {self.spec.timeout_seconds:.2f} s",
                     }
                 ) from None
+            except LambdaOutOfMemory as exc:
+                raise LambdaFunctionError(
+                    {
+                        "errorType": "Runtime.OutOfMemory",
+                        "errorMessage": f"Runtime exited with error: signal: killed ({exc})",
+                    }
+                ) from None
         if "error" in answer:
             raise LambdaFunctionError(answer["error"])
         result = answer.get("result")
@@ -662,7 +676,15 @@ class LambdaProcess:
             if remaining <= 0:
                 self._kill()
                 raise LambdaTimeout(f"{self.spec.name}: no answer within {timeout:g} s")
-            ready, _, _ = select.select([self._responses], [], [], min(remaining, 0.5))
+            ready, _, _ = select.select(
+                [self._responses], [], [], min(remaining, MEMORY_POLL_SECONDS)
+            )
+            used_mb = self.peak_memory_mb()
+            if used_mb is not None and used_mb > self.spec.memory_mb:
+                self._kill()
+                raise LambdaOutOfMemory(
+                    f"{self.spec.name}: {used_mb} MB used of its {self.spec.memory_mb} MB"
+                )
             if ready:
                 line = self._responses.readline()
                 if not line:
@@ -674,6 +696,20 @@ class LambdaProcess:
                     f"{self.spec.name}: the environment exited with "
                     f"{self._process.returncode}{self._log_tail()}"
                 )
+
+    def peak_memory_mb(self) -> int | None:
+        """The most the environment has held in memory (its resident set's high-water mark),
+        in MB; ``None`` when it is not running or the kernel does not say."""
+        if self._process is None or self._process.poll() is not None:
+            return None
+        try:
+            status = Path(f"/proc/{self._process.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+        return None
 
     def _kill(self) -> None:
         if self._process is not None and self._process.poll() is None:

@@ -233,7 +233,7 @@ class StreamEventSource:
         invoked = 0
         error: str | None = None
         for attempt in range(attempts) if attempts is not None else itertools.count():
-            records = await self._drop_expired(records, shard_id)
+            records = await self._drop_expired(records, shard_id, invoked, {"functionError": error})
             if not records:
                 return
             event = {**event, "Records": records}
@@ -316,7 +316,7 @@ class StreamEventSource:
                 "streamArn": self.stream_arn,
             },
         }
-        if invoke_count:  # a record skipped for its age was never invoked: no response
+        if invoke_count:  # a record that expired before any invocation has no response
             document["responseContext"] = {
                 "statusCode": 200,
                 "executedVersion": "$LATEST",
@@ -336,7 +336,11 @@ class StreamEventSource:
             logger.warning("%s: the on-failure destination failed: %s", self.name, exc)
 
     async def _drop_expired(
-        self, records: list[dict[str, Any]], shard_id: str
+        self,
+        records: list[dict[str, Any]],
+        shard_id: str,
+        invoked: int = 0,
+        response: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """The records still young enough for ``MaximumRecordAgeInSeconds``; the others are
         skipped to the on-failure destination without an invocation, as Lambda does."""
@@ -353,7 +357,9 @@ class StreamEventSource:
         if not expired:
             return records
         self.stats.expired_records += len(expired)
-        await self._skip(expired, shard_id, "RecordAgeExceeded", 0)
+        # Expired between retries too (with no retry limit, the only way a batch is given up):
+        # the record then says how often it was invoked and how the last invocation failed.
+        await self._skip(expired, shard_id, "RecordAgeExceeded", invoked, response)
         return [r for r in records if r not in expired]
 
     def _retry_from(self, result: Any, records: list[dict[str, Any]]) -> int | None:

@@ -51,6 +51,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from streamfleet import model
+from streamfleet_dev.local.aws_proxy import DEFAULT_THROTTLE_RATE
 
 logger = logging.getLogger(__name__)
 
@@ -123,10 +124,16 @@ class GatewaySettings:
                 )
 
 
-# What the local worlds inject by default: throttling often enough that every run meets it on
-# its busy paths, and a rare refusal (403, as for a connection of another stage or a missing
-# permission) so that the one-off failure of a post is met too.
-DEFAULT_MANAGEMENT_FAULT_RATES = ((429, 0.01), (403, 0.001))
+def management_fault_rates(throttle_rate: float) -> tuple[tuple[int, float], ...]:
+    """Throttling (429) at ``throttle_rate``, and a refusal (403) a tenth as often. API
+    Gateway refuses a call for a reason that holds for every call (another stage's connection,
+    a missing permission); a rare refusal of one call is stricter than that, so that the
+    one-off failure of a post is met in every run too."""
+    return ((429, throttle_rate), (403, throttle_rate / 10))
+
+
+# What the local worlds inject by default, at the rate DynamoDB's requests are throttled.
+DEFAULT_MANAGEMENT_FAULT_RATES = management_fault_rates(DEFAULT_THROTTLE_RATE)
 
 
 @dataclass

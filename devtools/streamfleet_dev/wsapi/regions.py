@@ -195,6 +195,7 @@ class RegionsSettings:
     # Management API calls answered with an error, by status and rate (see GatewaySettings):
     # on by default, as strict as AWS can be.
     management_fault_rates: tuple[tuple[int, float], ...] = DEFAULT_MANAGEMENT_FAULT_RATES
+    fault_seed: int | None = None  # the primary's gateway draws from it, the secondary's from +1
 
     def __post_init__(self) -> None:
         if not self.primary or not self.secondary or self.primary == self.secondary:
@@ -504,6 +505,7 @@ class LocalRegions:
                 port=port,
                 lambda_concurrency=s.lambda_concurrency,
                 management_fault_rates=s.management_fault_rates,
+                fault_seed=None if s.fault_seed is None else s.fault_seed + (name != s.primary),
             ),
             authorizer=authorizer,
             handler_factory=handlers,
