@@ -23,6 +23,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import threading
 import time
@@ -66,8 +67,17 @@ class Terminal:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
         env.update(TERM="xterm-256color", PYTHONPATH=TOOLS_PATH)
+        # What the reaper found left once local mode ended: nothing, after an orderly stop.
+        self.reaper_log = Path(tempfile.mkdtemp(prefix="streamfleet-reaper-")) / "reaper.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streamfleet_dev.local.mode", *args],
+            [
+                sys.executable,
+                "-m",
+                "streamfleet_dev.local.mode",
+                "--reaper-log",
+                str(self.reaper_log),
+                *args,
+            ],
             stdin=slave,
             stdout=slave,
             stderr=slave,
@@ -536,6 +546,13 @@ async def test_without_task_events_a_kill_waits_for_the_lease(monkeypatch, tmp_p
             timeout=20,
             what=f"every process local mode started gone: {[p for p in started if alive(p)]}",
         )
+        # Gone by local mode's own orderly stop, not by its reaper's.
+        report = await eventually(
+            lambda: terminal.reaper_log.exists() and terminal.reaper_log.read_text(),
+            timeout=20,
+            what="the reaper's report",
+        )
+        assert "reaper: 0 processes were left" in report, report
     finally:
         terminal.close()
 

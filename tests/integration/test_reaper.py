@@ -53,7 +53,7 @@ def test_a_killed_local_mode_leaves_no_process_behind() -> None:
         wait_until(lambda: len(marked(token)) == 4, "the stand-in's processes all started")
         mode.send_signal(signal.SIGKILL)
         mode.wait()
-        wait_until(lambda: not marked(token), f"left after local mode died: {marked(token)}")
+        wait_until(lambda: not marked(token), f"left after local mode died: {list(marked(token))}")
     finally:
         mode.kill()
         reap(token, grace=0)

@@ -150,6 +150,11 @@ class Fleet:
     # Streams whose upstream is hostile, and how (fake.HOSTILE_MODES): their URL asks for it,
     # and their log is checked against what a correct worker stores of it.
     hostile: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Workers in sessions of their own, as in a task: no terminal's signal (a Ctrl-C, a closed
+    # window's SIGHUP) reaches them, and the fleet's owner stops them in order. Only for an
+    # owner that also guarantees they end (local mode's reaper); otherwise the terminal's
+    # signals are what ends them when their owner is killed.
+    own_sessions: bool = False
 
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
@@ -237,9 +242,7 @@ class Fleet:
                 cwd=launch.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                # As in a task: no terminal's signals (a Ctrl-C, a closed window's SIGHUP) reach
-                # it; whoever runs the fleet stops it in order (SIGTERM, a handoff).
-                start_new_session=True,
+                start_new_session=self.own_sessions,
             )
         worker = WorkerProcess(worker_id, process, log_path)
         self.workers[worker_id] = worker

@@ -62,6 +62,7 @@ from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet_dev.assembly import default_assembly
 from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.e2e import READER_CLAIM, READER_GROUP
+from streamfleet_dev.wsapi.local_gateway import management_fault_rates
 from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
 
 from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE
@@ -767,6 +768,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             tmp=workdir,
             extra_env=DEMO_TIMING,
             task_events=not args.no_task_events,
+            own_sessions=True,  # the reaper ends them if this process cannot
         )
         go_on()
         stream_ids = tuple(f"s{n:02d}" for n in range(args.streams))
@@ -787,8 +789,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                 live=live_settings(fleet, stores),
                 dynamodb_endpoint=stores.dynamodb_endpoint,
                 streams=stream_ids,
-                # Refusals (403) a tenth as often as throttling, as by default.
-                management_fault_rates=((429, args.throttle), (403, args.throttle / 10)),
+                management_fault_rates=management_fault_rates(args.throttle),
             )
             await asyncio.to_thread(regions.start)
             go_on()
@@ -974,6 +975,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--summary", action="store_true", help="print a JSON summary at the end")
     parser.add_argument(
+        "--reaper-log",
+        type=Path,
+        default=None,
+        help="where the reaper says what it found left after local mode ended (default: the "
+        "run's temporary directory, which an orderly stop removes)",
+    )
+    parser.add_argument(
         "--no-regions", action="store_true", help="without the WebSocket API's two regions"
     )
     parser.add_argument(
@@ -1006,11 +1014,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--index-lag: from 0 to 60 seconds")
     if not 0 <= args.throttle <= 0.5:
         parser.error("--throttle: a fraction from 0 to 0.5")
-    # Everything started from here on carries the mark; the reaper stops what is left of it
-    # once this process has gone, whether it stopped in order or was killed.
-    token = os.environ.setdefault(LOCAL_RUN_VARIABLE, uuid.uuid4().hex)
+    # Everything started from here on carries this run's mark (never an inherited one: another
+    # run's processes are not ours to stop); the reaper stops what is left of it once this
+    # process has gone, whether it stopped in order or was killed.
+    token = os.environ[LOCAL_RUN_VARIABLE] = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="streamfleet-local-") as tmp:
-        reaper = Reaper(token, Path(tmp) / "reaper.log").start()
+        reaper = Reaper(token, args.reaper_log or Path(tmp) / "reaper.log").start()
         try:
             asyncio.run(run(args, Path(tmp)))
         except StartupStopped:

@@ -3,12 +3,13 @@
 Local mode's servers, workers and functions run in sessions of their own (so that a Ctrl-C
 reaches local mode, which stops them in order), so nothing ties their life to local mode's: a
 ``kill -9`` of local mode, or a crash, would leave them running. Every process local mode starts
-inherits a mark, ``STREAMFLEET_LOCAL_RUN=<token>`` in its environment (the launchers of workers
-and Lambda functions pass it through). The reaper is a small process of its own that local mode
-starts first and holds a pipe to; when the pipe ends (local mode has exited, whatever the
-reason: the kernel closes the pipe of a killed process too) it stops every process that still
-carries the mark: SIGTERM, then SIGKILL for what is left after a grace period. After an orderly
-stop there is nothing left, and the reaper just exits.
+inherits a mark, ``STREAMFLEET_LOCAL_RUN=<token>`` in its environment, a token of its own run
+(the launchers of workers and Lambda functions pass it through). The reaper is a small process
+of its own that local mode starts first and holds a pipe to; when the pipe ends (local mode has
+exited, whatever the reason: the kernel closes the pipe of a killed process too) it stops every
+process that carries the mark and started after the reaper did (so never local mode's own
+parents): SIGTERM, then SIGKILL, until none is left. After an orderly stop there is nothing
+left, and the reaper exits saying so.
 
 Run by local mode as ``python -m streamfleet_dev.local.reaper <token>`` (see :class:`Reaper`).
 """
@@ -28,36 +29,59 @@ from .servers import LOCAL_RUN_VARIABLE
 GRACE_SECONDS = 10.0  # what an orderly stop (a worker's handoff) may take after SIGTERM
 
 
-def marked(token: str, *, variable: str = LOCAL_RUN_VARIABLE) -> list[int]:
-    """The processes whose environment carries ``variable=token``, this one excepted."""
+def process_stat(pid: int | str) -> tuple[int, int]:
+    """A process's parent and when it started, in clock ticks since boot (``/proc/<pid>/stat``;
+    the command may hold spaces and parentheses, so the fields are read after its last ``)``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[19])
+
+
+def marked(token: str, *, variable: str = LOCAL_RUN_VARIABLE, since: int = 0) -> dict[int, int]:
+    """``pid -> start time`` of the processes started at or after ``since`` (clock ticks since
+    boot) whose environment carries ``variable=token``, this one excepted."""
     mark = f"{variable}={token}".encode()
-    found = []
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
+            started = process_stat(entry.name)[1]
             environment = (entry / "environ").read_bytes()
         except OSError:  # gone meanwhile, a zombie's, or not ours to read
             continue
-        if mark in environment.split(b"\0"):
-            found.append(int(entry.name))
+        if started >= since and mark in environment.split(b"\0"):
+            found[int(entry.name)] = started
     return found
 
 
-def reap(token: str, grace: float = GRACE_SECONDS) -> list[int]:
-    """Stop every process marked with ``token``: SIGTERM (after SIGCONT, a paused worker cannot
-    act on it), then SIGKILL what is left after ``grace``. Returns the pids that were killed."""
-    for pid in marked(token):
-        for signum in (signal.SIGCONT, signal.SIGTERM):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signum)
+def _signal(pid: int, started: int, signum: int) -> None:
+    """Signal ``pid`` if it is still the process that started then (pids are reused)."""
+    with contextlib.suppress(OSError):
+        if process_stat(pid)[1] == started:
+            os.kill(pid, signum)
+
+
+def reap(token: str, grace: float = GRACE_SECONDS, since: int = 0) -> list[int]:
+    """Stop every process marked with ``token`` and started since ``since``: SIGTERM (after
+    SIGCONT: a paused worker cannot act on it), to those that appear meanwhile too, then
+    SIGKILL what is left after ``grace``, until none is left. Returns the pids it killed."""
+    told: set[int] = set()
     deadline = time.monotonic() + grace
-    while (left := marked(token)) and time.monotonic() < deadline:
+    while (left := marked(token, since=since)) and time.monotonic() < deadline:
+        for pid, started in left.items():
+            if pid not in told:
+                told.add(pid)
+                for signum in (signal.SIGCONT, signal.SIGTERM):
+                    _signal(pid, started, signum)
         time.sleep(0.1)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return left
+    killed: list[int] = []
+    while left:  # a process started between two scans is found by the next one
+        for pid, started in left.items():
+            _signal(pid, started, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.1)
+        left = marked(token, since=since)
+    return killed
 
 
 class Reaper:
@@ -100,11 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     # Local mode's own signals are not ours: only the end of the pipe ends this process.
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    since = process_stat(os.getpid())[1]  # local mode and its parents started before
     while sys.stdin.buffer.read(4096):
         pass
-    killed = reap(args[0])
-    if killed:
-        print(f"reaper: killed {len(killed)} processes left after {GRACE_SECONDS:g} s", flush=True)
+    stopped = marked(args[0], since=since)
+    killed = reap(args[0], since=since)
+    print(
+        f"reaper: {len(stopped)} processes were left; "
+        f"{len(killed)} needed SIGKILL after {GRACE_SECONDS:g} s",
+        flush=True,
+    )
     return 0
 
 
