@@ -76,9 +76,9 @@ async def test_failover_drill(
         assert bids["refused_by_error"]["home_unavailable"] > 0
     else:
         assert all(count > 0 for count in bids["accepted_on"].values())
-    # The secondary's canary tripped while the name answered with it: the name stayed, and it
-    # closed nobody (the checks above), having reported unhealthy as the alarm counts.
-    assert summary["secondary_trip"]["unhealthy_runs"] >= config.alarm_datapoints
+    # The secondary's canary tripped (its alarm fired: missing data counts too) while the name
+    # answered with it: the name stayed, and it closed nobody (the checks above).
+    assert summary["secondary_trip"]["unhealthy_runs"] >= 1
     # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
     assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
         config.canary_period

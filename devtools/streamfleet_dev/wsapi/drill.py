@@ -192,7 +192,9 @@ class DrillClient:
         self.ready_at: list[tuple[float, str]] = []  # (time, region) of every restored state
         self.bids: list[AckedBid] = []
         self.unacknowledged = 0
-        self.unacknowledged_amounts: set[int] = set()
+        # Bids that may have been applied although no answer said so (timed out, connection
+        # lost, the auctions' home unreachable): a store outage can apply one without its record.
+        self.unanswered_amounts: set[int] = set()
         self.refusals: Counter[str] = Counter()  # error replies to bids, by error code
         self.client = ReconnectingClient(
             self.provider,
@@ -237,9 +239,11 @@ class DrillClient:
                 reply = await self.client.request(
                     {"action": model.WS_ROUTE_BID, "auction": self.config.auction, "amount": amount}
                 )
-            except (NotConnected, ConnectionLost, TimeoutError):
+            except NotConnected:  # never sent
                 self.unacknowledged += 1
-                self.unacknowledged_amounts.add(amount)
+            except (ConnectionLost, TimeoutError):
+                self.unacknowledged += 1
+                self.unanswered_amounts.add(amount)
             else:
                 if reply.get("type") == model.WS_REPLY_BID:
                     self.bids.append(
@@ -254,8 +258,9 @@ class DrillClient:
                     )
                 else:
                     self.unacknowledged += 1
-                    self.unacknowledged_amounts.add(amount)
                     self.refusals[str(reply.get("error"))] += 1
+                    if reply.get("error") == "home_unavailable":
+                        self.unanswered_amounts.add(amount)
             await asyncio.sleep(self.config.bid_interval * (0.5 + self.rng.random()))
 
 
@@ -312,6 +317,7 @@ def regions_settings(config: DrillConfig) -> RegionsSettings:
         replication_interval=config.replication_interval,
         disconnect_when_unhealthy=config.disconnect_when_unhealthy,
         table_prefix="drill",
+        fault_seed=config.seed,
     )
 
 
@@ -467,17 +473,20 @@ async def _trip_secondary(
     assert resolver is not None
     tripped_at = clock()
     closed_before = secondary.closed_by_canary
-    seen = {id(run) for run in secondary.runs}
-    secondary.gateway.fail(FailureMode.THROTTLED)
+    forced_before = sum(c.client.forced_reconnects for c in drill_clients)
+    before = list(secondary.runs)  # references, not ids: runs that fall off are freed
 
     def unhealthy_runs() -> int:
-        return sum(run.value == 0 for run in secondary.runs if id(run) not in seen)
+        return sum(run.value == 0 for run in secondary.runs if not any(run is b for b in before))
 
+    secondary.gateway.fail(FailureMode.THROTTLED)
     try:
+        # Until the secondary's own alarm fires (its 2 of 2): the name's rule then has every
+        # reason it could have to leave the secondary, and must not.
         await _wait_for(
-            lambda: unhealthy_runs() >= config.alarm_datapoints,
+            secondary.alarm.in_alarm,
             config.deadline_seconds,
-            "the secondary's canary reported unhealthy",
+            "the secondary's alarm in ALARM",
         )
         name_stayed = regions.serving_region() == config.secondary
     finally:
@@ -496,6 +505,8 @@ async def _trip_secondary(
         "name_stayed_on_secondary": name_stayed
         and resolver.switched_to(config.primary, tripped_at) is None,
         "closed_by_secondary_canary": secondary.closed_by_canary - closed_before,
+        # What the failover itself did to the clients, before the trip added its own.
+        "forced_reconnects_before": forced_before,
     }
 
 
@@ -518,7 +529,11 @@ def _summarise(
     acked = [bid for c in drill_clients for bid in c.bids]
     accepted = [bid for bid in acked if bid.accepted]
     refusals = sum((c.refusals for c in drill_clients), Counter())
-    unacknowledged_amounts = set().union(*(c.unacknowledged_amounts for c in drill_clients))
+    unanswered = {c.user: c.unanswered_amounts for c in drill_clients}
+    highest_bidder = {
+        name: str((items.get(model.auction_pk(config.auction)) or {}).get(model.HIGHEST_BIDDER))
+        for name, items in final.items()
+    }
     lost = {
         name: [
             bid.amount for bid in accepted if model.bid_pk(config.auction, bid.amount) not in items
@@ -543,7 +558,10 @@ def _summarise(
         mine = [bid.amount for bid in accepted if bid.user == client.user]
         state = (client.client.state or {}).get("state") or {}
         last = (state.get("lastBid") or {}).get("amount") or 0
-        if client.client.region == config.primary and last >= max(mine, default=0):
+        # A user's own item is a convenience written after the auction decided: a store that
+        # fails in between leaves it behind the user's last accepted bid, as documented.
+        current = last >= max(mine, default=0) or config.failure is DrillFailure.STORE
+        if client.client.region == config.primary and current:
             users_restored += 1
     period = config.canary_period
     failback_seconds = None if failback_at is None else failback_at - recovered_at
@@ -552,13 +570,16 @@ def _summarise(
         "detected": detected_at is not None,
         "all_clients_reconnected_to_secondary": len(reconnect_times) == config.clients,
         "no_acknowledged_bid_lost": all(not amounts for amounts in lost.values()),
-        # The highest is the highest recorded bid, or a bid whose answer never came: one the
-        # store took before an outage cut off its record (a retry would have written it).
         "highest_is_the_highest_recorded_bid": all(
             highest[name] >= (recorded_bids[name] or [0])[-1] >= max_accepted
             and (
                 highest[name] == (recorded_bids[name] or [0])[-1]
-                or highest[name] in unacknowledged_amounts
+                # Only with the store failing: a bid its bidder never heard back about, applied
+                # before the outage cut off its record (a retry would have written it).
+                or (
+                    config.failure is DrillFailure.STORE
+                    and highest[name] in unanswered.get(highest_bidder[name], ())
+                )
             )
             for name in final
         ),
@@ -627,7 +648,10 @@ def _summarise(
         },
         "clients_detail": {
             "restored_on_primary_after_failback": users_restored,
-            "forced_reconnects": sum(c.client.forced_reconnects for c in drill_clients),
+            # During the failover (the secondary's trip makes clients reconnect on their own).
+            "forced_reconnects": trip["forced_reconnects_before"]
+            if trip is not None
+            else sum(c.client.forced_reconnects for c in drill_clients),
             "closed_by_canary": sum(region.closed_by_canary for region in regions.values()),
             "pongs": sum(c.client.pongs for c in drill_clients),
             "attempts": sum(c.client.attempts for c in drill_clients),
@@ -770,11 +794,14 @@ FAILURE_TITLES = {
 
 def _failures(text: str) -> tuple[DrillFailure, ...]:
     try:
-        return tuple(DrillFailure(name.strip()) for name in text.split(",") if name.strip())
+        failures = tuple(DrillFailure(name.strip()) for name in text.split(",") if name.strip())
     except ValueError:
+        failures = ()
+    if not failures:
         raise argparse.ArgumentTypeError(
             f"{text!r}: a comma-separated list of {', '.join(DrillFailure)}"
-        ) from None
+        )
+    return failures
 
 
 def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool:
@@ -802,14 +829,16 @@ def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool
                 if cloudwatch is not dynamodb:
                     started.append(cloudwatch)
                 os.environ["AWS_ENDPOINT_URL_CLOUDWATCH"] = cloudwatch.endpoint
+        summaries = []
         for config in configs:
             summary = asyncio.run(run_drill(config))
+            summaries.append(summary)
             if args.markdown:
                 print(f"\n## Failover drill: the primary {FAILURE_TITLES[config.failure]}\n")
                 print(markdown(summary))
-            else:
-                print(json.dumps(summary, indent=2))
             passed = passed and bool(summary["passed"])
+        if not args.markdown:
+            print(json.dumps(summaries, indent=2))  # one document: a list, one per failure
     finally:
         for server in started:
             server.stop()
