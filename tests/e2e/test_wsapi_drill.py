@@ -79,6 +79,9 @@ async def test_failover_drill(
     # The secondary's canary tripped (its alarm fired: missing data counts too) while the name
     # answered with it: the name stayed, and it closed nobody (the checks above).
     assert summary["secondary_trip"]["unhealthy_runs"] >= 1
+    # Before the failure, the primary's canary lost its key for longer than the alarm needs:
+    # every run paged as the canary's own fault, and nothing moved (a check above).
+    assert summary["canary_key_fault"]["canary_faults"] > config.alarm_datapoints
     # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
     assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
         config.canary_period

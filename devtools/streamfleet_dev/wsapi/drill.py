@@ -12,7 +12,9 @@ while the region reports unhealthy), a
 instances whose endpoint provider asks the resolver for the "failover name" and mints a fresh
 token on every attempt.
 
-The scenario: connect every client, bid, make the primary fail (by default the hardest way to
+The scenario: connect every client, bid, take the primary's canary's signing key away for a
+few runs (a fault of the canary's own: it must page as such and move nobody), make the primary
+fail (by default the hardest way to
 notice: the handler is throttled, sockets stay open, nothing answers; or the Region is down; or
 only its state store is, so handshakes fail while the gateway runs), keep bidding, and measure
 the time to detect (resolver switched), the time until every client is served by the secondary
@@ -136,6 +138,8 @@ class DrillConfig:
     disconnect_when_unhealthy: bool = True
     # While the name answers with the secondary, trip the secondary's canary too.
     trip_secondary: bool = True
+    # Before the failure, the primary's canary cannot read its key for a few runs.
+    break_canary_key: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failure", DrillFailure(self.failure))
@@ -193,7 +197,8 @@ class DrillClient:
         self.bids: list[AckedBid] = []
         self.unacknowledged = 0
         # Bids that may have been applied although no answer said so (timed out, connection
-        # lost, the auctions' home unreachable): a store outage can apply one without its record.
+        # lost, refused as retryable: the store or the auctions' home did not answer): a store
+        # outage can apply one without its record.
         self.unanswered_amounts: set[int] = set()
         self.refusals: Counter[str] = Counter()  # error replies to bids, by error code
         self.client = ReconnectingClient(
@@ -259,7 +264,7 @@ class DrillClient:
                 else:
                     self.unacknowledged += 1
                     self.refusals[str(reply.get("error"))] += 1
-                    if reply.get("error") == "home_unavailable":
+                    if reply.get("retryable"):  # the store (or the home) did not answer
                         self.unanswered_amounts.add(amount)
             await asyncio.sleep(self.config.bid_interval * (0.5 + self.rng.random()))
 
@@ -373,6 +378,13 @@ async def _phases(
     background += [loop.create_task(c.bid_loop(bidding, stop)) for c in drill_clients]
     await asyncio.sleep(config.bidding_seconds)
 
+    # Phase 1b: the primary's canary cannot read its key: its own fault moves nothing.
+    key_fault = (
+        await _break_canary_key(config, regions, drill_clients, clock)
+        if config.break_canary_key
+        else None
+    )
+
     # Phase 2: the primary fails.
     failed_at = clock()
     if config.failure is DrillFailure.STORE:
@@ -457,7 +469,39 @@ async def _phases(
         regions=regions.regions,
         resolver_history=resolver.history,
         trip=trip,
+        key_fault=key_fault,
     )
+
+
+async def _break_canary_key(
+    config: DrillConfig,
+    regions: LocalRegions,
+    drill_clients: list[DrillClient],
+    clock: Callable[[], float],
+) -> dict[str, Any]:
+    """The primary's canary cannot read its signing key for more runs than the alarm needs to
+    fire: a fault of the canary's own pages as such (its runs raise) and must move no traffic,
+    sweep no client, and leave the Region's standing as it was."""
+    primary, resolver = regions.primary, regions.resolver
+    assert resolver is not None
+    broken_at = clock()
+    faults_before, closed_before = primary.canary_faults, primary.closed_by_canary
+    restore = regions.break_canary_key(config.primary)
+    try:
+        await _wait_for(
+            lambda: primary.canary_faults - faults_before > config.alarm_datapoints,
+            config.deadline_seconds,
+            "the primary's canary failing on its key",
+        )
+    finally:
+        restore()
+    return {
+        "canary_faults": primary.canary_faults - faults_before,
+        "name_stayed_on_primary": regions.serving_region() == config.primary
+        and resolver.switched_to(config.secondary, broken_at) is None,
+        "closed_by_primary_canary": primary.closed_by_canary - closed_before,
+        "clients_on_primary": sum(c.client.region == config.primary for c in drill_clients),
+    }
 
 
 async def _trip_secondary(
@@ -525,6 +569,7 @@ def _summarise(
     regions: dict[str, Region],
     resolver_history: list[tuple[float, str]],
     trip: dict[str, Any] | None = None,
+    key_fault: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     acked = [bid for c in drill_clients for bid in c.bids]
     accepted = [bid for bid in acked if bid.accepted]
@@ -601,6 +646,15 @@ def _summarise(
         ),
         **(
             {
+                "canary_key_fault_moved_nothing": key_fault["name_stayed_on_primary"]
+                and key_fault["closed_by_primary_canary"] == 0
+                and key_fault["clients_on_primary"] == config.clients,
+            }
+            if key_fault is not None
+            else {}
+        ),
+        **(
+            {
                 "secondary_trip_kept_the_name": trip["name_stayed_on_secondary"],
                 "secondary_trip_closed_nobody": trip["closed_by_secondary_canary"] == 0,
             }
@@ -672,6 +726,7 @@ def _summarise(
             for name, region in regions.items()
         },
         "secondary_trip": trip,
+        "canary_key_fault": key_fault,
         "checks": checks,
         "passed": all(checks.values()),
     }
@@ -703,6 +758,16 @@ def markdown(summary: dict[str, Any]) -> str:
             ", ".join(f"{k}: {v}" for k, v in sorted(bids["refused_by_error"].items())) or "-",
         ),
     ]
+    key_fault = summary.get("canary_key_fault")
+    if key_fault is not None:
+        rows.append(
+            (
+                "Primary's canary without its key: faults paged / name stayed / connections it "
+                "closed",
+                f"{key_fault['canary_faults']} / {key_fault['name_stayed_on_primary']} / "
+                f"{key_fault['closed_by_primary_canary']}",
+            )
+        )
     trip = summary.get("secondary_trip")
     if trip is not None:
         rows.append(

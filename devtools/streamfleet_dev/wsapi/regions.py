@@ -75,6 +75,7 @@ from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.canary import (
     Canary,
     CanaryConfig,
+    CanaryFault,
     CanaryRun,
     CloudWatchPublisher,
     ConnectionSweeper,
@@ -246,6 +247,7 @@ class Region:
     stream_arn: str | None
     runs: list[CanaryRun] = field(default_factory=list)
     closed_by_canary: int = 0
+    canary_faults: int = 0  # runs that raised CanaryFault: the canary's own fault, paged as such
     subscriptions_table: str | None = None
     messages_table: str | None = None
     fanout: Any = None  # a LambdaProcess (the asset) or an in-process Fanout
@@ -709,6 +711,9 @@ class LocalRegions:
                 # Each run's tick, as EventBridge names it (wall-clock ms): what stamps its
                 # datapoint and ties an ALARM to the runs before it (see FailbackHysteresis).
                 run = await region.canary.run_once(time.time_ns() // 1_000_000)
+            except CanaryFault as exc:  # its Errors alarm would page; the Region is not judged
+                region.canary_faults += 1
+                logger.warning("canary fault in %s: %s", region.name, exc)
             except Exception:  # a bug, not an outage: log it and keep the schedule
                 logger.exception("canary run failed in %s", region.name)
             else:
@@ -779,6 +784,23 @@ class LocalRegions:
         """The primary works again; the name comes back after the canary's hysteresis."""
         self.primary.gateway.recover()
         self.primary.store.down = False
+
+    def break_canary_key(self, region_name: str) -> Callable[[], None]:
+        """The canary of ``region_name`` cannot read its signing key (a deleted secret, a
+        denied kms:Decrypt): a fault of its own. Returns what restores it."""
+        canary = self.regions[region_name].canary
+        working = canary.tokens
+
+        class UnreadableKey:
+            async def token(self) -> str | None:
+                raise RuntimeError("the canary's signing key cannot be read (drill)")
+
+        canary.tokens = UnreadableKey()
+
+        def restore() -> None:
+            canary.tokens = working
+
+        return restore
 
     async def fail_primary_store(self) -> None:
         """The primary's DynamoDB stops answering its handlers and the secondary's writes to
