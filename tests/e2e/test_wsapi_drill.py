@@ -81,7 +81,7 @@ async def test_failover_drill(
     assert summary["secondary_trip"]["unhealthy_runs"] >= 1
     # Before the failure, the primary's canary lost its key for longer than the alarm needs:
     # every run paged as the canary's own fault, and nothing moved (a check above).
-    assert summary["canary_key_fault"]["canary_faults"] > config.alarm_datapoints
+    assert summary["canary_key_fault"]["canary_faults"] > 1.5 * config.alarm_datapoints
     # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
     assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
         config.canary_period

@@ -517,7 +517,12 @@ class LambdaProcess:
             os.close(response_write)
         self._requests = os.fdopen(request_write, "w", encoding="utf-8")
         self._responses = os.fdopen(response_read, "r", encoding="utf-8")
-        answer = self._receive(INIT_TIMEOUT_SECONDS)
+        try:
+            answer = self._receive(INIT_TIMEOUT_SECONDS)
+        except LambdaOutOfMemory as exc:  # over its memory size while importing: init failed
+            raise LambdaInitError(
+                self.spec.name, {"errorType": "Runtime.OutOfMemory", "errorMessage": str(exc)}
+            ) from None
         if not answer.get("ok"):
             self.init_env_reads = _env_reads(answer.get("env_reads") or {})
             self.stop()

@@ -74,14 +74,17 @@ def reap(token: str, grace: float = GRACE_SECONDS, since: int = 0) -> list[int]:
                 for signum in (signal.SIGCONT, signal.SIGTERM):
                     _signal(pid, started, signum)
         time.sleep(0.1)
-    killed: list[int] = []
-    while left:  # a process started between two scans is found by the next one
+    killed: dict[tuple[int, int], None] = {}
+    deadline = time.monotonic() + grace
+    # A process started between two scans is found by the next one; one the kernel cannot end
+    # (stuck in I/O) is given up on after another grace.
+    while left and time.monotonic() < deadline:
         for pid, started in left.items():
             _signal(pid, started, signal.SIGKILL)
-            killed.append(pid)
+            killed[(pid, started)] = None
         time.sleep(0.1)
         left = marked(token, since=since)
-    return killed
+    return [pid for pid, _ in killed]
 
 
 class Reaper:

@@ -220,7 +220,12 @@ class StreamEventSource:
         return more
 
     async def _invoke(
-        self, event: dict[str, Any], shard_id: str = "", attempts: int | None = None
+        self,
+        event: dict[str, Any],
+        shard_id: str = "",
+        attempts: int | None = None,
+        invoked: int = 0,
+        error: str | None = None,
     ) -> None:
         """Invoke with ``event`` until it succeeds or its attempts (``None``: the mapping's) are
         spent, then give the rest up."""
@@ -230,8 +235,8 @@ class StreamEventSource:
         if attempts is None:
             retries = self.settings.max_retries
             attempts = retries + 1 if retries >= 0 else None  # None: until the records expire
-        invoked = 0
-        error: str | None = None
+        # ``invoked``, ``error``: a bisected half counts the invocations of the batch it was
+        # split from, and its last failure, as the record of a half given up reports them.
         for attempt in range(attempts) if attempts is not None else itertools.count():
             records = await self._drop_expired(records, shard_id, invoked, {"functionError": error})
             if not records:
@@ -258,7 +263,9 @@ class StreamEventSource:
                     left = None if attempts is None else max(1, attempts - 1 - attempt)
                     half = len(records) // 2
                     for part in (records[:half], records[half:]):
-                        await self._invoke({**event, "Records": part}, shard_id, left)
+                        await self._invoke(
+                            {**event, "Records": part}, shard_id, left, invoked, error
+                        )
                     return
                 continue
             retry_from = self._retry_from(result, records)
