@@ -491,9 +491,9 @@ async def _break_canary_key(
         )
     finally:
         restore()
-    after = list(primary.runs)
+    runs_before = primary.completed_runs
     await _wait_for(
-        lambda: any(not any(run is b for b in after) for run in primary.runs),
+        lambda: primary.completed_runs > runs_before,
         config.deadline_seconds,
         "a canary run with the key back",
     )
@@ -519,11 +519,7 @@ async def _trip_secondary(
     tripped_at = clock()
     closed_before = secondary.closed_by_canary
     forced_before = sum(c.client.forced_reconnects for c in drill_clients)
-    before = list(secondary.runs)  # references, not ids: runs that fall off are freed
-
-    def unhealthy_runs() -> int:
-        return sum(run.value == 0 for run in secondary.runs if not any(run is b for b in before))
-
+    unhealthy_before = secondary.unhealthy_runs
     secondary.gateway.fail(FailureMode.THROTTLED)
     try:
         # Until the secondary's own alarm fires (its 2 of 2): the name's rule then has every
@@ -546,7 +542,7 @@ async def _trip_secondary(
         lambda: _whereabouts(drill_clients, resolver, recovered_at),
     )
     return {
-        "unhealthy_runs": unhealthy_runs(),
+        "unhealthy_runs": secondary.unhealthy_runs - unhealthy_before,
         "name_stayed_on_secondary": name_stayed
         and resolver.switched_to(config.primary, tripped_at) is None,
         "closed_by_secondary_canary": secondary.closed_by_canary - closed_before,

@@ -238,7 +238,7 @@ class StreamEventSource:
         # ``invoked``, ``error``: a bisected half counts the invocations of the batch it was
         # split from, and its last failure, as the record of a half given up reports them.
         for attempt in range(attempts) if attempts is not None else itertools.count():
-            records = await self._drop_expired(records, shard_id, invoked, {"functionError": error})
+            records = await self._drop_expired(records, shard_id, invoked, error)
             if not records:
                 return
             event = {**event, "Records": records}
@@ -286,9 +286,7 @@ class StreamEventSource:
             self.stats.batch_sizes.append(batch_size)
             return
         self.stats.records += done
-        await self._skip(
-            records, shard_id, "RetryAttemptsExhausted", invoked, {"functionError": error}
-        )
+        await self._skip(records, shard_id, "RetryAttemptsExhausted", invoked, error)
 
     async def _skip(
         self,
@@ -296,7 +294,7 @@ class StreamEventSource:
         shard_id: str,
         condition: str,
         invoke_count: int,
-        response: dict[str, Any] | None = None,
+        function_error: str | None = None,
     ) -> None:
         """Give ``records`` up: the on-failure destination is sent the invocation record Lambda
         sends (``requestContext``, ``responseContext``, ``DDBStreamBatchInfo``)."""
@@ -324,11 +322,9 @@ class StreamEventSource:
             },
         }
         if invoke_count:  # a record that expired before any invocation has no response
-            document["responseContext"] = {
-                "statusCode": 200,
-                "executedVersion": "$LATEST",
-                **{k: v for k, v in (response or {}).items() if v is not None},
-            }
+            document["responseContext"] = {"statusCode": 200, "executedVersion": "$LATEST"}
+            if function_error is not None:
+                document["responseContext"]["functionError"] = function_error
         self.stats.on_failure.append(document)
         if self.on_failure is None:
             return
@@ -347,7 +343,7 @@ class StreamEventSource:
         records: list[dict[str, Any]],
         shard_id: str,
         invoked: int = 0,
-        response: dict[str, Any] | None = None,
+        function_error: str | None = None,
     ) -> list[dict[str, Any]]:
         """The records still young enough for ``MaximumRecordAgeInSeconds``; the others are
         skipped to the on-failure destination without an invocation, as Lambda does."""
@@ -366,7 +362,7 @@ class StreamEventSource:
         self.stats.expired_records += len(expired)
         # Expired between retries too (with no retry limit, the only way a batch is given up):
         # the record then says how often it was invoked and how the last invocation failed.
-        await self._skip(expired, shard_id, "RecordAgeExceeded", invoked, response)
+        await self._skip(expired, shard_id, "RecordAgeExceeded", invoked, function_error)
         return [r for r in records if r not in expired]
 
     def _retry_from(self, result: Any, records: list[dict[str, Any]]) -> int | None:

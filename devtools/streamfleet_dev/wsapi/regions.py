@@ -248,6 +248,8 @@ class Region:
     runs: list[CanaryRun] = field(default_factory=list)
     closed_by_canary: int = 0
     canary_faults: int = 0  # runs that raised CanaryFault: the canary's own fault, paged as such
+    completed_runs: int = 0  # every run that returned (``runs`` keeps only the last 100)
+    unhealthy_runs: int = 0  # of them, those that published 0
     subscriptions_table: str | None = None
     messages_table: str | None = None
     fanout: Any = None  # a LambdaProcess (the asset) or an in-process Fanout
@@ -718,6 +720,8 @@ class LocalRegions:
                 logger.exception("canary run failed in %s", region.name)
             else:
                 region.runs = [*region.runs[-99:], run]
+                region.completed_runs += 1
+                region.unhealthy_runs += run.value == 0
                 if run.sweep is not None:
                     region.closed_by_canary += run.sweep.closed
             self._require_resolver().region()  # evaluate "DNS" as soon as a datapoint lands
