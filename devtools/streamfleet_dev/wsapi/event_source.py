@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 LambdaFunction = Callable[[dict[str, Any], Any], Any]
 SHARD_REFRESH_SECONDS = 5.0
+# The most recent entries each of the stats' lists keeps: a mapping runs for hours in make local.
+STATS_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -280,10 +282,10 @@ class StreamEventSource:
             newest = records[-1]["dynamodb"].get("ApproximateCreationDateTime")
             if isinstance(newest, (int, float)):
                 age = max(0.0, time.time() * 1000 - newest * 1000)
-                self.stats.iterator_ages_ms.append(age)
+                _keep(self.stats.iterator_ages_ms, age)
                 self.stats.max_iterator_age_ms = max(self.stats.max_iterator_age_ms, age)
             self.stats.records += done + len(records)
-            self.stats.batch_sizes.append(batch_size)
+            _keep(self.stats.batch_sizes, batch_size)
             return
         self.stats.records += done
         await self._skip(records, shard_id, "RetryAttemptsExhausted", invoked, error)
@@ -325,7 +327,7 @@ class StreamEventSource:
             document["responseContext"] = {"statusCode": 200, "executedVersion": "$LATEST"}
             if function_error is not None:
                 document["responseContext"]["functionError"] = function_error
-        self.stats.on_failure.append(document)
+        _keep(self.stats.on_failure, document)
         if self.on_failure is None:
             return
         try:
@@ -397,6 +399,12 @@ class StreamEventSource:
             "dynamodb": _jsonable(payload),
             "eventSourceARN": self.stream_arn,
         }
+
+
+def _keep(items: list[Any], item: Any) -> None:
+    """Append ``item``, keeping only the newest :data:`STATS_KEPT`."""
+    items.append(item)
+    del items[:-STATS_KEPT]
 
 
 def _iso(seconds: Any, *, milliseconds: bool = False) -> str | None:
