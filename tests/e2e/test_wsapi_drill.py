@@ -24,11 +24,13 @@ from streamfleet_dev.wsapi.drill import (
 
 @pytest.fixture
 def drill_env(servers, monkeypatch: pytest.MonkeyPatch) -> str:
-    """DynamoDB on dynalite, CloudWatch on moto; the moto endpoint is returned."""
+    """DynamoDB on dynalite, CloudWatch and Secrets Manager on moto; the moto endpoint is
+    returned."""
     for name, value in LOCAL_AWS_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers["dynalite"].endpoint)
     monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", servers["moto"].endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", servers["moto"].endpoint)
     return servers["moto"].endpoint
 
 
@@ -82,6 +84,9 @@ async def test_failover_drill(
     # Before the failure, the primary's canary lost its key for longer than the alarm needs:
     # every run paged as the canary's own fault, and nothing moved (a check above).
     assert summary["canary_key_fault"]["canary_faults"] > 1.5 * config.alarm_datapoints
+    # Then the canaries' key was rotated with every authorizer enforcing the new key at once:
+    # the canaries read their secrets again when refused, and nothing moved (a check above).
+    assert summary["canary_key_rotation"]["primary_runs_after"] > 1.5 * config.alarm_datapoints
     # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
     assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
         config.canary_period

@@ -6,6 +6,7 @@ Probes run against the local API Gateway stand-in; state and metrics go to moto'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import time
@@ -23,6 +24,7 @@ from streamfleet.aws import AsyncClient
 from streamfleet.client import Endpoint
 from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
+from streamfleet.wsapi.authorizer import Authorizer
 from streamfleet.wsapi.canary import (
     Canary,
     CanaryConfig,
@@ -341,6 +343,73 @@ async def test_a_rotated_key_is_used_within_the_refresh_bound() -> None:
     keys[0] = None  # type: ignore[call-overload]
     now[0] = 2 * canary_module.KEY_REFRESH_SECONDS
     assert await kid() == "new"
+
+
+class CountedSecrets:
+    """Secrets Manager on moto, its reads counted."""
+
+    def __init__(self) -> None:
+        self.client = AsyncClient("secretsmanager")
+        self.reads = 0
+
+    async def call(self, operation: str, **params: object) -> dict[str, object]:
+        self.reads += operation == "get_secret_value"
+        return await self.client.call(operation, **params)
+
+
+def canary_authorizer(*canary_keys: jwt.SigningKey) -> Authorizer:
+    """The authorizer of :func:`authorizer` deployed with other canary keys."""
+    config = authorizer().config
+    return Authorizer(
+        dataclasses.replace(config, canary_keys=json.dumps(jwt.jwks_document(canary_keys)))
+    )
+
+
+async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
+    gateway: LocalGateway, moto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm canary signed with the key it had read until its refresh (5 minutes) came due:
+    once the authorizer accepted only the new key, every run was refused, and the Region failed
+    over on a fault of the canary's own. A refused token now reads the secret again at once."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", moto.endpoint)
+    old, new = (jwt.generate_signing_key(jwt.HS256, kid=kid) for kid in ("old", "new"))
+    manager = boto3.client("secretsmanager", region_name=REGION)
+    arn = manager.create_secret(
+        Name=f"canary-{uuid.uuid4().hex[:8]}", SecretString=json.dumps(jwt.public_jwk(old))
+    )["ARN"]
+    secrets, now = CountedSecrets(), [0.0]
+    tokens = canary_module.SecretToken(
+        secrets,  # type: ignore[arg-type]
+        arn,
+        audience=AUDIENCE,
+        clock=lambda: now[0],
+    )
+    gateway.authorizer = canary_authorizer(old)
+    canary = Canary(
+        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=2.0),
+        tokens=tokens,
+        store=MemoryHealthStateStore(),
+        publishers=[],
+    )
+    try:
+        assert (await canary.run_once(0)).value == 1
+        manager.put_secret_value(SecretId=arn, SecretString=json.dumps(jwt.public_jwk(new)))
+        gateway.authorizer = canary_authorizer(new)  # enforced at once
+        now[0] = canary_module.KEY_RELOAD_MIN_SECONDS  # long before the refresh is due
+        for minute in (1, 2):
+            run = await canary.run_once(minute * MINUTE_MS)
+            assert (run.probe.healthy, run.value) == (True, 1), run.probe.error
+        assert secrets.reads == 2  # the first read, and one after the refusal
+        # A key the authorizer refuses although it is the secret's: a refusal, read again at
+        # most every KEY_RELOAD_MIN_SECONDS however often the canary runs.
+        gateway.authorizer = canary_authorizer(old)
+        for minute, elapsed in ((3, canary_module.KEY_RELOAD_MIN_SECONDS), (4, 1.0)):
+            now[0] += elapsed
+            run = await canary.run_once(minute * MINUTE_MS)
+            assert (run.probe.healthy, run.probe.refused_status) == (False, 403)
+        assert secrets.reads == 3
+    finally:
+        secrets.client.close()
 
 
 async def test_probe_outcomes(gateway: LocalGateway) -> None:

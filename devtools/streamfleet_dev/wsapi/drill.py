@@ -13,7 +13,9 @@ instances whose endpoint provider asks the resolver for the "failover name" and 
 token on every attempt.
 
 The scenario: connect every client, bid, take the primary's canary's signing key away for a
-few runs (a fault of the canary's own: it must page as such and move nobody), make the primary
+few runs (a fault of the canary's own: it must page as such and move nobody), rotate the
+canaries' key with every authorizer enforcing the new one at once (each canary must read its
+secret again when refused: nothing may move), make the primary
 fail (by default the hardest way to
 notice: the handler is throttled, sockets stay open, nothing answers; or the Region is down; or
 only its state store is, so handshakes fail while the gateway runs), keep bidding, and measure
@@ -140,6 +142,9 @@ class DrillConfig:
     trip_secondary: bool = True
     # Before the failure, the primary's canary cannot read its key for a few runs.
     break_canary_key: bool = True
+    # Then the canaries' key is rotated, every authorizer enforcing the new key at once
+    # (needs a Secrets Manager: AWS_ENDPOINT_URL_SECRETS_MANAGER).
+    rotate_canary_key: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failure", DrillFailure(self.failure))
@@ -380,6 +385,12 @@ async def _phases(
 
     # Phase 1b: the primary's canary cannot read its key: its own fault moves nothing.
     key_fault = await _break_canary_key(config, regions, clock) if config.break_canary_key else None
+    _still_on_primary(config, key_fault, "the canary's key fault")
+    # Phase 1c: the canaries' key is rotated: the Regions' health must not notice.
+    rotation = (
+        await _rotate_canary_key(config, regions, clock) if config.rotate_canary_key else None
+    )
+    _still_on_primary(config, rotation, "the canaries' key rotation")
 
     # Phase 2: the primary fails.
     failed_at = clock()
@@ -466,7 +477,15 @@ async def _phases(
         resolver_history=resolver.history,
         trip=trip,
         key_fault=key_fault,
+        rotation=rotation,
     )
+
+
+def _still_on_primary(config: DrillConfig, phase: dict[str, Any] | None, what: str) -> None:
+    """The failure phase needs the name on the primary: a phase that moved it fails the drill
+    here, named, rather than as a failover that never comes."""
+    if phase is not None and not phase["name_stayed_on_primary"]:
+        raise RuntimeError(f"drill: {what} moved the name to {config.secondary}: {phase}")
 
 
 async def _break_canary_key(
@@ -502,6 +521,46 @@ async def _break_canary_key(
         "name_stayed_on_primary": regions.serving_region() == config.primary
         and resolver.switched_to(config.secondary, broken_at) is None,
         "closed_by_primary_canary": primary.closed_by_canary - closed_before,
+    }
+
+
+async def _rotate_canary_key(
+    config: DrillConfig, regions: LocalRegions, clock: Callable[[], float]
+) -> dict[str, Any]:
+    """The canaries' key is rotated the hurried way: the new key into every Region's secret,
+    then every authorizer accepting only the new key, before any canary has read it. Each
+    canary must read its secret again when refused and pass with the new key: no fault paged,
+    fewer failed probes than trip it (one can fail if its scheduled read came just before the
+    new key), no traffic moved, no client swept. Judged over more runs than the alarm's
+    missing-data rule needs."""
+    primary, resolver = regions.primary, regions.resolver
+    assert resolver is not None
+    rotated_at = clock()
+    before = {
+        name: (r.completed_runs, r.unhealthy_runs, r.canary_faults, r.closed_by_canary)
+        for name, r in regions.regions.items()
+    }
+    await regions.rotate_canary_key()
+    enough = math.ceil(1.5 * config.alarm_datapoints) + 1
+    await _wait_for(
+        lambda: all(
+            r.completed_runs - before[name][0] >= enough for name, r in regions.regions.items()
+        ),
+        config.deadline_seconds,
+        "canary runs with the rotated key",
+    )
+    return {
+        "runs": {name: r.completed_runs - before[name][0] for name, r in regions.regions.items()},
+        "unhealthy_runs": {
+            name: r.unhealthy_runs - before[name][1] for name, r in regions.regions.items()
+        },
+        "canary_faults": sum(r.canary_faults - before[n][2] for n, r in regions.regions.items()),
+        "closed_by_canaries": sum(
+            r.closed_by_canary - before[n][3] for n, r in regions.regions.items()
+        ),
+        "name_stayed_on_primary": regions.serving_region() == config.primary
+        and resolver.switched_to(config.secondary, rotated_at) is None,
+        "primary_runs_after": primary.completed_runs - before[config.primary][0],
     }
 
 
@@ -567,6 +626,7 @@ def _summarise(
     resolver_history: list[tuple[float, str]],
     trip: dict[str, Any] | None = None,
     key_fault: dict[str, Any] | None = None,
+    rotation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     acked = [bid for c in drill_clients for bid in c.bids]
     accepted = [bid for bid in acked if bid.accepted]
@@ -651,6 +711,16 @@ def _summarise(
         ),
         **(
             {
+                "canary_key_rotation_moved_nothing": rotation["name_stayed_on_primary"]
+                and rotation["canary_faults"] == 0
+                and rotation["closed_by_canaries"] == 0
+                and all(n < config.alarm_datapoints for n in rotation["unhealthy_runs"].values()),
+            }
+            if rotation is not None
+            else {}
+        ),
+        **(
+            {
                 "secondary_trip_kept_the_name": trip["name_stayed_on_secondary"],
                 "secondary_trip_closed_nobody": trip["closed_by_secondary_canary"] == 0,
             }
@@ -723,6 +793,7 @@ def _summarise(
         },
         "secondary_trip": trip,
         "canary_key_fault": key_fault,
+        "canary_key_rotation": rotation,
         "checks": checks,
         "passed": all(checks.values()),
     }
@@ -762,6 +833,17 @@ def markdown(summary: dict[str, Any]) -> str:
                 "closed",
                 f"{key_fault['canary_faults']} / {key_fault['name_stayed_on_primary']} / "
                 f"{key_fault['closed_by_primary_canary']}",
+            )
+        )
+    rotation = summary.get("canary_key_rotation")
+    if rotation is not None:
+        rows.append(
+            (
+                "Canaries' key rotated, enforced at once: failed probes / faults paged / name "
+                "stayed / connections closed",
+                f"{sum(rotation['unhealthy_runs'].values())} of "
+                f"{sum(rotation['runs'].values())} runs / {rotation['canary_faults']} / "
+                f"{rotation['name_stayed_on_primary']} / {rotation['closed_by_canaries']}",
             )
         )
     trip = summary.get("secondary_trip")
@@ -884,12 +966,13 @@ def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool
                 "AWS_DEFAULT_REGION": config.primary,
             }.items():
                 os.environ.setdefault(name, value)
-            # The canaries' PutMetricData goes to moto's CloudWatch, never to AWS.
+            # The canaries' PutMetricData and their keys' secrets go to moto, never to AWS.
             if not os.environ.get("AWS_ENDPOINT_URL_CLOUDWATCH"):
                 cloudwatch = dynamodb if args.backend == "moto" else moto_server().start()
                 if cloudwatch is not dynamodb:
                     started.append(cloudwatch)
                 os.environ["AWS_ENDPOINT_URL_CLOUDWATCH"] = cloudwatch.endpoint
+                os.environ.setdefault("AWS_ENDPOINT_URL_SECRETS_MANAGER", cloudwatch.endpoint)
         summaries = []
         for config in configs:
             summary = asyncio.run(run_drill(config))

@@ -70,6 +70,7 @@ from botocore.config import Config
 from streamfleet import model
 from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.validation import ID_CHARSET_DOC, ID_PATTERN
+from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.canary import (
@@ -82,6 +83,8 @@ from streamfleet.wsapi.canary import (
     DynamoHealthStateStore,
     MetricPublisher,
     MintedToken,
+    SecretToken,
+    TokenSource,
 )
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
 from streamfleet.wsapi.handlers import (
@@ -185,6 +188,10 @@ class RegionsSettings:
     # CloudWatch for the canaries' PutMetricData: this, else AWS_ENDPOINT_URL_CLOUDWATCH, else
     # none (the local alarm gets the datapoints either way).
     cloudwatch_endpoint: str | None = None
+    # Secrets Manager for the canaries' signing key, a secret per Region read as deployed
+    # (SecretToken, its refresh compressed with the canary's period): this, else
+    # AWS_ENDPOINT_URL_SECRETS_MANAGER, else none (the canaries hold their key; no rotation).
+    secrets_endpoint: str | None = None
     host: str = "127.0.0.1"
     http_port: int = 0
     gateway_ports: tuple[int, int] = (0, 0)  # primary, secondary; 0: any free port
@@ -217,6 +224,17 @@ class RegionsSettings:
             GatewaySettings(region=self.primary, management_fault_rates=self.management_fault_rates)
         except ValueError as exc:
             raise RegionsError(str(exc)) from None
+
+
+def _private_pem(key: jwt.SigningKey) -> str:
+    """The private key as a secret holds it (PKCS #8 PEM)."""
+    from cryptography.hazmat.primitives import serialization
+
+    return key.key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
 
 
 def check_local_endpoint(value: str, what: str) -> str:
@@ -287,6 +305,9 @@ class LocalRegions:
         self._server_process: Any = None  # a LocalServer we started
         self._dynamodb_endpoint: str | None = None
         self._cloudwatch_endpoint: str | None = None
+        self._secrets_endpoint: str | None = None
+        # Each Region's canary key secret: (synchronous client, ARN).
+        self._canary_secrets: dict[str, tuple[Any, str]] = {}
         self._async_clients: list[AsyncClient] = []
         # (client, state, connections, subscriptions or None)
         self._created_tables: list[tuple[Any, str, str, str | None]] = []
@@ -391,6 +412,12 @@ class LocalRegions:
                     subscriptions_table=subscriptions,
                 )
         self._created_tables.clear()
+        for secrets, arn in self._canary_secrets.values():
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(
+                    secrets.delete_secret, SecretId=arn, ForceDeleteWithoutRecovery=True
+                )
+        self._canary_secrets.clear()
         if self._server_process is not None:
             await asyncio.to_thread(self._server_process.stop)
             self._server_process = None
@@ -404,6 +431,11 @@ class LocalRegions:
         if cloudwatch:
             self._cloudwatch_endpoint = check_local_endpoint(
                 cloudwatch, "AWS_ENDPOINT_URL_CLOUDWATCH"
+            )
+        secrets = s.secrets_endpoint or os.environ.get("AWS_ENDPOINT_URL_SECRETS_MANAGER")
+        if secrets:
+            self._secrets_endpoint = check_local_endpoint(
+                secrets, "AWS_ENDPOINT_URL_SECRETS_MANAGER"
             )
 
     async def _start_own_dynamodb(self) -> None:
@@ -526,6 +558,7 @@ class LocalRegions:
                 CloudWatchPublisher(self._async("cloudwatch", name, self._cloudwatch_endpoint))
             )
         canary_dynamodb = self._async("dynamodb", name, self._dynamodb_endpoint)
+        tokens = await self._canary_tokens(name)
         canary = Canary(
             CanaryConfig(
                 endpoint_url=gateway.url,
@@ -540,7 +573,7 @@ class LocalRegions:
                 management_endpoint=gateway.management_endpoint,
                 disconnect_budget_seconds=s.canary_period,
             ),
-            tokens=MintedToken(self._canary_key, s.audience, subject=f"canary-{name}"),
+            tokens=tokens,
             store=DynamoHealthStateStore(
                 canary_dynamodb, table_name=connections_table, api_id=api_id
             ),
@@ -572,6 +605,36 @@ class LocalRegions:
             stream_arn=description["Table"].get("LatestStreamArn"),
             subscriptions_table=subscriptions_table,
             messages_table=messages_table,
+        )
+
+    async def _canary_tokens(self, name: str) -> TokenSource:
+        """The canary's token source: its key read from a secret in its Region, as deployed,
+        when there is a Secrets Manager to hold it; the key itself otherwise."""
+        s = self.settings
+        assert self._canary_key is not None
+        subject = f"canary-{name}"
+        if self._secrets_endpoint is None:
+            return MintedToken(self._canary_key, s.audience, subject=subject)
+        # Made now, not during a rotation: creating a boto3 client holds the GIL long enough
+        # to stall the canaries past the alarm's missing-data rule at the local timings.
+        secrets = await asyncio.to_thread(
+            self._boto, "secretsmanager", name, self._secrets_endpoint
+        )
+        created = await asyncio.to_thread(
+            secrets.create_secret,
+            Name=f"{s.table_prefix}-canary-key-{self._suffix}",
+            SecretString=_private_pem(self._canary_key),
+        )
+        self._canary_secrets[name] = (secrets, created["ARN"])
+        # The deployed refresh and reload intervals, in canary periods (one a minute there).
+        runs = s.canary_period / (canary_module.MINUTE_MS / 1000)
+        return SecretToken(
+            self._async("secretsmanager", name, self._secrets_endpoint),
+            created["ARN"],
+            audience=s.audience,
+            subject=subject,
+            refresh_seconds=canary_module.KEY_REFRESH_SECONDS * runs,
+            reload_min_seconds=canary_module.KEY_RELOAD_MIN_SECONDS * runs,
         )
 
     # Live delivery ---------------------------------------------------------------------------
@@ -799,12 +862,40 @@ class LocalRegions:
             async def token(self) -> str | None:
                 raise RuntimeError("the canary's signing key cannot be read (drill)")
 
+            async def reload(self) -> bool:
+                return False
+
         canary.tokens = UnreadableKey()
 
         def restore() -> None:
             canary.tokens = working
 
         return restore
+
+    async def rotate_canary_key(self) -> None:
+        """Rotate the canaries' signing key as an operator in a hurry would: the new key into
+        every Region's secret, then every authorizer deployed to accept the new key only, before
+        any canary has read it."""
+        if set(self._canary_secrets) != set(self.regions):
+            raise RegionsError(
+                "rotate_canary_key: the canaries read no secret (set "
+                "AWS_ENDPOINT_URL_SECRETS_MANAGER or secrets_endpoint)"
+            )
+        key = await asyncio.to_thread(
+            jwt.generate_signing_key, jwt.ES256, f"local-canary-{uuid.uuid4().hex[:8]}"
+        )
+        for secrets, arn in self._canary_secrets.values():
+            await asyncio.to_thread(
+                secrets.put_secret_value, SecretId=arn, SecretString=_private_pem(key)
+            )
+        canary_keys = json.dumps(jwt.jwks_document([key]))
+        for region in self.regions.values():
+            deployed = region.gateway.authorizer
+            assert isinstance(deployed, Authorizer)
+            region.gateway.authorizer = Authorizer(
+                replace(deployed.config, canary_keys=canary_keys)
+            )
+        self._canary_key = key
 
     async def fail_primary_store(self) -> None:
         """The primary's DynamoDB stops answering its handlers and the secondary's writes to

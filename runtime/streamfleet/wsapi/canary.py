@@ -51,7 +51,9 @@ in the identity provider's JWKS) and the handlers let it send ``heartbeat`` only
 mint a token for any user. Configure one of ``CANARY_TOKEN`` (a static token: local use),
 ``CANARY_SIGNING_KEY`` (a PEM private key or an ``oct`` JWK; a 5-minute token is minted per run
 for ``CANARY_SUBJECT``, default ``canary``) or ``CANARY_SIGNING_KEY_SECRET_ARN`` (the same, read
-once from Secrets Manager). ``CANARY_TOKEN_TRANSPORT`` is ``subprotocol`` (default) or ``query``.
+from Secrets Manager: again every 5 minutes, and at once when the Region refuses the token, so
+a rotation is in use by the first run after the secret changed). ``CANARY_TOKEN_TRANSPORT`` is
+``subprotocol`` (default) or ``query``.
 
 Other environment: ``CANARY_ENDPOINT_URL`` (``wss://<api id>.execute-api.<region>.amazonaws.com/
 <stage>``), ``CANARY_API_ID``; every name is in :data:`streamfleet.model.CANARY_ENV`. Runs are
@@ -202,6 +204,13 @@ class ProbeResult:
     healthy: bool
     latency_seconds: float
     error: str | None = None
+    refused_status: int | None = None  # the HTTP status of a handshake the Region refused
+
+    @property
+    def credentials_refused(self) -> bool:
+        """The handshake was refused as unauthenticated (401) or denied (403): what the
+        authorizer answers to a token signed with a key it no longer accepts."""
+        return self.refused_status in (401, 403)
 
 
 async def probe(
@@ -218,8 +227,10 @@ async def probe(
     """
     started = time.monotonic()
 
-    def result(healthy: bool, error: str | None = None) -> ProbeResult:
-        return ProbeResult(healthy, time.monotonic() - started, error)
+    def result(
+        healthy: bool, error: str | None = None, refused_status: int | None = None
+    ) -> ProbeResult:
+        return ProbeResult(healthy, time.monotonic() - started, error, refused_status)
 
     url, subprotocols = endpoint.handshake()
     ws = None
@@ -244,7 +255,8 @@ async def probe(
     except TimeoutError:
         return result(False, error=f"no pong within {timeout:g} s")
     except InvalidStatus as exc:
-        return result(False, error=f"handshake refused with HTTP {exc.response.status_code}")
+        status = exc.response.status_code
+        return result(False, error=f"handshake refused with HTTP {status}", refused_status=status)
     except ConnectionClosed as exc:
         return result(False, error=f"connection closed: {exc}")
     except Exception as exc:  # refused, DNS, TLS...
@@ -264,9 +276,16 @@ class TokenSource(Protocol):
     async def token(self) -> str | None:
         """A token valid now (``None``: connect without one)."""
 
+    async def reload(self) -> bool:
+        """Read the key again now, the Region having refused the last token; whether the
+        token changed (``False``: nothing to read again, or the same key)."""
+
 
 # How long a warm canary signs with the key it read before reading the secret again.
 KEY_REFRESH_SECONDS = 300.0
+# A refused token reads the secret again at once, but not more often than this: a Region that
+# refuses every handshake (a deleted API mapping answers 403 too) costs one read per run.
+KEY_RELOAD_MIN_SECONDS = 30.0
 
 
 class CanaryFault(RuntimeError):
@@ -282,6 +301,9 @@ class StaticToken:
 
     async def token(self) -> str | None:
         return self.value
+
+    async def reload(self) -> bool:
+        return False
 
 
 @dataclass(frozen=True)
@@ -305,10 +327,16 @@ class MintedToken:
         }
         return jwt.sign(claims, self.key)
 
+    async def reload(self) -> bool:
+        return False
+
 
 class SecretToken:
     """:class:`MintedToken` whose key is read from Secrets Manager, and read again once it is
-    ``KEY_REFRESH_SECONDS`` old: a rotated key is used within that bound by a warm container."""
+    ``refresh_seconds`` old, or at once (at most every ``reload_min_seconds``) when the Region
+    refuses a token: a rotated key is in use by a warm container within ``refresh_seconds``,
+    and by the first run after the secret changed if the authorizer already refuses the old
+    key."""
 
     def __init__(
         self,
@@ -318,36 +346,62 @@ class SecretToken:
         audience: str,
         subject: str = DEFAULT_SUBJECT,
         clock: Callable[[], float] = time.monotonic,
+        refresh_seconds: float = KEY_REFRESH_SECONDS,
+        reload_min_seconds: float = KEY_RELOAD_MIN_SECONDS,
     ):
         self._secrets = secrets
         self._arn = secret_arn
         self._audience = audience
         self._subject = subject
         self._clock = clock
+        self._refresh_seconds = refresh_seconds
+        self._reload_min_seconds = reload_min_seconds
         self._minted: MintedToken | None = None
+        self._secret_text: str | None = None
         self._read_at = -math.inf
 
     async def token(self) -> str | None:
-        if self._minted is None or self._clock() - self._read_at >= KEY_REFRESH_SECONDS:
+        if self._minted is None or self._clock() - self._read_at >= self._refresh_seconds:
             try:
-                secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
-                key = jwt.signing_key_from_text(secret["SecretString"])
+                await self._read()
             except Exception as exc:
                 if self._minted is None:
                     raise
                 # The key read before still signs: a failed refresh is no reason to stop.
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "canary_key",
-                    decision="error",
-                    detail=f"refresh failed, signing with the key read before: {exc}",
-                )
-                self._read_at = self._clock()  # tried again after the same interval
-            else:
-                self._minted = MintedToken(key, self._audience, self._subject)
-                self._read_at = self._clock()
+                self._refresh_failed(exc)
+        assert self._minted is not None
         return await self._minted.token()
+
+    async def reload(self) -> bool:
+        if self._minted is None or self._clock() - self._read_at < self._reload_min_seconds:
+            return False
+        before = self._secret_text
+        try:
+            await self._read()
+        except Exception as exc:
+            self._refresh_failed(exc)
+            return False
+        return self._secret_text != before
+
+    async def _read(self) -> None:
+        secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
+        text = secret["SecretString"]
+        if text != self._secret_text or self._minted is None:
+            self._minted = MintedToken(
+                jwt.signing_key_from_text(text), self._audience, self._subject
+            )
+            self._secret_text = text
+        self._read_at = self._clock()
+
+    def _refresh_failed(self, exc: BaseException) -> None:
+        log_event(
+            logger,
+            logging.WARNING,
+            "canary_key",
+            decision="error",
+            detail=f"refresh failed, signing with the key read before: {exc}",
+        )
+        self._read_at = self._clock()  # tried again after the same interval
 
 
 def token_source_from_env(
@@ -808,10 +862,9 @@ class Canary:
         except Exception as exc:
             await self._hold(tick_ms)
             raise CanaryFault(f"token: {type(exc).__name__}: {exc}") from exc
-        endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
-        result = await probe(
-            endpoint, timeout=self.config.timeout_seconds, connect_host=self.config.connect_host
-        )
+        result = await self._probe(token, self.config.timeout_seconds)
+        if result.credentials_refused:
+            result = await self._probe_with_reloaded_key(result)
         state, applied = await self._apply_hysteresis(
             result.healthy, tick_ms, alarm_since_ms=await self._alarm_since_ms()
         )
@@ -841,6 +894,38 @@ class Canary:
             closeFailed=None if sweep is None else sweep.failed,
         )
         return CanaryRun(result, state, value, applied, sweep)
+
+    async def _probe(self, token: str | None, timeout: float) -> ProbeResult:
+        endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
+        return await probe(endpoint, timeout=timeout, connect_host=self.config.connect_host)
+
+    async def _probe_with_reloaded_key(self, refused: ProbeResult) -> ProbeResult:
+        """The Region refused the token: if the key was rotated (the authorizer enforcing the
+        new one before this container read it), probe again with the new key in the time the
+        run has left, so that a rotation never reads as a failed Region. Otherwise the refusal
+        stands as the probe's result."""
+        left = self.config.timeout_seconds - refused.latency_seconds
+        if left <= 0:
+            return refused
+        try:
+            if not await self.tokens.reload():
+                return refused
+            token = await self.tokens.token()
+        except Exception as exc:  # the key read before still stands; the refusal is the result
+            self._warn("canary_key", exc)
+            return refused
+        log_event(
+            logger,
+            logging.INFO,
+            "canary_key",
+            decision="reloaded",
+            apiId=self.config.api_id,
+            detail=f"refused with HTTP {refused.refused_status}; probing again with the new key",
+        )
+        retried = await self._probe(token, left)
+        return dataclasses.replace(
+            retried, latency_seconds=refused.latency_seconds + retried.latency_seconds
+        )
 
     def _warn(self, event: str, exc: BaseException) -> None:
         """A step of the run failed for a reason it outlives (logged; the run goes on)."""
