@@ -159,6 +159,7 @@ class WebSocketApiStack(RegionalStack):
                 state_table=self.connections_table,
                 jwt_audience=config.jwt_audience,
                 signing_key_secret_name=config.canary_signing_key_secret_name,
+                public_keys=config.canary_public_keys,
                 token_transport=config.canary_token_transport,
                 healthy_runs_to_recover=config.canary_healthy_runs_to_recover,
                 # Only the primary sweeps. The SECONDARY record has no health check: while the

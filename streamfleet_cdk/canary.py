@@ -50,6 +50,7 @@ from streamfleet_cdk.functions import (
     python_function,
 )
 from streamfleet_cdk.nag import acknowledge, nag_text
+from streamfleet_cdk.websocket_api import check_canary_public_keys
 
 CANARY_DISTRIBUTIONS = ("websockets", "PyJWT", "cryptography")
 CANARY_ENTRY = f"{canary_runtime.handler.__module__}.{canary_runtime.handler.__name__}"
@@ -96,6 +97,10 @@ class WebSocketCanaryProps:
             authorizer must hold its public key (``JwtSettings.canary_keys``). ``None``: the
             canary connects without a token, which the authorizer refuses, so it always reports
             unhealthy: fine for a synth, never for a deployment with failover.
+        public_keys: the public key(s) the authorizer accepts for the canary (the same text as
+            ``JwtSettings.canary_keys``), given to the canary as ``JWT_CANARY_KEYS``: a signing
+            key outside them is then the canary's own fault (it pages and moves no traffic),
+            not a failed probe. ``None``: the Region's refusal is the canary's only evidence.
         disconnect_when_unhealthy: while the Region reports unhealthy, close every client
             connection of it each run, so clients that take any frame for "alive" reconnect
             through the failover name (``CANARY_DISCONNECT_WHEN_UNHEALTHY``).
@@ -118,6 +123,7 @@ class WebSocketCanaryProps:
     domain_mapping: apigwv2.ApiMapping | None = None  # the domain's mapping to the stage
     jwt_audience: str
     signing_key_secret_name: str | None = None
+    public_keys: str | None = None
     disconnect_when_unhealthy: bool = True
     token_transport: str = TokenTransport.SUBPROTOCOL.value
     healthy_runs_to_recover: int = canary_runtime.DEFAULT_HEALTHY_RUNS_TO_RECOVER
@@ -142,6 +148,8 @@ class WebSocketCanaryProps:
             raise ValueError(f"probe_timeout: {timeout} s is outside 1-30 s")
         if self.signing_key_secret_name is not None and not self.signing_key_secret_name.strip():
             raise ValueError("signing_key_secret_name: must not be empty")
+        if self.public_keys is not None:
+            check_canary_public_keys("public_keys", self.public_keys)
 
 
 class WebSocketCanary(Construct):
@@ -278,6 +286,8 @@ class WebSocketCanary(Construct):
                     model.ENV_JWT_AUDIENCE: props.jwt_audience,
                 }
             )
+        if props.public_keys is not None:
+            env[model.ENV_JWT_CANARY_KEYS] = props.public_keys
         return env
 
     def _domain_environment(self) -> dict[str, str]:

@@ -146,6 +146,7 @@ OPTIONAL_UNSET = {
         "CANARY_SIGNING_KEY": "alternative to the signing-key secret (a key in the environment)",
         "CANARY_SUBJECT": "optional (canary)",
         "CANARY_DISCONNECT_WHEN_UNHEALTHY": "optional (true)",
+        "JWT_CANARY_KEYS": "set only with canary_public_keys (unset: a refusal is a failed probe)",
     },
 }
 # Set by the local run although no template does: what a local stand-in needs, by name.

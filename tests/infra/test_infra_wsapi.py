@@ -473,6 +473,11 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
         assert isinstance(source, canary_runtime.SecretToken)
         assert variables["CANARY_SIGNING_KEY_SECRET_ARN"] == SECRET_NAME
         assert variables["JWT_AUDIENCE"] == "auction-clients"
+        # The keys its authorizer accepts, the same text: a key of its own outside them pages
+        # as the canary's fault instead of failing the Region over.
+        authorizer = variables_of(function_of(template, stack, stack.websocket.authorizer_function))
+        assert variables[model.ENV_JWT_CANARY_KEYS] == authorizer[model.ENV_JWT_CANARY_KEYS]
+        assert config.accepted_keys is not None and len(config.accepted_keys) == 1
         # A canary never closes the connections of the Region the failover name answers
         # with: the secondary's record has no health check, so only the primary sweeps.
         assert config.disconnect_when_unhealthy is (stack.role is Role.PRIMARY)

@@ -213,6 +213,46 @@ def test_throttled_requests_are_refused_as_dynamodb_does_and_not_applied(servers
         proxy.set_throttle(1.5)
 
 
+def _answered(call):
+    """``call()`` until a draw processes part of the batch: one may still refuse it whole."""
+    for _ in range(20):
+        try:
+            return call()
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "ProvisionedThroughputExceededException"
+    raise AssertionError("every draw refused the batch whole")
+
+
+def test_a_throttled_batch_is_applied_in_part_and_returns_the_rest_as_unprocessed(servers, proxy):
+    """DynamoDB throttles a batch's items, not only the whole batch: a BatchWriteItem or
+    BatchGetItem answers with the items it could not process, and only those are not applied.
+    The proxy refused throttled batches whole, so no caller's unprocessed-items path ran."""
+    name = f"px-batch-{uuid.uuid4().hex[:8]}"
+    dynamodb = _client("dynamodb", proxy.endpoint, retries={"total_max_attempts": 1})
+    _table(dynamodb, name)
+    keys = [f"k{index:02}" for index in range(10)]
+    proxy.set_throttle(1.0, seed=3)
+    written = _answered(
+        lambda: dynamodb.batch_write_item(
+            RequestItems={name: [{"PutRequest": {"Item": {"pk": {"S": k}}}} for k in keys]}
+        )
+    )
+    left = {r["PutRequest"]["Item"]["pk"]["S"] for r in written["UnprocessedItems"][name]}
+    proxy.set_throttle(0)
+    stored = {item["pk"]["S"] for item in dynamodb.scan(TableName=name)["Items"]}
+    assert left and stored and stored | left == set(keys) and not stored & left
+
+    proxy.set_throttle(1.0, seed=5)
+    request = {name: {"Keys": [{"pk": {"S": k}} for k in keys], "ConsistentRead": True}}
+    read = _answered(lambda: dynamodb.batch_get_item(RequestItems=request))
+    unread = read["UnprocessedKeys"][name]
+    assert unread["ConsistentRead"] is True  # the request's parameters come back with the keys
+    got = {item["pk"]["S"] for item in read["Responses"].get(name, [])}
+    missing = {key["pk"]["S"] for key in unread["Keys"]}
+    assert missing and got == stored - missing  # the processed keys, read; the rest returned
+    assert proxy.state()["partly_throttled"] == 2
+
+
 def test_the_same_seed_throttles_the_same_requests(servers, proxy):
     name = f"px-seeded-{uuid.uuid4().hex[:8]}"
     dynamodb = _client("dynamodb", proxy.endpoint, retries={"total_max_attempts": 1})

@@ -365,32 +365,50 @@ def canary_authorizer(*canary_keys: jwt.SigningKey) -> Authorizer:
     )
 
 
-async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
-    gateway: LocalGateway, moto, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A warm canary signed with the key it had read until its refresh (5 minutes) came due:
-    once the authorizer accepted only the new key, every run was refused, and the Region failed
-    over on a fault of the canary's own. A refused token now reads the secret again at once."""
+@pytest.fixture
+def key_secret(moto, monkeypatch: pytest.MonkeyPatch):
+    """A canary key secret on moto holding a first key: (boto3 client, ARN, that key)."""
     monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", moto.endpoint)
-    old, new = (jwt.generate_signing_key(jwt.HS256, kid=kid) for kid in ("old", "new"))
+    first = jwt.generate_signing_key(jwt.HS256, kid="first")
     manager = boto3.client("secretsmanager", region_name=REGION)
     arn = manager.create_secret(
-        Name=f"canary-{uuid.uuid4().hex[:8]}", SecretString=json.dumps(jwt.public_jwk(old))
+        Name=f"canary-{uuid.uuid4().hex[:8]}", SecretString=json.dumps(jwt.public_jwk(first))
     )["ARN"]
-    secrets, now = CountedSecrets(), [0.0]
+    yield manager, arn, first
+    manager.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+    manager.close()
+
+
+def secret_canary(
+    gateway: LocalGateway, arn: str, now: list[float], **config: object
+) -> tuple[Canary, CountedSecrets]:
+    secrets = CountedSecrets()
     tokens = canary_module.SecretToken(
         secrets,  # type: ignore[arg-type]
         arn,
         audience=AUDIENCE,
         clock=lambda: now[0],
     )
-    gateway.authorizer = canary_authorizer(old)
     canary = Canary(
-        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=2.0),
+        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=2.0, **config),
         tokens=tokens,
         store=MemoryHealthStateStore(),
         publishers=[],
     )
+    return canary, secrets
+
+
+async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
+    gateway: LocalGateway, key_secret
+) -> None:
+    """A warm canary signed with the key it had read until its refresh (5 minutes) came due:
+    once the authorizer accepted only the new key, every run was refused, and the Region failed
+    over on a fault of the canary's own. A refused token now reads the secret again at once."""
+    manager, arn, old = key_secret
+    new = jwt.generate_signing_key(jwt.HS256, kid="new")
+    now = [0.0]
+    canary, secrets = secret_canary(gateway, arn, now)
+    gateway.authorizer = canary_authorizer(old)
     try:
         assert (await canary.run_once(0)).value == 1
         manager.put_secret_value(SecretId=arn, SecretString=json.dumps(jwt.public_jwk(new)))
@@ -400,9 +418,10 @@ async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
             run = await canary.run_once(minute * MINUTE_MS)
             assert (run.probe.healthy, run.value) == (True, 1), run.probe.error
         assert secrets.reads == 2  # the first read, and one after the refusal
-        # A key the authorizer refuses although it is the secret's: a refusal, read again at
-        # most every KEY_RELOAD_MIN_SECONDS however often the canary runs.
-        gateway.authorizer = canary_authorizer(old)
+        # A key the authorizer refuses, though it is the secret's and the one before it is
+        # refused too: the Region's refusal stands, and the secret is read again at most every
+        # KEY_RELOAD_MIN_SECONDS however often the canary runs.
+        gateway.authorizer = canary_authorizer(jwt.generate_signing_key(jwt.HS256, kid="x"))
         for minute, elapsed in ((3, canary_module.KEY_RELOAD_MIN_SECONDS), (4, 1.0)):
             now[0] += elapsed
             run = await canary.run_once(minute * MINUTE_MS)
@@ -410,6 +429,69 @@ async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
         assert secrets.reads == 3
     finally:
         secrets.client.close()
+
+
+async def test_a_new_key_in_the_secret_before_the_authorizer_accepts_it_moves_nothing(
+    gateway: LocalGateway, key_secret
+) -> None:
+    """The secret changed before the authorizer accepted the new key (the runbook's first step
+    skipped): at its next refresh a warm canary signed with the new key, was refused every run,
+    and failed the Region over. It now falls back to the key before it, and moves to the new
+    one when the authorizer takes it."""
+    manager, arn, old = key_secret
+    new = jwt.generate_signing_key(jwt.HS256, kid="new")
+    now = [0.0]
+    canary, secrets = secret_canary(gateway, arn, now)
+    gateway.authorizer = canary_authorizer(old)
+    try:
+        assert (await canary.run_once(0)).value == 1
+        manager.put_secret_value(SecretId=arn, SecretString=json.dumps(jwt.public_jwk(new)))
+        for minute in range(1, 8):  # across the refresh (5 minutes)
+            now[0] = minute * 60.0
+            run = await canary.run_once(minute * MINUTE_MS)
+            assert (run.probe.healthy, run.value) == (True, 1), (minute, run.probe.error)
+        assert canary.tokens.signing_key.kid == "first"
+        gateway.authorizer = canary_authorizer(new)  # the old key dropped
+        for minute in (8, 9):
+            now[0] = minute * 60.0
+            run = await canary.run_once(minute * MINUTE_MS)
+            assert (run.probe.healthy, run.value) == (True, 1), (minute, run.probe.error)
+        assert canary.tokens.signing_key.kid == "new"
+    finally:
+        secrets.client.close()
+
+
+async def test_a_key_the_authorizer_does_not_accept_is_the_canarys_own_fault(
+    gateway: LocalGateway, key_secret
+) -> None:
+    """With the authorizer's keys known (JWT_CANARY_KEYS, as deployed), a secret whose key the
+    authorizer does not accept pages as the canary's fault and publishes the Region's standing,
+    where a refused probe failed the Region over."""
+    _, arn, _ = key_secret
+    elsewhere = jwt.generate_signing_key(jwt.HS256, kid="elsewhere")
+    gateway.authorizer = canary_authorizer(elsewhere)
+    now = [0.0]
+    canary, secrets = secret_canary(gateway, arn, now, accepted_keys=(elsewhere.public(),))
+    published = Recorded()
+    canary.publishers = (published,)
+    try:
+        for minute in (0, 1, 2):
+            now[0] = minute * 60.0
+            with pytest.raises(canary_module.CanaryFault, match="JWT_CANARY_KEYS"):
+                await canary.run_once(minute * MINUTE_MS)
+        assert [value for value, _, _ in published.published] == [1, 1, 1]  # never 0
+    finally:
+        secrets.client.close()
+
+
+def test_the_canary_reads_the_keys_its_authorizer_accepts() -> None:
+    env = {"CANARY_ENDPOINT_URL": "wss://x/prod", "CANARY_API_ID": "a"}
+    assert CanaryConfig.from_env(env).accepted_keys is None
+    keys = json.dumps(jwt.jwks_document([CANARY_KEY]))
+    accepted = CanaryConfig.from_env({**env, "JWT_CANARY_KEYS": keys}).accepted_keys
+    assert accepted is not None and jwt.same_key(accepted[0], CANARY_KEY.public())
+    with pytest.raises(CanaryConfigError, match="JWT_CANARY_KEYS"):
+        CanaryConfig.from_env({**env, "JWT_CANARY_KEYS": "garbage"})
 
 
 async def test_probe_outcomes(gateway: LocalGateway) -> None:

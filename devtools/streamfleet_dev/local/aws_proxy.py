@@ -15,7 +15,9 @@ Code under test reaches AWS only through the standard endpoint variables. Point
 * **injects faults**: added latency per request (for all services or one), a "down" switch
   that drops requests without an answer, as an unreachable endpoint would, and throttling: a
   seeded fraction of DynamoDB's item and query requests answered
-  ``ProvisionedThroughputExceededException`` and not applied, as a hot partition answers (the
+  ``ProvisionedThroughputExceededException`` and not applied, as a hot partition answers; a
+  throttled ``BatchWriteItem`` or ``BatchGetItem`` of n items has a number of them processed
+  drawn from 0 to n - 1, the rest returned as ``UnprocessedItems`` / ``UnprocessedKeys`` (the
   Management API's faults are the local gateway's own: ``management_fault_rates``);
 * **lags secondary indexes**: DynamoDB's global secondary indexes are eventually consistent, and
   dynalite and moto update theirs synchronously. With ``index_lag_seconds`` a query or scan of
@@ -60,6 +62,7 @@ import sys
 import threading
 import time
 import urllib.request
+import zlib
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -317,6 +320,7 @@ class _Faults:
     throttle_rate: float = 0.0
     throttle_random: random.Random = field(default_factory=random.Random)
     throttled: int = 0
+    partly_throttled: int = 0  # of them, batches applied in part
 
     def throttles(self, parsed: ParsedRequest) -> bool:
         """Whether to answer ``parsed`` as throttled (decided once per request)."""
@@ -326,6 +330,31 @@ class _Faults:
             return False
         self.throttled += 1
         return True
+
+    def split_batch(self, parsed: ParsedRequest, body: bytes) -> _BatchSplit | None:
+        """For a throttled batch of several items: the part DynamoDB processes and the part it
+        returns unprocessed, drawn from the seed; ``None``: refuse it whole (no item processed,
+        which DynamoDB answers with the exception)."""
+        if parsed.operation not in _BATCH_UNPROCESSED:
+            return None
+        try:
+            request = json.loads(body)
+            tables = request["RequestItems"]
+            if parsed.operation == "BatchWriteItem":
+                entries = [(t, i) for t, items in tables.items() for i in range(len(items))]
+            else:
+                entries = [(t, i) for t, spec in tables.items() for i in range(len(spec["Keys"]))]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # not a request DynamoDB would accept: the backend says why
+        if len(entries) < 2:
+            return None
+        processed = set(
+            self.throttle_random.sample(entries, self.throttle_random.randrange(len(entries)))
+        )
+        if not processed:
+            return None
+        self.partly_throttled += 1
+        return _BatchSplit.of(parsed.operation, request, processed)
 
     def answer_lost(self, body: bytes) -> bool:
         if self.lose_first_answer is None or self.lose_first_answer not in body:
@@ -526,6 +555,7 @@ class AwsProxy:
                 "stale_index_answers": self._faults.stale_answers,
                 "throttle_rate": self._faults.throttle_rate,
                 "throttled": self._faults.throttled,
+                "partly_throttled": self._faults.partly_throttled,
                 "requests": sum(self._counts.values()),
             }
 
@@ -601,8 +631,57 @@ class AwsProxy:
 
 _WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
 _THROTTLED_OPERATIONS = _WRITES | {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"}
-# What DynamoDB answers a throttled request on an on-demand table (a batch is refused whole
-# here; DynamoDB may instead return part of it as unprocessed, which is not emulated).
+# Where a throttled batch's items that were not processed are returned, by operation.
+_BATCH_UNPROCESSED = {"BatchWriteItem": "UnprocessedItems", "BatchGetItem": "UnprocessedKeys"}
+
+
+@dataclass(frozen=True)
+class _BatchSplit:
+    """A throttled batch applied in part: ``body`` is the request with the processed items only,
+    ``unprocessed`` what the answer returns in ``UnprocessedItems`` / ``UnprocessedKeys``."""
+
+    operation: str
+    body: bytes
+    unprocessed: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls, operation: str, request: dict[str, Any], processed: set[tuple[str, int]]
+    ) -> _BatchSplit:
+        kept: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for table, items in request["RequestItems"].items():
+            if operation == "BatchWriteItem":
+                chosen = [r for i, r in enumerate(items) if (table, i) in processed]
+                left = [r for i, r in enumerate(items) if (table, i) not in processed]
+                kept.update({table: chosen} if chosen else {})
+                rest.update({table: left} if left else {})
+            else:  # BatchGetItem: the keys split, the table's other parameters kept on both
+                keys = items["Keys"]
+                chosen = [k for i, k in enumerate(keys) if (table, i) in processed]
+                left = [k for i, k in enumerate(keys) if (table, i) not in processed]
+                kept.update({table: {**items, "Keys": chosen}} if chosen else {})
+                rest.update({table: {**items, "Keys": left}} if left else {})
+        body = json.dumps({**request, "RequestItems": kept}).encode()
+        return cls(operation, body, rest)
+
+    def answer(self, data: bytes) -> bytes:
+        """The backend's answer to the processed part, with the rest added as unprocessed."""
+        answer = json.loads(data)
+        field_name = _BATCH_UNPROCESSED[self.operation]
+        merged = dict(answer.get(field_name) or {})
+        for table, left in self.unprocessed.items():
+            if self.operation == "BatchWriteItem":
+                merged[table] = [*merged.get(table, []), *left]
+            else:
+                earlier = merged.get(table, {}).get("Keys", [])
+                merged[table] = {**left, "Keys": [*earlier, *left["Keys"]]}
+        answer[field_name] = merged
+        return json.dumps(answer).encode()
+
+
+# What DynamoDB answers a throttled request on an on-demand table (a batch refused whole: no
+# item of it could be processed).
 _THROTTLED_ANSWER = json.dumps(
     {
         "__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
@@ -683,8 +762,14 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
                 proxy._record(parsed, 0)
                 self.close_connection = True
                 return
+            split = None
             with proxy._lock:
                 throttled = parsed.service == "dynamodb" and proxy._faults.throttles(parsed)
+                if throttled:
+                    split = proxy._faults.split_batch(parsed, body)
+            if split is not None:
+                body = split.body
+                throttled = False
             if throttled:
                 proxy._record(parsed, 400)
                 headers = [("Content-Type", "application/x-amz-json-1.0")]
@@ -699,6 +784,9 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
                 self._answer(400, headers, json.dumps(error).encode())
                 return
             forwarded = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            if split is not None:
+                forwarded = {k: v for k, v in forwarded.items() if k.lower() != "content-length"}
+                forwarded["Content-Length"] = str(len(body))
             for attempt in range(2):  # a pooled connection the backend closed: once more
                 connection = connection_to(backend)
                 try:
@@ -714,6 +802,11 @@ def _handler_class(proxy: AwsProxy) -> type[BaseHTTPRequestHandler]:
                         return
             proxy._record(parsed, response.status)
             headers = response.getheaders()
+            if split is not None and response.status == 200:
+                data = split.answer(data)
+                # botocore checks DynamoDB's answers against this checksum.
+                headers = [(k, v) for k, v in headers if k.lower() != "x-amz-crc32"]
+                headers.append(("x-amz-crc32", str(zlib.crc32(data) & 0xFFFFFFFF)))
             with proxy._lock:
                 lost = proxy._faults.answer_lost(body)
                 faults = proxy._faults

@@ -14,8 +14,8 @@ token on every attempt.
 
 The scenario: connect every client, bid, take the primary's canary's signing key away for a
 few runs (a fault of the canary's own: it must page as such and move nobody), rotate the
-canaries' key with every authorizer enforcing the new one at once (each canary must read its
-secret again when refused: nothing may move), make the primary
+canaries' key the two wrong ways round (the secret changed before the authorizers accept the
+new key, then the old key dropped at once: nothing may move), make the primary
 fail (by default the hardest way to
 notice: the handler is throttled, sockets stay open, nothing answers; or the Region is down; or
 only its state store is, so handshakes fail while the gateway runs), keep bidding, and measure
@@ -73,6 +73,8 @@ from streamfleet.client.reconnecting import (
     ReconnectingClient,
 )
 from streamfleet.lease.dynamo import from_item
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.canary import SecretToken
 from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
 from streamfleet_dev.wsapi.local_gateway import FailureMode
 from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsSettings
@@ -142,8 +144,8 @@ class DrillConfig:
     trip_secondary: bool = True
     # Before the failure, the primary's canary cannot read its key for a few runs.
     break_canary_key: bool = True
-    # Then the canaries' key is rotated, every authorizer enforcing the new key at once
-    # (needs a Secrets Manager: AWS_ENDPOINT_URL_SECRETS_MANAGER).
+    # Then the canaries' key is rotated the two wrong ways round (needs a Secrets Manager:
+    # AWS_ENDPOINT_URL_SECRETS_MANAGER).
     rotate_canary_key: bool = True
 
     def __post_init__(self) -> None:
@@ -527,40 +529,82 @@ async def _break_canary_key(
 async def _rotate_canary_key(
     config: DrillConfig, regions: LocalRegions, clock: Callable[[], float]
 ) -> dict[str, Any]:
-    """The canaries' key is rotated the hurried way: the new key into every Region's secret,
-    then every authorizer accepting only the new key, before any canary has read it. Each
-    canary must read its secret again when refused and pass with the new key: no fault paged,
-    fewer failed probes than trip it (one can fail if its scheduled read came just before the
-    new key), no traffic moved, no client swept. Judged over more runs than the alarm's
-    missing-data rule needs."""
-    primary, resolver = regions.primary, regions.resolver
+    """The canaries' key is rotated both wrong ways round, and nothing may move:
+
+    1. the new key is put into every Region's secret before any authorizer accepts it (step
+       one of the runbook skipped): each canary reads it at its next refresh, finds it is not
+       one the authorizer accepts and keeps signing with the key before it;
+    2. then every authorizer and canary is deployed to accept only the new key at once (the
+       old key's removal not waited for): each canary's key is no longer accepted, so it reads
+       its secret again and signs with the new key.
+
+    Judged per Region over more runs than the alarm's missing-data rule needs, after each
+    step: the canary never tripped, paged no fault, closed no connection, and the name stayed;
+    at the end every canary signs with the new key."""
+    resolver = regions.resolver
     assert resolver is not None
     rotated_at = clock()
     before = {
-        name: (r.completed_runs, r.unhealthy_runs, r.canary_faults, r.closed_by_canary)
+        name: (r.completed_runs, r.canary_faults, r.closed_by_canary)
         for name, r in regions.regions.items()
     }
-    await regions.rotate_canary_key()
     enough = math.ceil(1.5 * config.alarm_datapoints) + 1
+
+    def secret(region: Region) -> SecretToken:
+        tokens = region.canary.tokens
+        assert isinstance(tokens, SecretToken), "the drill's canaries read their key's secret"
+        return tokens
+
+    async def runs(what: str) -> None:
+        counts = {name: r.completed_runs for name, r in regions.regions.items()}
+        await _wait_for(
+            lambda: all(
+                r.completed_runs - counts[name] >= enough for name, r in regions.regions.items()
+            ),
+            config.deadline_seconds,
+            what,
+        )
+
+    def signs_with(key: jwt.SigningKey) -> bool:
+        return all(
+            (signing := secret(r).signing_key) is not None
+            and jwt.same_key(signing.public(), key.public())
+            for r in regions.regions.values()
+        )
+
+    old = secret(regions.primary).signing_key
+    assert old is not None
+    new = await regions.put_canary_key()
     await _wait_for(
         lambda: all(
-            r.completed_runs - before[name][0] >= enough for name, r in regions.regions.items()
+            (read := secret(r).secret_key) is not None and jwt.same_key(read.public(), new.public())
+            for r in regions.regions.values()
         ),
         config.deadline_seconds,
-        "canary runs with the rotated key",
+        "every canary reading the new key from its secret",
     )
+    await runs("canary runs with the new key in the secret only")
+    kept_the_old_key = signs_with(old)
+    regions.deploy_canary_keys([new])
+    await runs("canary runs with only the new key accepted")
+
+    after = {name: r.completed_runs - before[name][0] for name, r in regions.regions.items()}
+    since = {name: r.runs[-min(after[name], len(r.runs)) :] for name, r in regions.regions.items()}
     return {
-        "runs": {name: r.completed_runs - before[name][0] for name, r in regions.regions.items()},
-        "unhealthy_runs": {
-            name: r.unhealthy_runs - before[name][1] for name, r in regions.regions.items()
+        "runs": after,
+        "failed_probes": {
+            name: sum(not run.probe.healthy for run in runs) for name, runs in since.items()
         },
-        "canary_faults": sum(r.canary_faults - before[n][2] for n, r in regions.regions.items()),
+        "tripped": {name: any(run.state.tripped for run in runs) for name, runs in since.items()},
+        "canary_faults": sum(r.canary_faults - before[n][1] for n, r in regions.regions.items()),
         "closed_by_canaries": sum(
-            r.closed_by_canary - before[n][3] for n, r in regions.regions.items()
+            r.closed_by_canary - before[n][2] for n, r in regions.regions.items()
         ),
+        "kept_the_old_key_until_it_was_accepted": kept_the_old_key,
+        "signs_with_the_new_key": signs_with(new),
+        "secret_reads_on_refusal": {name: secret(r).reloads for name, r in regions.regions.items()},
         "name_stayed_on_primary": regions.serving_region() == config.primary
         and resolver.switched_to(config.secondary, rotated_at) is None,
-        "primary_runs_after": primary.completed_runs - before[config.primary][0],
     }
 
 
@@ -714,7 +758,11 @@ def _summarise(
                 "canary_key_rotation_moved_nothing": rotation["name_stayed_on_primary"]
                 and rotation["canary_faults"] == 0
                 and rotation["closed_by_canaries"] == 0
-                and all(n < config.alarm_datapoints for n in rotation["unhealthy_runs"].values()),
+                and not any(rotation["tripped"].values()),
+                "canary_key_rotation_ends_on_the_new_key": rotation[
+                    "kept_the_old_key_until_it_was_accepted"
+                ]
+                and rotation["signs_with_the_new_key"],
             }
             if rotation is not None
             else {}
@@ -839,9 +887,9 @@ def markdown(summary: dict[str, Any]) -> str:
     if rotation is not None:
         rows.append(
             (
-                "Canaries' key rotated, enforced at once: failed probes / faults paged / name "
-                "stayed / connections closed",
-                f"{sum(rotation['unhealthy_runs'].values())} of "
+                "Canaries' key rotated (secret first, then enforced at once): failed probes / "
+                "faults paged / name stayed / connections closed",
+                f"{sum(rotation['failed_probes'].values())} of "
                 f"{sum(rotation['runs'].values())} runs / {rotation['canary_faults']} / "
                 f"{rotation['name_stayed_on_primary']} / {rotation['closed_by_canaries']}",
             )
@@ -966,13 +1014,20 @@ def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool
                 "AWS_DEFAULT_REGION": config.primary,
             }.items():
                 os.environ.setdefault(name, value)
-            # The canaries' PutMetricData and their keys' secrets go to moto, never to AWS.
+            # The canaries' PutMetricData goes to moto's CloudWatch, never to AWS.
             if not os.environ.get("AWS_ENDPOINT_URL_CLOUDWATCH"):
                 cloudwatch = dynamodb if args.backend == "moto" else moto_server().start()
                 if cloudwatch is not dynamodb:
                     started.append(cloudwatch)
                 os.environ["AWS_ENDPOINT_URL_CLOUDWATCH"] = cloudwatch.endpoint
-                os.environ.setdefault("AWS_ENDPOINT_URL_SECRETS_MANAGER", cloudwatch.endpoint)
+        # The canaries' key secrets, which the key rotation phase changes: on a moto started
+        # here if there is one, else on one of their own.
+        if not os.environ.get("AWS_ENDPOINT_URL_SECRETS_MANAGER"):
+            motos = [server for server in started if server.kind == "moto"]
+            if not motos:
+                motos.append(moto_server().start())
+                started.append(motos[0])
+            os.environ["AWS_ENDPOINT_URL_SECRETS_MANAGER"] = motos[0].endpoint
         summaries = []
         for config in configs:
             summary = asyncio.run(run_drill(config))

@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -417,6 +417,7 @@ class LocalRegions:
                 await asyncio.to_thread(
                     secrets.delete_secret, SecretId=arn, ForceDeleteWithoutRecovery=True
                 )
+            secrets.close()
         self._canary_secrets.clear()
         if self._server_process is not None:
             await asyncio.to_thread(self._server_process.stop)
@@ -495,12 +496,13 @@ class LocalRegions:
             live_tables = LiveTables(s.live.lease_table, messages_table, subscriptions_table)
         description = await asyncio.to_thread(dynamodb.describe_table, TableName=state_table)
         assert self.user_key is not None and self._canary_key is not None
+        canary_keys = json.dumps(jwt.jwks_document([self._canary_key]))
         authorizer = Authorizer(
             AuthorizerConfig(
                 issuer=s.issuer,
                 audience=s.audience,
                 keys=json.dumps(jwt.jwks_document([self.user_key])),
-                canary_keys=json.dumps(jwt.jwks_document([self._canary_key])),
+                canary_keys=canary_keys,
                 reader_claims=s.live.reader_claims if s.live is not None else (),
             )
         )
@@ -572,6 +574,8 @@ class LocalRegions:
                 disconnect_when_unhealthy=s.disconnect_when_unhealthy and name == s.primary,
                 management_endpoint=gateway.management_endpoint,
                 disconnect_budget_seconds=s.canary_period,
+                # As deployed: the canary knows the keys its authorizer accepts.
+                accepted_keys=jwt.parse_key_material(canary_keys),
             ),
             tokens=tokens,
             store=DynamoHealthStateStore(
@@ -862,8 +866,12 @@ class LocalRegions:
             async def token(self) -> str | None:
                 raise RuntimeError("the canary's signing key cannot be read (drill)")
 
-            async def reload(self) -> bool:
-                return False
+            async def refused(self) -> str | None:
+                return None
+
+            @property
+            def signing_key(self) -> jwt.SigningKey | None:
+                return None
 
         canary.tokens = UnreadableKey()
 
@@ -872,30 +880,36 @@ class LocalRegions:
 
         return restore
 
-    async def rotate_canary_key(self) -> None:
-        """Rotate the canaries' signing key as an operator in a hurry would: the new key into
-        every Region's secret, then every authorizer deployed to accept the new key only, before
-        any canary has read it."""
+    async def put_canary_key(self) -> jwt.SigningKey:
+        """A new signing key for the canaries, put into every Region's secret at once; the
+        authorizers and canaries still accept the keys they were deployed with."""
         if set(self._canary_secrets) != set(self.regions):
             raise RegionsError(
-                "rotate_canary_key: the canaries read no secret (set "
+                "put_canary_key: the canaries read no secret (set "
                 "AWS_ENDPOINT_URL_SECRETS_MANAGER or secrets_endpoint)"
             )
         key = await asyncio.to_thread(
             jwt.generate_signing_key, jwt.ES256, f"local-canary-{uuid.uuid4().hex[:8]}"
         )
-        for secrets, arn in self._canary_secrets.values():
-            await asyncio.to_thread(
-                secrets.put_secret_value, SecretId=arn, SecretString=_private_pem(key)
+        pem = _private_pem(key)
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(secrets.put_secret_value, SecretId=arn, SecretString=pem)
+                for secrets, arn in self._canary_secrets.values()
             )
-        canary_keys = json.dumps(jwt.jwks_document([key]))
+        )
+        return key
+
+    def deploy_canary_keys(self, keys: Sequence[jwt.SigningKey]) -> None:
+        """Every Region's authorizer and canary deployed with exactly ``keys`` as the canary's
+        public keys (``canary_public_keys``), all at once."""
+        text = json.dumps(jwt.jwks_document(keys))
+        accepted = jwt.parse_key_material(text)
         for region in self.regions.values():
             deployed = region.gateway.authorizer
             assert isinstance(deployed, Authorizer)
-            region.gateway.authorizer = Authorizer(
-                replace(deployed.config, canary_keys=canary_keys)
-            )
-        self._canary_key = key
+            region.gateway.authorizer = Authorizer(replace(deployed.config, canary_keys=text))
+            region.canary.config = replace(region.canary.config, accepted_keys=accepted)
 
     async def fail_primary_store(self) -> None:
         """The primary's DynamoDB stops answering its handlers and the secondary's writes to

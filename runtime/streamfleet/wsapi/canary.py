@@ -51,8 +51,10 @@ in the identity provider's JWKS) and the handlers let it send ``heartbeat`` only
 mint a token for any user. Configure one of ``CANARY_TOKEN`` (a static token: local use),
 ``CANARY_SIGNING_KEY`` (a PEM private key or an ``oct`` JWK; a 5-minute token is minted per run
 for ``CANARY_SUBJECT``, default ``canary``) or ``CANARY_SIGNING_KEY_SECRET_ARN`` (the same, read
-from Secrets Manager: again every 5 minutes, and at once when the Region refuses the token, so
-a rotation is in use by the first run after the secret changed). ``CANARY_TOKEN_TRANSPORT`` is
+from Secrets Manager: again every 5 minutes, and at once when a token is refused, which also
+tries the key before it, so a rotation done in either order moves nothing).
+``JWT_CANARY_KEYS`` (the keys the authorizer accepts for the canary, optional): a signing key
+outside them is the canary's own fault, not a failed probe. ``CANARY_TOKEN_TRANSPORT`` is
 ``subprotocol`` (default) or ``query``.
 
 Other environment: ``CANARY_ENDPOINT_URL`` (``wss://<api id>.execute-api.<region>.amazonaws.com/
@@ -129,6 +131,10 @@ class CanaryConfig:
     disconnect_budget_seconds: float = DEFAULT_DISCONNECT_BUDGET_SECONDS
     alarm_name: str | None = None  # the alarm its metric feeds (read each run), if any
     connect_host: str | None = None  # the regional domain name behind a custom domain URL
+    # The keys the Region's authorizer accepts for the canary (JWT_CANARY_KEYS, the same text),
+    # if known: a signing key outside them is a fault of the canary's own, not a refusal by
+    # the Region.
+    accepted_keys: tuple[jwt.VerificationKey, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.startswith(("ws://", "wss://")):
@@ -166,6 +172,11 @@ class CanaryConfig:
         transport = env.get("CANARY_TOKEN_TRANSPORT", "").strip() or TokenTransport.SUBPROTOCOL
         if transport not in tuple(TokenTransport):
             raise CanaryConfigError("CANARY_TOKEN_TRANSPORT: must be subprotocol or query")
+        accepted_text = env.get(model.ENV_JWT_CANARY_KEYS, "").strip()
+        try:
+            accepted = jwt.parse_key_material(accepted_text) if accepted_text else None
+        except jwt.KeyMaterialError as exc:
+            raise CanaryConfigError(f"{model.ENV_JWT_CANARY_KEYS}: {exc}") from None
         raw_disconnect = env.get(model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY, "").strip().lower()
         if raw_disconnect not in ("", "true", "false"):
             raise CanaryConfigError(f"{model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY}: true or false")
@@ -183,6 +194,7 @@ class CanaryConfig:
             management_endpoint=env.get(model.ENV_CANARY_MANAGEMENT_ENDPOINT, "").strip() or None,
             alarm_name=env.get(model.ENV_CANARY_ALARM_NAME, "").strip() or None,
             connect_host=env.get(model.ENV_CANARY_CONNECT_HOST, "").strip() or None,
+            accepted_keys=accepted,
         )
 
     def management_url(self) -> str:
@@ -274,11 +286,15 @@ class TokenSource(Protocol):
     """Where the canary's token comes from."""
 
     async def token(self) -> str | None:
-        """A token valid now (``None``: connect without one)."""
+        """A token valid now (``None``: connect without one). Each run starts here."""
 
-    async def reload(self) -> bool:
-        """Read the key again now, the Region having refused the last token; whether the
-        token changed (``False``: nothing to read again, or the same key)."""
+    async def refused(self) -> str | None:
+        """The last token was refused: a token signed with another key, not yet refused in
+        this run (``None``: there is none)."""
+
+    @property
+    def signing_key(self) -> jwt.SigningKey | None:
+        """The key the next token is signed with (``None``: unknown, a static token)."""
 
 
 # How long a warm canary signs with the key it read before reading the secret again.
@@ -302,8 +318,12 @@ class StaticToken:
     async def token(self) -> str | None:
         return self.value
 
-    async def reload(self) -> bool:
-        return False
+    async def refused(self) -> str | None:
+        return None
+
+    @property
+    def signing_key(self) -> jwt.SigningKey | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -327,16 +347,23 @@ class MintedToken:
         }
         return jwt.sign(claims, self.key)
 
-    async def reload(self) -> bool:
-        return False
+    async def refused(self) -> str | None:
+        return None
+
+    @property
+    def signing_key(self) -> jwt.SigningKey | None:
+        return self.key
 
 
 class SecretToken:
-    """:class:`MintedToken` whose key is read from Secrets Manager, and read again once it is
-    ``refresh_seconds`` old, or at once (at most every ``reload_min_seconds``) when the Region
-    refuses a token: a rotated key is in use by a warm container within ``refresh_seconds``,
-    and by the first run after the secret changed if the authorizer already refuses the old
-    key."""
+    """:class:`MintedToken` whose key is read from Secrets Manager, again once it is
+    ``refresh_seconds`` old, and at once (at most every ``reload_min_seconds``) when a token is
+    refused. It keeps the key before the secret's current one: a token refused with one is
+    tried with the other, and the accepted key signs until the secret changes again.
+
+    So a rotation done in either order moves nothing: the authorizer enforcing the new key
+    before a warm canary read it (the refusal reads the secret again), or the secret changed
+    before the authorizer accepts the new key (the key before it still signs)."""
 
     def __init__(
         self,
@@ -356,52 +383,73 @@ class SecretToken:
         self._clock = clock
         self._refresh_seconds = refresh_seconds
         self._reload_min_seconds = reload_min_seconds
-        self._minted: MintedToken | None = None
+        self._keys: list[MintedToken] = []  # the secret's current key, then the one before
+        self._signing: MintedToken | None = None
+        self._refused: list[MintedToken] = []  # refused in this run
         self._secret_text: str | None = None
-        self._read_at = -math.inf
+        self._read_at = -math.inf  # the last scheduled read, done or failed
+        self._reloaded_at = -math.inf  # the last read a refusal asked for
+        self.reloads = 0  # reads a refusal asked for (a figure for tests and the drill)
+
+    @property
+    def signing_key(self) -> jwt.SigningKey | None:
+        return None if self._signing is None else self._signing.key
+
+    @property
+    def secret_key(self) -> jwt.SigningKey | None:
+        """The key the secret held when it was last read (``None``: never read)."""
+        return self._keys[0].key if self._keys else None
 
     async def token(self) -> str | None:
-        if self._minted is None or self._clock() - self._read_at >= self._refresh_seconds:
+        self._refused = []
+        if self._signing is None or self._clock() - self._read_at >= self._refresh_seconds:
+            self._read_at = self._clock()
             try:
                 await self._read()
             except Exception as exc:
-                if self._minted is None:
+                if self._signing is None:
                     raise
                 # The key read before still signs: a failed refresh is no reason to stop.
-                self._refresh_failed(exc)
-        assert self._minted is not None
-        return await self._minted.token()
+                self._warn(exc)
+        assert self._signing is not None
+        return await self._signing.token()
 
-    async def reload(self) -> bool:
-        if self._minted is None or self._clock() - self._read_at < self._reload_min_seconds:
-            return False
-        before = self._secret_text
-        try:
-            await self._read()
-        except Exception as exc:
-            self._refresh_failed(exc)
-            return False
-        return self._secret_text != before
+    async def refused(self) -> str | None:
+        if self._signing is None:
+            return None
+        self._refused.append(self._signing)
+        if self._clock() - self._reloaded_at >= self._reload_min_seconds:
+            self._reloaded_at = self._clock()
+            self.reloads += 1
+            try:
+                await self._read()
+            except Exception as exc:
+                self._warn(exc)
+        for key in self._keys:
+            if all(key is not refused for refused in self._refused):
+                self._signing = key
+                return await key.token()
+        return None
 
     async def _read(self) -> None:
+        """Read the secret; a new key goes first and signs, the one it replaced is kept."""
         secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
         text = secret["SecretString"]
-        if text != self._secret_text or self._minted is None:
-            self._minted = MintedToken(
-                jwt.signing_key_from_text(text), self._audience, self._subject
-            )
-            self._secret_text = text
-        self._read_at = self._clock()
+        if text == self._secret_text:
+            return
+        key = MintedToken(jwt.signing_key_from_text(text), self._audience, self._subject)
+        self._keys = [key, *self._keys[:1]]
+        self._signing = key
+        self._secret_text = text
 
-    def _refresh_failed(self, exc: BaseException) -> None:
+    def _warn(self, exc: BaseException) -> None:
         log_event(
             logger,
             logging.WARNING,
             "canary_key",
             decision="error",
-            detail=f"refresh failed, signing with the key read before: {exc}",
+            detail=f"reading the secret failed, signing with the key read before: {exc}",
         )
-        self._read_at = self._clock()  # tried again after the same interval
 
 
 def token_source_from_env(
@@ -855,16 +903,38 @@ class Canary:
     async def run_once(self, tick_ms: int | None = None) -> CanaryRun:
         """One probe and its metric, for schedule tick ``tick_ms`` (epoch ms; ``None``: now).
         Publishing failures are logged, not raised (the alarm treats the missing datapoint as
-        breaching, which is the right outcome). A fault of the canary's own (no token) holds
-        the last published value and raises :class:`CanaryFault`."""
+        breaching, which is the right outcome). A fault of the canary's own (no token, or only
+        keys the authorizer does not accept) holds the last published value and raises
+        :class:`CanaryFault`."""
+        timeout = self.config.timeout_seconds
         try:
-            token = await self.tokens.token()
+            # Its own dependency (the secret), bounded apart from the probe that judges the
+            # Region: together they stay within the two probe timeouts the function is sized for.
+            async with asyncio.timeout(timeout):
+                token = await self._accepted_token()
         except Exception as exc:
             await self._hold(tick_ms)
+            if isinstance(exc, CanaryFault):
+                raise
+            if isinstance(exc, TimeoutError):
+                raise CanaryFault(f"token: not ready within {timeout:g} s") from exc
             raise CanaryFault(f"token: {type(exc).__name__}: {exc}") from exc
-        result = await self._probe(token, self.config.timeout_seconds)
-        if result.credentials_refused:
-            result = await self._probe_with_reloaded_key(result)
+        started = time.monotonic()
+        deadline = started + timeout
+        result = await self._probe(token, timeout)
+        # A refused token: another key may be the one the authorizer accepts now (a rotation).
+        while result.credentials_refused and deadline > time.monotonic():
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    token = await self.tokens.refused()
+            except Exception as exc:  # TimeoutError included: the refusal stands
+                self._warn("canary_key", exc)
+                break
+            if token is None:
+                break
+            if self._accepted(self.tokens.signing_key):  # else known to be refused: the next
+                result = await self._probe(token, deadline - time.monotonic())
+        result = dataclasses.replace(result, latency_seconds=time.monotonic() - started)
         state, applied = await self._apply_hysteresis(
             result.healthy, tick_ms, alarm_since_ms=await self._alarm_since_ms()
         )
@@ -899,33 +969,26 @@ class Canary:
         endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
         return await probe(endpoint, timeout=timeout, connect_host=self.config.connect_host)
 
-    async def _probe_with_reloaded_key(self, refused: ProbeResult) -> ProbeResult:
-        """The Region refused the token: if the key was rotated (the authorizer enforcing the
-        new one before this container read it), probe again with the new key in the time the
-        run has left, so that a rotation never reads as a failed Region. Otherwise the refusal
-        stands as the probe's result."""
-        left = self.config.timeout_seconds - refused.latency_seconds
-        if left <= 0:
-            return refused
-        try:
-            if not await self.tokens.reload():
-                return refused
-            token = await self.tokens.token()
-        except Exception as exc:  # the key read before still stands; the refusal is the result
-            self._warn("canary_key", exc)
-            return refused
-        log_event(
-            logger,
-            logging.INFO,
-            "canary_key",
-            decision="reloaded",
-            apiId=self.config.api_id,
-            detail=f"refused with HTTP {refused.refused_status}; probing again with the new key",
-        )
-        retried = await self._probe(token, left)
-        return dataclasses.replace(
-            retried, latency_seconds=refused.latency_seconds + retried.latency_seconds
-        )
+    async def _accepted_token(self) -> str | None:
+        """A token signed with a key the Region's authorizer accepts, if the canary knows which
+        it accepts: one outside them is the canary's own fault (the secret and
+        ``JWT_CANARY_KEYS`` disagree), raised, never a failed probe. The secret is read again
+        first, in case it holds the key the authorizer now accepts."""
+        token = await self.tokens.token()
+        while not self._accepted(self.tokens.signing_key):
+            token = await self.tokens.refused()
+            if token is None:
+                raise CanaryFault(
+                    f"its signing key is not one of {model.ENV_JWT_CANARY_KEYS}, the keys the "
+                    "authorizer accepts: the secret or the authorizer's keys are wrong"
+                )
+        return token
+
+    def _accepted(self, key: jwt.SigningKey | None) -> bool:
+        accepted = self.config.accepted_keys
+        if accepted is None or key is None:
+            return True  # unknown: the Region's answer decides
+        return any(jwt.same_key(key.public(), other) for other in accepted)
 
     def _warn(self, event: str, exc: BaseException) -> None:
         """A step of the run failed for a reason it outlives (logged; the run goes on)."""
