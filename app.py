@@ -20,7 +20,7 @@ import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 from stacks import add_fleet_stacks, add_websocket_stacks  # noqa: E402
-from streamfleet_cdk.config import AppConfig  # noqa: E402
+from streamfleet_cdk.config import AppConfig, ContextError  # noqa: E402
 
 
 def add_stacks(app: cdk.App) -> None:
@@ -31,12 +31,18 @@ def add_stacks(app: cdk.App) -> None:
     add_websocket_stacks(app, config, region_owners=fleet)
 
 
-def main() -> None:
+def main() -> int:
     app = cdk.App()
-    add_stacks(app)
+    try:
+        add_stacks(app)
+    except ContextError as exc:
+        # A setting is wrong: the key and what is wrong with it, not a stack trace.
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,8 @@
 
 Every setting has a context key (``streamfleet:<field>``), set in ``cdk.json`` or on the command
 line (``cdk synth -c streamfleet:secondary_region=eu-west-1``). A bad value fails synth with a
-``ValueError`` whose message starts with that key, instead of surfacing later as a CloudFormation
+:class:`ContextError` whose message starts with that key (``app.py`` prints it as one line and
+exits 1), instead of surfacing later as a CloudFormation
 error about a Region or a table that does not exist.
 
 ``streamfleet:account`` is normally left unset: the stacks are then *account-agnostic* (their
@@ -41,6 +42,11 @@ from streamfleet_cdk.websocket_api import check_canary_public_keys
 from streamfleet_cdk.worker_fleet import FARGATE_MEMORY, MAX_STOP_TIMEOUT_SECONDS, VPC_AZS
 
 CONTEXT_PREFIX = "streamfleet:"
+
+
+class ContextError(ValueError):
+    """A context setting is missing or wrong; the message starts with its key."""
+
 
 DEFAULT_PRIMARY_REGION = "us-east-1"
 DEFAULT_SECONDARY_REGION = "us-west-2"
@@ -304,18 +310,18 @@ class AppConfig:
         for name in ("primary_region", "secondary_region"):
             _check_pattern(name, getattr(self, name), REGION_PATTERN, "a Region like us-east-1")
         if self.primary_region == self.secondary_region:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('secondary_region')}: must differ from "
                 f"{context_key('primary_region')} ({self.primary_region})"
             )
         if not isinstance(self.deletion_protection, bool):
-            raise ValueError(f"{context_key('deletion_protection')}: expected true or false")
+            raise ContextError(f"{context_key('deletion_protection')}: expected true or false")
         for name in ("lease_table_name", "messages_table_name"):
             _check_pattern(
                 name, getattr(self, name), TABLE_NAME_PATTERN, "3-255 of A-Z a-z 0-9 _ . -"
             )
         if self.lease_table_name == self.messages_table_name:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('messages_table_name')}: must differ from "
                 f"{context_key('lease_table_name')} ({self.lease_table_name})"
             )
@@ -326,21 +332,21 @@ class AppConfig:
             "task_stopped_handler",
         ):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{context_key(name)}: expected true or false")
+                raise ContextError(f"{context_key(name)}: expected true or false")
 
     def _check_fleet(self) -> None:
         with _naming_context_key("allowed_upstreams"):
             check_allowed_upstreams("allowed_upstreams", self.allowed_upstreams)
         _check_number("worker_cpu", self.worker_cpu, whole=True, minimum=1)
         if self.worker_cpu not in FARGATE_MEMORY:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('worker_cpu')}: expected one of {sorted(FARGATE_MEMORY)}, "
                 f"got {self.worker_cpu}"
             )
         memory = FARGATE_MEMORY[self.worker_cpu]
         _check_number("worker_memory_mib", self.worker_memory_mib, whole=True, minimum=1)
         if self.worker_memory_mib not in memory:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('worker_memory_mib')}: {self.worker_memory_mib} is not valid with "
                 f"{context_key('worker_cpu')} {self.worker_cpu} (Fargate allows "
                 f"{memory.start}-{memory.stop - 1} in steps of {memory.step})"
@@ -361,7 +367,7 @@ class AppConfig:
         _check_number("log_retention_days", self.log_retention_days, whole=True)
         if self.log_retention_days not in LOG_RETENTION:
             allowed = ", ".join(str(days) for days in LOG_RETENTION)
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('log_retention_days')}: expected one of {allowed}, "
                 f"got {self.log_retention_days}"
             )
@@ -379,7 +385,7 @@ class AppConfig:
             )
         _check_number("stop_timeout_seconds", self.stop_timeout_seconds, whole=True)
         if not SHUTDOWN_BUDGET_SECONDS < self.stop_timeout_seconds <= MAX_STOP_TIMEOUT_SECONDS:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('stop_timeout_seconds')}: must exceed the worker's "
                 f"{SHUTDOWN_BUDGET_SECONDS:g} s shutdown budget and be at most "
                 f"{MAX_STOP_TIMEOUT_SECONDS}, got {self.stop_timeout_seconds}"
@@ -389,22 +395,22 @@ class AppConfig:
         key = context_key("witness_region")
         if not self.multi_region_strong_consistency:
             if self.witness_region is not None:
-                raise ValueError(
+                raise ContextError(
                     f"{key}: only used with {context_key('multi_region_strong_consistency')}"
                 )
             return
         if self.witness_region is None:
-            raise ValueError(
+            raise ContextError(
                 f"{key}: required with {context_key('multi_region_strong_consistency')} "
                 "(two replicas and a witness)"
             )
         _check_pattern("witness_region", self.witness_region, REGION_PATTERN, "a Region")
         regions = (self.primary_region, self.secondary_region, self.witness_region)
         if len(set(regions)) != len(regions):
-            raise ValueError(f"{key}: must differ from the primary and the secondary Region")
+            raise ContextError(f"{key}: must differ from the primary and the secondary Region")
         if not any(set(regions) <= region_set for region_set in MRSC_REGION_SETS):
             sets = "; ".join(", ".join(sorted(region_set)) for region_set in MRSC_REGION_SETS)
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('multi_region_strong_consistency')}: the primary, secondary and "
                 f"witness Regions {regions} must all be in one Region set ({sets})"
             )
@@ -412,12 +418,12 @@ class AppConfig:
     def _check_websocket_api(self) -> None:
         for name in ("jwt_issuer", "jwt_audience"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
-                raise ValueError(f"{context_key(name)}: required, a non-empty string")
+                raise ContextError(f"{context_key(name)}: required, a non-empty string")
         parts = urlsplit(self.jwt_jwks_url) if isinstance(self.jwt_jwks_url, str) else None
         if parts is None or parts.scheme != "https" or not parts.hostname:
-            raise ValueError(f"{context_key('jwt_jwks_url')}: expected an https URL")
+            raise ContextError(f"{context_key('jwt_jwks_url')}: expected an https URL")
         if self.canary_token_transport not in CANARY_TOKEN_TRANSPORTS:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('canary_token_transport')}: expected one of "
                 f"{', '.join(CANARY_TOKEN_TRANSPORTS)}, got {self.canary_token_transport!r}"
             )
@@ -438,12 +444,12 @@ class AppConfig:
                 "a Secrets Manager secret name (not an ARN: each Region reads its own replica)",
             )
             if secret.startswith("arn:"):
-                raise ValueError(
+                raise ContextError(
                     f"{context_key('canary_signing_key_secret_name')}: expected the secret's "
                     "name, not an ARN: each Region's canary reads its own replica"
                 )
             if self.canary_public_keys is None:
-                raise ValueError(
+                raise ContextError(
                     f"{context_key('canary_public_keys')}: required with "
                     f"{context_key('canary_signing_key_secret_name')}: without the canary's "
                     "public key the authorizer refuses its tokens, and the Region never reports "
@@ -451,7 +457,7 @@ class AppConfig:
                 )
         if self.canary_public_keys is not None:
             if secret is None:
-                raise ValueError(
+                raise ContextError(
                     f"{context_key('canary_public_keys')}: only used with "
                     f"{context_key('canary_signing_key_secret_name')}"
                 )
@@ -466,7 +472,7 @@ class AppConfig:
             )
         home = self.ws_state_home_region
         if home is not None and home not in (self.primary_region, self.secondary_region):
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('ws_state_home_region')}: must be the primary "
                 f"({self.primary_region}) or the secondary ({self.secondary_region}), got {home!r}"
             )
@@ -484,7 +490,7 @@ class AppConfig:
         ):
             other = seen.setdefault(getattr(self, name), name)
             if other != name:
-                raise ValueError(
+                raise ContextError(
                     f"{context_key(name)}: must differ from {context_key(other)} "
                     f"({getattr(self, name)})"
                 )
@@ -495,7 +501,7 @@ class AppConfig:
             return
         missing = [name for name in WS_DOMAIN_SETTINGS if name not in given]
         if missing:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key(missing[0])}: required with {context_key(given[0])} (a custom "
                 f"domain with failover DNS needs all of {', '.join(WS_DOMAIN_SETTINGS)})"
             )
@@ -504,7 +510,7 @@ class AppConfig:
             _check_pattern(name, value, DOMAIN_NAME_PATTERN, "a lower-case DNS name")
         domain = str(self.ws_domain_name)
         if domain != zone and not domain.endswith(f".{zone}"):
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('ws_domain_name')}: {domain} is not in the hosted zone "
                 f"{context_key('hosted_zone_name')} ({zone})"
             )
@@ -517,12 +523,12 @@ class AppConfig:
             _check_pattern(name, value, CERTIFICATE_ARN_PATTERN, "an ACM certificate ARN")
             match = CERTIFICATE_ARN_PATTERN.fullmatch(value)
             if match is not None and match["region"] != region:
-                raise ValueError(
+                raise ContextError(
                     f"{context_key(name)}: the certificate is in {match['region']}, the API in "
                     f"{region} (a regional custom domain needs a certificate in its own Region)"
                 )
         if self.canary_signing_key_secret_name is None:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('canary_signing_key_secret_name')}: required with "
                 f"{context_key('ws_domain_name')}: without a token the canary's probes are "
                 "refused, so the primary Region would never be healthy"
@@ -541,7 +547,7 @@ class AppConfig:
             _check_pattern("alarm_email", self.alarm_email, EMAIL_PATTERN, "an e-mail address")
         _check_number("nat_gateways", self.nat_gateways, whole=True, minimum=1)
         if self.nat_gateways > VPC_AZS:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('nat_gateways')}: at most {VPC_AZS} (one per AZ of the VPC), "
                 f"got {self.nat_gateways}"
             )
@@ -553,7 +559,7 @@ class AppConfig:
             "max_subscribers_per_stream", self.max_subscribers_per_stream, whole=True, minimum=1
         )
         if self.max_subscribers_per_stream > 10_000:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('max_subscribers_per_stream')}: at most 10000, "
                 f"got {self.max_subscribers_per_stream}"
             )
@@ -564,12 +570,12 @@ class AppConfig:
             minimum=1,
         )
         if self.max_user_connections_per_stream > 100:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('max_user_connections_per_stream')}: at most 100, "
                 f"got {self.max_user_connections_per_stream}"
             )
         if self.fanout_batching_window_seconds > 300:
-            raise ValueError(
+            raise ContextError(
                 f"{context_key('fanout_batching_window_seconds')}: at most 300 (Lambda's "
                 f"limit), got {self.fanout_batching_window_seconds}"
             )
@@ -624,17 +630,17 @@ def _naming_context_key(field_name: str) -> Iterator[None]:
     except ValueError as exc:
         field, separator, message = str(exc).partition(": ")
         if separator and field in _FIELD_NAMES:
-            raise ValueError(f"{context_key(field)}: {message}") from None
-        raise ValueError(f"{context_key(field_name)}: {exc}") from None
+            raise ContextError(f"{context_key(field)}: {message}") from None
+        raise ContextError(f"{context_key(field_name)}: {exc}") from None
 
 
 def _check_number(name: str, value: object, *, whole: bool = False, minimum: float = 0) -> None:
     kinds = (int,) if whole else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         expected = "a whole number" if whole else "a number"
-        raise ValueError(f"{context_key(name)}: expected {expected}, got {value!r}")
+        raise ContextError(f"{context_key(name)}: expected {expected}, got {value!r}")
     if not value >= minimum:  # also refuses NaN
-        raise ValueError(f"{context_key(name)}: expected at least {minimum:g}, got {value}")
+        raise ContextError(f"{context_key(name)}: expected at least {minimum:g}, got {value}")
 
 
 def _parse_int(name: str, value: object) -> int:
@@ -645,7 +651,7 @@ def _parse_int(name: str, value: object) -> int:
             return int(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"{context_key(name)}: expected a whole number, got {value!r}")
+    raise ContextError(f"{context_key(name)}: expected a whole number, got {value!r}")
 
 
 def _parse_float(name: str, value: object) -> float:
@@ -656,7 +662,7 @@ def _parse_float(name: str, value: object) -> float:
             return float(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"{context_key(name)}: expected a number, got {value!r}")
+    raise ContextError(f"{context_key(name)}: expected a number, got {value!r}")
 
 
 def _parse_optional_int(name: str, value: object) -> int | None:
@@ -666,7 +672,7 @@ def _parse_optional_int(name: str, value: object) -> int | None:
     try:
         return _parse_int(name, value)
     except ValueError:
-        raise ValueError(
+        raise ContextError(
             f"{context_key(name)}: expected a whole number or {UNRESERVED!r}, got {value!r}"
         ) from None
 
@@ -677,13 +683,13 @@ def _parse_str_tuple(name: str, value: object) -> tuple[str, ...]:
         return tuple(part.strip() for part in value.split(SEPARATOR) if part.strip())
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return tuple(value)
-    raise ValueError(f"{context_key(name)}: expected a list of strings, got {value!r}")
+    raise ContextError(f"{context_key(name)}: expected a list of strings, got {value!r}")
 
 
 def _require_str(name: str, value: object) -> str:
     # A number in cdk.json would lose an account's leading zeros: insist on a string.
     if not isinstance(value, str):
-        raise ValueError(f"{context_key(name)}: expected a string, got {type(value).__name__}")
+        raise ContextError(f"{context_key(name)}: expected a string, got {type(value).__name__}")
     return value
 
 
@@ -696,12 +702,12 @@ def _parse_bool(name: str, value: object) -> bool:
             return True
         if word in _FALSE_WORDS:
             return False
-    raise ValueError(f"{context_key(name)}: expected true or false, got {value!r}")
+    raise ContextError(f"{context_key(name)}: expected true or false, got {value!r}")
 
 
 def _check_pattern(name: str, value: object, pattern: re.Pattern[str], expected: str) -> None:
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ValueError(f"{context_key(name)}: expected {expected}, got {value!r}")
+        raise ContextError(f"{context_key(name)}: expected {expected}, got {value!r}")
 
 
 _PARSERS: dict[Any, Any] = {

@@ -6,6 +6,9 @@ Built by :mod:`tests.app_support`, as ``cdk synth`` builds it.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ import aws_cdk as cdk
 import pytest
 
 import app as app_module
-from streamfleet_cdk.config import CONTEXT_PREFIX, AppConfig, context_key
+from streamfleet_cdk.config import CONTEXT_PREFIX, AppConfig, ContextError, context_key
 from tests.app_support import cdk_json_context, default_app
 
 # --- cdk.json and app.py ---
@@ -60,6 +63,38 @@ def test_app_py_registers_cdk_nag_so_synth_fails_on_an_unacknowledged_finding(mo
     app_module.main()
     assert [type(plugin).__name__ for plugin in plugins] == ["AwsSolutionsChecks"]
     assert len(synthesized) == 1
+
+
+@pytest.mark.parametrize(
+    ("context", "first_words"),
+    [
+        ({"worker_cpu": "300"}, "error: streamfleet:worker_cpu: expected one of"),
+        (
+            {"canary_signing_key_secret_name": "streamfleet/canary-key"},
+            "error: streamfleet:canary_public_keys: required",
+        ),
+    ],
+)
+def test_a_wrong_setting_fails_synth_in_one_line_naming_its_key(context, first_words):
+    """A bad setting printed a stack trace of 8 to 15 lines before the message that names it."""
+    env = {
+        **os.environ,
+        "CDK_CONTEXT_JSON": json.dumps({context_key(k): v for k, v in context.items()}),
+        "CDK_OUTDIR": "/nonexistent/never-written",  # it must fail before writing anything
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",  # as the Makefile sets them
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    done = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=Path(app_module.__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(first_words), done.stderr
 
 
 # --- Configuration of the fleet ---
@@ -214,19 +249,19 @@ def test_fleet_settings_are_validated_naming_the_context_key(key, value, message
         "multi_region_strong_consistency": "witness_region",
     }.get(key, key)
     pattern = rf"^{context_key(expected_key)}: " + (f".*{message}" if message else "")
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(ContextError, match=pattern):
         config_from({context_key(key): value})
 
 
 def test_strong_consistency_needs_one_region_set():
-    with pytest.raises(ValueError, match=r"^streamfleet:multi_region_strong_consistency: .*set"):
+    with pytest.raises(ContextError, match=r"^streamfleet:multi_region_strong_consistency: .*set"):
         config_from(
             {
                 context_key("multi_region_strong_consistency"): True,
                 context_key("witness_region"): "eu-west-1",
             }
         )
-    with pytest.raises(ValueError, match=r"^streamfleet:witness_region: must differ"):
+    with pytest.raises(ContextError, match=r"^streamfleet:witness_region: must differ"):
         config_from(
             {
                 context_key("multi_region_strong_consistency"): True,
