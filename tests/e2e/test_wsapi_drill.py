@@ -84,12 +84,10 @@ async def test_failover_drill(
     # Before the failure, the primary's canary lost its key for longer than the alarm needs:
     # every run paged as the canary's own fault, and nothing moved (a check above).
     assert summary["canary_key_fault"]["canary_faults"] > 1.5 * config.alarm_datapoints
-    # Then the canaries' key was rotated both wrong ways round, and nothing moved (the checks
-    # above): the new key's refusal sent each canary back to the key before it, and the old
-    # key's made it read its secret again.
-    assert all(
-        reads >= 1 for reads in summary["canary_key_rotation"]["secret_reads_on_refusal"].values()
-    )
+    # Then the canaries' key was rotated the hurried way (secret first, the old key dropped at
+    # once), and nothing moved (the checks above). How many probes failed meanwhile is a figure:
+    # one in flight when an authorizer changes may run out of time on a loaded machine.
+    assert summary["canary_key_rotation"]["canary_faults"] == 0
     # Fail-back waits for the healthy streak: fast to fail, slow to forgive.
     assert summary["time_to_failback_s"] >= (config.healthy_runs_to_recover - 1) * (
         config.canary_period

@@ -494,6 +494,69 @@ def test_the_canary_reads_the_keys_its_authorizer_accepts() -> None:
         CanaryConfig.from_env({**env, "JWT_CANARY_KEYS": "garbage"})
 
 
+class StandInSecret:
+    """A secret whose text a test sets, answered after ``delay`` seconds."""
+
+    def __init__(self, key: jwt.SigningKey, delay: float = 0.0):
+        self.text = json.dumps(jwt.public_jwk(key))
+        self.delay = delay
+
+    async def call(self, operation: str, **params: object) -> dict[str, object]:
+        await asyncio.sleep(self.delay)
+        return {"SecretString": self.text}
+
+
+async def test_a_slow_secret_keeps_the_key_held_and_never_stands_for_the_region() -> None:
+    """A read slower than the probe's timeout paged as the canary's fault and published the
+    Region's standing, so a Region failing meanwhile read as healthy; the read is now bounded
+    on its own and a held key goes on signing."""
+    key = jwt.generate_signing_key(jwt.HS256, kid="k")
+    secret, now = StandInSecret(key), [0.0]
+    source = canary_module.SecretToken(
+        secret,  # type: ignore[arg-type]
+        "arn:secret",
+        audience=AUDIENCE,
+        clock=lambda: now[0],
+        read_timeout_seconds=0.05,
+    )
+    assert jwt.split_token(await source.token()).kid == "k"
+    secret.delay = 1.0
+    now[0] = canary_module.KEY_REFRESH_SECONDS  # the refresh is due, and slow
+    assert jwt.split_token(await source.token()).kid == "k"
+    cold = canary_module.SecretToken(
+        secret,  # type: ignore[arg-type]
+        "arn:secret",
+        audience=AUDIENCE,
+        read_timeout_seconds=0.05,
+    )
+    with pytest.raises(TimeoutError):
+        await cold.token()  # nothing held: the canary's own fault
+
+
+async def test_a_refused_run_starts_the_next_from_its_own_key_and_a_rewrite_keeps_the_other():
+    old, new = (jwt.generate_signing_key(jwt.HS256, kid=kid) for kid in ("old", "new"))
+    secret, now = StandInSecret(old), [0.0]
+    source = canary_module.SecretToken(
+        secret,  # type: ignore[arg-type]
+        "arn:secret",
+        audience=AUDIENCE,
+        clock=lambda: now[0],
+    )
+    await source.token()
+    secret.text = json.dumps(jwt.public_jwk(new))
+    now[0] = canary_module.KEY_REFRESH_SECONDS
+    await source.token()  # refreshed: the new key signs, the old one is kept
+    assert source.signing_key.kid == "new"
+    # The same key written again in another form changes nothing: the old one stays the other.
+    secret.text = json.dumps(jwt.public_jwk(new)) + "\n"
+    now[0] += canary_module.KEY_RELOAD_MIN_SECONDS
+    assert jwt.split_token(await source.refused()).kid == "old"
+    # Both refused (a Region refusing every handshake): nothing left, and the next run starts
+    # from the key this one began with, not from the one refused last.
+    assert await source.refused() is None
+    assert source.signing_key.kid == "new"
+
+
 async def test_probe_outcomes(gateway: LocalGateway) -> None:
     endpoint = Endpoint(gateway.url, await TOKENS.token())
     healthy = await probe(endpoint, timeout=2)

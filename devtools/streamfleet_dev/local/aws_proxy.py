@@ -346,7 +346,11 @@ class _Faults:
                 entries = [(t, i) for t, spec in tables.items() for i in range(len(spec["Keys"]))]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # not a request DynamoDB would accept: the backend says why
-        if len(entries) < 2:
+        # Split only what DynamoDB could have accepted whole, as far as the proxy can tell:
+        # one table (the backend then judges the table and the processed items) and within
+        # the batch limits. Items returned unprocessed are not judged with the others.
+        limit = 25 if parsed.operation == "BatchWriteItem" else 100
+        if len(tables) != 1 or not 2 <= len(entries) <= limit:
             return None
         processed = set(
             self.throttle_random.sample(entries, self.throttle_random.randrange(len(entries)))
@@ -666,8 +670,12 @@ class _BatchSplit:
         return cls(operation, body, rest)
 
     def answer(self, data: bytes) -> bytes:
-        """The backend's answer to the processed part, with the rest added as unprocessed."""
-        answer = json.loads(data)
+        """The backend's answer to the processed part, with the rest added as unprocessed
+        (an answer that is not JSON is passed on as it is)."""
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            return data
         field_name = _BATCH_UNPROCESSED[self.operation]
         merged = dict(answer.get(field_name) or {})
         for table, left in self.unprocessed.items():

@@ -77,7 +77,7 @@ from streamfleet.wsapi import jwt
 from streamfleet.wsapi.canary import SecretToken
 from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
 from streamfleet_dev.wsapi.local_gateway import FailureMode
-from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsSettings
+from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsError, RegionsSettings
 from streamfleet_dev.wsapi.replication import (
     ChangeFeed,
     ReplicationStats,
@@ -529,30 +529,41 @@ async def _break_canary_key(
 async def _rotate_canary_key(
     config: DrillConfig, regions: LocalRegions, clock: Callable[[], float]
 ) -> dict[str, Any]:
-    """The canaries' key is rotated both wrong ways round, and nothing may move:
+    """The canaries' key is rotated the hurried way, and nothing may move:
 
-    1. the new key is put into every Region's secret before any authorizer accepts it (step
-       one of the runbook skipped): each canary reads it at its next refresh, finds it is not
-       one the authorizer accepts and keeps signing with the key before it;
-    2. then every authorizer and canary is deployed to accept only the new key at once (the
-       old key's removal not waited for): each canary's key is no longer accepted, so it reads
-       its secret again and signs with the new key.
+    1. the new key is put into every Region's secret before any authorizer accepts it (the
+       runbook's first step skipped): each canary reads it at its next refresh, finds it is not
+       one its authorizer accepts, and keeps signing with the key before it;
+    2. every authorizer is deployed to accept only the new key (the old key dropped at once):
+       each canary's token is refused, and it probes again with the new key in the same run;
+    3. every canary is deployed with the new key as the accepted one (a new environment: its
+       key read cold).
 
-    Judged per Region over more runs than the alarm's missing-data rule needs, after each
-    step: the canary never tripped, paged no fault, closed no connection, and the name stayed;
-    at the end every canary signs with the new key."""
+    A deploy updates the authorizer's and the canary's functions apart, hence steps 2 and 3.
+    Judged per Region over more runs than the alarm's missing-data rule needs, after each step:
+    the canary never tripped, paged no fault, closed no connection, and the name stayed; it was
+    refused and recovered in step 2; at the end it signs with the new key."""
     resolver = regions.resolver
     assert resolver is not None
     rotated_at = clock()
     before = {
-        name: (r.completed_runs, r.canary_faults, r.closed_by_canary)
+        name: (
+            r.completed_runs,
+            r.canary_faults,
+            r.closed_by_canary,
+            r.canary.retries_after_refusal,
+        )
         for name, r in regions.regions.items()
     }
     enough = math.ceil(1.5 * config.alarm_datapoints) + 1
 
     def secret(region: Region) -> SecretToken:
         tokens = region.canary.tokens
-        assert isinstance(tokens, SecretToken), "the drill's canaries read their key's secret"
+        if not isinstance(tokens, SecretToken):
+            raise RegionsError(
+                "the key rotation needs the canaries to read a secret: set "
+                "AWS_ENDPOINT_URL_SECRETS_MANAGER, or DrillConfig(rotate_canary_key=False)"
+            )
         return tokens
 
     async def runs(what: str) -> None:
@@ -585,8 +596,14 @@ async def _rotate_canary_key(
     )
     await runs("canary runs with the new key in the secret only")
     kept_the_old_key = signs_with(old)
-    regions.deploy_canary_keys([new])
-    await runs("canary runs with only the new key accepted")
+    regions.deploy_authorizers([new])
+    await runs("canary runs with only the new key accepted by the authorizers")
+    retried = {
+        name: r.canary.retries_after_refusal - before[name][3]
+        for name, r in regions.regions.items()
+    }
+    regions.deploy_canaries([new])
+    await runs("canary runs after the canaries' own deploy")
 
     after = {name: r.completed_runs - before[name][0] for name, r in regions.regions.items()}
     since = {name: r.runs[-min(after[name], len(r.runs)) :] for name, r in regions.regions.items()}
@@ -601,8 +618,8 @@ async def _rotate_canary_key(
             r.closed_by_canary - before[n][2] for n, r in regions.regions.items()
         ),
         "kept_the_old_key_until_it_was_accepted": kept_the_old_key,
+        "retried_after_a_refusal": retried,
         "signs_with_the_new_key": signs_with(new),
-        "secret_reads_on_refusal": {name: secret(r).reloads for name, r in regions.regions.items()},
         "name_stayed_on_primary": regions.serving_region() == config.primary
         and resolver.switched_to(config.secondary, rotated_at) is None,
     }
@@ -762,6 +779,7 @@ def _summarise(
                 "canary_key_rotation_ends_on_the_new_key": rotation[
                     "kept_the_old_key_until_it_was_accepted"
                 ]
+                and all(n >= 1 for n in rotation["retried_after_a_refusal"].values())
                 and rotation["signs_with_the_new_key"],
             }
             if rotation is not None
@@ -887,8 +905,8 @@ def markdown(summary: dict[str, Any]) -> str:
     if rotation is not None:
         rows.append(
             (
-                "Canaries' key rotated (secret first, then enforced at once): failed probes / "
-                "faults paged / name stayed / connections closed",
+                "Canaries' key rotated (secret first, authorizers, then canaries): failed "
+                "probes / faults paged / name stayed / connections closed",
                 f"{sum(rotation['failed_probes'].values())} of "
                 f"{sum(rotation['runs'].values())} runs / {rotation['canary_faults']} / "
                 f"{rotation['name_stayed_on_primary']} / {rotation['closed_by_canaries']}",

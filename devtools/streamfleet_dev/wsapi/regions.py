@@ -308,6 +308,7 @@ class LocalRegions:
         self._secrets_endpoint: str | None = None
         # Each Region's canary key secret: (synchronous client, ARN).
         self._canary_secrets: dict[str, tuple[Any, str]] = {}
+        self._canary_secret_clients: dict[str, AsyncClient] = {}
         self._async_clients: list[AsyncClient] = []
         # (client, state, connections, subscriptions or None)
         self._created_tables: list[tuple[Any, str, str, str | None]] = []
@@ -630,15 +631,25 @@ class LocalRegions:
             SecretString=_private_pem(self._canary_key),
         )
         self._canary_secrets[name] = (secrets, created["ARN"])
-        # The deployed refresh and reload intervals, in canary periods (one a minute there).
+        self._canary_secret_clients[name] = self._async(
+            "secretsmanager", name, self._secrets_endpoint
+        )
+        return self._secret_token(name)
+
+    def _secret_token(self, name: str) -> SecretToken:
+        """A cold token source for the canary of ``name`` (a new Lambda environment's), with
+        the deployed refresh and reload intervals in canary periods (one a minute there)."""
+        s = self.settings
         runs = s.canary_period / (canary_module.MINUTE_MS / 1000)
         return SecretToken(
-            self._async("secretsmanager", name, self._secrets_endpoint),
-            created["ARN"],
+            self._canary_secret_clients[name],
+            self._canary_secrets[name][1],
             audience=s.audience,
-            subject=subject,
+            subject=f"canary-{name}",
             refresh_seconds=canary_module.KEY_REFRESH_SECONDS * runs,
             reload_min_seconds=canary_module.KEY_RELOAD_MIN_SECONDS * runs,
+            # Not scaled: moto answers in milliseconds, not in a 300th of 2 s.
+            read_timeout_seconds=s.canary_timeout,
         )
 
     # Live delivery ---------------------------------------------------------------------------
@@ -870,8 +881,8 @@ class LocalRegions:
                 return None
 
             @property
-            def signing_key(self) -> jwt.SigningKey | None:
-                return None
+            def keys(self) -> tuple[jwt.SigningKey, ...]:
+                return ()
 
         canary.tokens = UnreadableKey()
 
@@ -900,16 +911,24 @@ class LocalRegions:
         )
         return key
 
-    def deploy_canary_keys(self, keys: Sequence[jwt.SigningKey]) -> None:
-        """Every Region's authorizer and canary deployed with exactly ``keys`` as the canary's
-        public keys (``canary_public_keys``), all at once."""
+    def deploy_authorizers(self, keys: Sequence[jwt.SigningKey]) -> None:
+        """Every Region's authorizer deployed with exactly ``keys`` as the canary's public keys
+        (``canary_public_keys``). A deploy updates the canary's function apart, later or
+        sooner: :meth:`deploy_canaries`."""
         text = json.dumps(jwt.jwks_document(keys))
-        accepted = jwt.parse_key_material(text)
         for region in self.regions.values():
             deployed = region.gateway.authorizer
             assert isinstance(deployed, Authorizer)
             region.gateway.authorizer = Authorizer(replace(deployed.config, canary_keys=text))
+
+    def deploy_canaries(self, keys: Sequence[jwt.SigningKey]) -> None:
+        """Every Region's canary deployed with ``keys`` as the keys its authorizer accepts
+        (``JWT_CANARY_KEYS``): a new environment, so its key is read cold."""
+        accepted = jwt.parse_key_material(json.dumps(jwt.jwks_document(keys)))
+        for name, region in self.regions.items():
             region.canary.config = replace(region.canary.config, accepted_keys=accepted)
+            if name in self._canary_secrets:
+                region.canary.tokens = self._secret_token(name)
 
     async def fail_primary_store(self) -> None:
         """The primary's DynamoDB stops answering its handlers and the secondary's writes to

@@ -53,8 +53,8 @@ mint a token for any user. Configure one of ``CANARY_TOKEN`` (a static token: lo
 for ``CANARY_SUBJECT``, default ``canary``) or ``CANARY_SIGNING_KEY_SECRET_ARN`` (the same, read
 from Secrets Manager: again every 5 minutes, and at once when a token is refused, which also
 tries the key before it, so a rotation done in either order moves nothing).
-``JWT_CANARY_KEYS`` (the keys the authorizer accepts for the canary, optional): a signing key
-outside them is the canary's own fault, not a failed probe. ``CANARY_TOKEN_TRANSPORT`` is
+``JWT_CANARY_KEYS`` (the keys the authorizer accepts for the canary, optional): a refusal of
+keys all outside them is the canary's own fault, not a failed probe. ``CANARY_TOKEN_TRANSPORT`` is
 ``subprotocol`` (default) or ``query``.
 
 Other environment: ``CANARY_ENDPOINT_URL`` (``wss://<api id>.execute-api.<region>.amazonaws.com/
@@ -132,8 +132,8 @@ class CanaryConfig:
     alarm_name: str | None = None  # the alarm its metric feeds (read each run), if any
     connect_host: str | None = None  # the regional domain name behind a custom domain URL
     # The keys the Region's authorizer accepts for the canary (JWT_CANARY_KEYS, the same text),
-    # if known: a signing key outside them is a fault of the canary's own, not a refusal by
-    # the Region.
+    # if known: a refusal of keys all outside them is a fault of the canary's own, not the
+    # Region's.
     accepted_keys: tuple[jwt.VerificationKey, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -289,19 +289,23 @@ class TokenSource(Protocol):
         """A token valid now (``None``: connect without one). Each run starts here."""
 
     async def refused(self) -> str | None:
-        """The last token was refused: a token signed with another key, not yet refused in
-        this run (``None``: there is none)."""
+        """The Region refused the last token: a token signed with another key not yet refused
+        in this run (``None``: there is none)."""
 
     @property
-    def signing_key(self) -> jwt.SigningKey | None:
-        """The key the next token is signed with (``None``: unknown, a static token)."""
+    def keys(self) -> tuple[jwt.SigningKey, ...]:
+        """Every key it may sign with (none known: a static token)."""
 
 
 # How long a warm canary signs with the key it read before reading the secret again.
 KEY_REFRESH_SECONDS = 300.0
-# A refused token reads the secret again at once, but not more often than this: a Region that
-# refuses every handshake (a deleted API mapping answers 403 too) costs one read per run.
+# A refused token reads the secret again at once, but not within this long of any read: a
+# Region that refuses every handshake (a deleted API mapping answers 403 too) costs one read per
+# run at most.
 KEY_RELOAD_MIN_SECONDS = 30.0
+# One read of the secret, at most: a slow Secrets Manager keeps the key held rather than delay
+# the probe that judges the Region.
+KEY_READ_TIMEOUT_SECONDS = 2.0
 
 
 class CanaryFault(RuntimeError):
@@ -322,8 +326,8 @@ class StaticToken:
         return None
 
     @property
-    def signing_key(self) -> jwt.SigningKey | None:
-        return None
+    def keys(self) -> tuple[jwt.SigningKey, ...]:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -351,15 +355,17 @@ class MintedToken:
         return None
 
     @property
-    def signing_key(self) -> jwt.SigningKey | None:
-        return self.key
+    def keys(self) -> tuple[jwt.SigningKey, ...]:
+        return (self.key,)
 
 
 class SecretToken:
     """:class:`MintedToken` whose key is read from Secrets Manager, again once it is
-    ``refresh_seconds`` old, and at once (at most every ``reload_min_seconds``) when a token is
-    refused. It keeps the key before the secret's current one: a token refused with one is
-    tried with the other, and the accepted key signs until the secret changes again.
+    ``refresh_seconds`` old, and at once (at most every ``reload_min_seconds`` after any read)
+    when a token is refused. Each read is bounded by ``read_timeout_seconds``; a read that
+    fails or times out keeps the key held. It also keeps the key that signed before the secret
+    changed: a token refused with one is tried with the other, and the accepted key signs until
+    the secret changes again.
 
     So a rotation done in either order moves nothing: the authorizer enforcing the new key
     before a warm canary read it (the refusal reads the secret again), or the secret changed
@@ -375,6 +381,7 @@ class SecretToken:
         clock: Callable[[], float] = time.monotonic,
         refresh_seconds: float = KEY_REFRESH_SECONDS,
         reload_min_seconds: float = KEY_RELOAD_MIN_SECONDS,
+        read_timeout_seconds: float = KEY_READ_TIMEOUT_SECONDS,
     ):
         self._secrets = secrets
         self._arn = secret_arn
@@ -383,16 +390,23 @@ class SecretToken:
         self._clock = clock
         self._refresh_seconds = refresh_seconds
         self._reload_min_seconds = reload_min_seconds
-        self._keys: list[MintedToken] = []  # the secret's current key, then the one before
+        self._read_timeout_seconds = read_timeout_seconds
+        self._keys: list[MintedToken] = []  # the secret's key, then the one that signed before
         self._signing: MintedToken | None = None
+        self._run_began_with: MintedToken | None = None
         self._refused: list[MintedToken] = []  # refused in this run
         self._secret_text: str | None = None
-        self._read_at = -math.inf  # the last scheduled read, done or failed
-        self._reloaded_at = -math.inf  # the last read a refusal asked for
-        self.reloads = 0  # reads a refusal asked for (a figure for tests and the drill)
+        self._refreshed_at = -math.inf  # the last scheduled read, done or failed
+        self._read_at = -math.inf  # the last read of any kind, done or failed
+        self.reads_on_refusal = 0  # reads a refused token asked for (tests and the drill)
+
+    @property
+    def keys(self) -> tuple[jwt.SigningKey, ...]:
+        return tuple(minted.key for minted in self._keys)
 
     @property
     def signing_key(self) -> jwt.SigningKey | None:
+        """The key the next token is signed with (``None``: none read yet)."""
         return None if self._signing is None else self._signing.key
 
     @property
@@ -402,45 +416,53 @@ class SecretToken:
 
     async def token(self) -> str | None:
         self._refused = []
-        if self._signing is None or self._clock() - self._read_at >= self._refresh_seconds:
-            self._read_at = self._clock()
+        if self._signing is None or self._clock() - self._refreshed_at >= self._refresh_seconds:
+            self._refreshed_at = self._clock()
             try:
                 await self._read()
-            except Exception as exc:
+            except Exception as exc:  # TimeoutError included
                 if self._signing is None:
                     raise
-                # The key read before still signs: a failed refresh is no reason to stop.
-                self._warn(exc)
+                self._warn(exc)  # the key read before still signs
         assert self._signing is not None
+        self._run_began_with = self._signing
         return await self._signing.token()
 
     async def refused(self) -> str | None:
         if self._signing is None:
             return None
         self._refused.append(self._signing)
-        if self._clock() - self._reloaded_at >= self._reload_min_seconds:
-            self._reloaded_at = self._clock()
-            self.reloads += 1
+        if self._clock() - self._read_at >= self._reload_min_seconds:
+            self.reads_on_refusal += 1
             try:
                 await self._read()
             except Exception as exc:
                 self._warn(exc)
         for key in self._keys:
-            if all(key is not refused for refused in self._refused):
+            if all(key is not done for done in self._refused):
                 self._signing = key
                 return await key.token()
+        # Nothing else to try: the next run starts from the key this one began with.
+        self._signing = self._run_began_with
         return None
 
     async def _read(self) -> None:
-        """Read the secret; a new key goes first and signs, the one it replaced is kept."""
-        secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
+        """Read the secret; a new key goes first and signs, the key that signed is kept."""
+        self._read_at = self._clock()
+        async with asyncio.timeout(self._read_timeout_seconds):
+            secret = await self._secrets.call("get_secret_value", SecretId=self._arn)
         text = secret["SecretString"]
         if text == self._secret_text:
             return
-        key = MintedToken(jwt.signing_key_from_text(text), self._audience, self._subject)
-        self._keys = [key, *self._keys[:1]]
-        self._signing = key
+        key = jwt.signing_key_from_text(text)
         self._secret_text = text
+        current = self._keys[0] if self._keys else None
+        if current is not None and jwt.same_key(key.public(), current.key.public()):
+            return  # the same key written again (another encoding): nothing changes
+        minted = MintedToken(key, self._audience, self._subject)
+        before = self._signing if self._signing is not None else current
+        self._keys = [minted, *([before] if before is not None else [])]
+        self._signing = minted
 
     def _warn(self, exc: BaseException) -> None:
         log_event(
@@ -448,7 +470,8 @@ class SecretToken:
             logging.WARNING,
             "canary_key",
             decision="error",
-            detail=f"reading the secret failed, signing with the key read before: {exc}",
+            detail="reading the secret failed, signing with the key read before: "
+            f"{type(exc).__name__}: {exc}",
         )
 
 
@@ -899,42 +922,45 @@ class Canary:
         self.hysteresis = FailbackHysteresis(
             config.healthy_runs_to_recover, config.failures_to_trip
         )
+        self.retries_after_refusal = 0  # probes tried again with another key (tests, the drill)
 
     async def run_once(self, tick_ms: int | None = None) -> CanaryRun:
         """One probe and its metric, for schedule tick ``tick_ms`` (epoch ms; ``None``: now).
         Publishing failures are logged, not raised (the alarm treats the missing datapoint as
-        breaching, which is the right outcome). A fault of the canary's own (no token, or only
-        keys the authorizer does not accept) holds the last published value and raises
-        :class:`CanaryFault`."""
+        breaching, which is the right outcome). A fault of the canary's own (no token, or a
+        refusal of keys its authorizer does not accept) holds the last published value and
+        raises :class:`CanaryFault`."""
         timeout = self.config.timeout_seconds
         try:
-            # Its own dependency (the secret), bounded apart from the probe that judges the
-            # Region: together they stay within the two probe timeouts the function is sized for.
-            async with asyncio.timeout(timeout):
-                token = await self._accepted_token()
+            # Each read of the secret is bounded by the token source itself, and a slow read
+            # keeps the key held: the probe's own time is never spent here.
+            token = await self.tokens.token()
         except Exception as exc:
             await self._hold(tick_ms)
-            if isinstance(exc, CanaryFault):
-                raise
-            if isinstance(exc, TimeoutError):
-                raise CanaryFault(f"token: not ready within {timeout:g} s") from exc
             raise CanaryFault(f"token: {type(exc).__name__}: {exc}") from exc
-        started = time.monotonic()
-        deadline = started + timeout
+        deadline = time.monotonic() + timeout
         result = await self._probe(token, timeout)
-        # A refused token: another key may be the one the authorizer accepts now (a rotation).
+        # The Region refused the token: another key may be the one its authorizer accepts now
+        # (a rotation; the Region decides, whatever JWT_CANARY_KEYS says), tried in the time the
+        # probe has left.
         while result.credentials_refused and deadline > time.monotonic():
             try:
-                async with asyncio.timeout(deadline - time.monotonic()):
-                    token = await self.tokens.refused()
-            except Exception as exc:  # TimeoutError included: the refusal stands
+                token = await self.tokens.refused()
+            except Exception as exc:  # the refusal stands
                 self._warn("canary_key", exc)
                 break
-            if token is None:
+            if token is None or deadline <= time.monotonic():
                 break
-            if self._accepted(self.tokens.signing_key):  # else known to be refused: the next
-                result = await self._probe(token, deadline - time.monotonic())
-        result = dataclasses.replace(result, latency_seconds=time.monotonic() - started)
+            self.retries_after_refusal += 1
+            result = await self._probe(token, deadline - time.monotonic())
+        if result.credentials_refused and not self._any_key_accepted():
+            # Refused with keys its authorizer is known not to accept: the key is wrong (the
+            # secret or canary_public_keys), not the Region. Page; judge nothing.
+            await self._hold(tick_ms)
+            raise CanaryFault(
+                f"refused with HTTP {result.refused_status}, and none of its signing keys is one "
+                f"of {model.ENV_JWT_CANARY_KEYS}, the keys its authorizer accepts"
+            )
         state, applied = await self._apply_hysteresis(
             result.healthy, tick_ms, alarm_since_ms=await self._alarm_since_ms()
         )
@@ -969,26 +995,13 @@ class Canary:
         endpoint = Endpoint(self.config.endpoint_url, token, self.config.token_transport)
         return await probe(endpoint, timeout=timeout, connect_host=self.config.connect_host)
 
-    async def _accepted_token(self) -> str | None:
-        """A token signed with a key the Region's authorizer accepts, if the canary knows which
-        it accepts: one outside them is the canary's own fault (the secret and
-        ``JWT_CANARY_KEYS`` disagree), raised, never a failed probe. The secret is read again
-        first, in case it holds the key the authorizer now accepts."""
-        token = await self.tokens.token()
-        while not self._accepted(self.tokens.signing_key):
-            token = await self.tokens.refused()
-            if token is None:
-                raise CanaryFault(
-                    f"its signing key is not one of {model.ENV_JWT_CANARY_KEYS}, the keys the "
-                    "authorizer accepts: the secret or the authorizer's keys are wrong"
-                )
-        return token
-
-    def _accepted(self, key: jwt.SigningKey | None) -> bool:
-        accepted = self.config.accepted_keys
-        if accepted is None or key is None:
-            return True  # unknown: the Region's answer decides
-        return any(jwt.same_key(key.public(), other) for other in accepted)
+    def _any_key_accepted(self) -> bool:
+        """Whether one of its keys is among those the Region's authorizer accepts (``True``
+        when either side is unknown: the Region's answer then stands)."""
+        accepted, keys = self.config.accepted_keys, self.tokens.keys
+        if accepted is None or not keys:
+            return True
+        return any(jwt.same_key(key.public(), other) for key in keys for other in accepted)
 
     def _warn(self, event: str, exc: BaseException) -> None:
         """A step of the run failed for a reason it outlives (logged; the run goes on)."""
