@@ -139,6 +139,11 @@ class Router:
 
 @pytest.fixture
 def router(moto, monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
+    yield from router_on_servers(monkeypatch)
+
+
+def router_on_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
+    """The router's tables and queue where the endpoint variables point, deleted afterwards."""
     suffix = uuid.uuid4().hex[:10]
     dynamodb, sqs = boto3.client("dynamodb"), boto3.client("sqs")
     lease, messages = f"router-leases-{suffix}", f"router-messages-{suffix}"

@@ -1,6 +1,9 @@
-"""START and STOP mean what they say (the event router on moto's server): a new source is never
-mixed into a stream's log, a readers change applies only to its own START, and every allowed
-caller controls every stream."""
+"""START and STOP mean what they say: a new source is never mixed into a stream's log, a readers
+change applies only to its own START, and every allowed caller controls every stream.
+
+The lease table is on dynalite, SQS on moto: racing STARTs are the point here, and moto's server
+evaluates a condition and writes without a lock, so two racing conditional writes can both
+pass there, which DynamoDB (and dynalite) never lets happen."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.desired_state import DesiredStateWriter
 from streamfleet.event_router import EventRouter, RouterConfig, StartEvent, StopEvent
-from tests.router_support import Router, proxy_event
+from tests.router_support import Router, proxy_event, router_on_servers
 
 A = "ws://127.0.0.1:8765/a"
 B = "ws://127.0.0.1:8765/b"
@@ -28,6 +31,12 @@ def start(router: Router, stream: str, url: str, readers: list[str] | None = Non
     event = proxy_event("POST", "/events", body=json.dumps(body))
     event["requestContext"].update(context)
     return router.call(event)
+
+
+@pytest.fixture
+def router(servers, moto, monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", servers["dynalite"].endpoint)
+    yield from router_on_servers(monkeypatch)
 
 
 @pytest.fixture
