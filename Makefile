@@ -121,7 +121,7 @@ synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no 
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
 
-bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 min): bench/*results.md, PNG plots
+bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 min): their figures and plots into docs/benchmarks/
 	$(PYTHON) -m bench.fleet_bench
 	$(PYTHON) -m bench.lease_bench
 	$(PYTHON) -m bench.task_events_bench

@@ -23,8 +23,9 @@ behind the local event source mapping, both Regions' API, canaries and failover 
    the full drill; median over runs).
 
 Usage: ``python -m bench.fanout_bench [--quick] [--scales 20,100] [--drill-runs 3]``; prints
-each figure as it lands and writes ``bench/fanout_results.md`` (``--quick``: a smoke run at a
-small scale, written next to its logs in a temporary directory).
+each figure as it lands and writes the manual's page ``docs/benchmarks/fanout.md``, with the
+machine, the date and the load (``--quick``: a smoke run at a small scale, written next to its
+logs in a temporary directory, never over the manual's page).
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).with_name("fanout_results.md")
-REPO = Path(__file__).resolve().parents[1]
+from bench import pages
+
+RESULTS = pages.PAGES / "fanout.md"
+OUTPUTS = (RESULTS,)
+REPO = pages.REPO
 RATE = 5.0  # messages per second per stream (the issue's figure)
 SUBSCRIBERS_PER_STREAM = 3
 WORKERS = 3
@@ -847,20 +851,29 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "chromium": chromium,
-        "load_at_start": [round(x, 2) for x in os.getloadavg()],
+        "machine": pages.machine(),
+        "commit": pages.commit(),
+        "load_at_start": pages.load(),
     }
 
 
 def markdown(figures: dict[str, Any]) -> str:
     m = figures["machine"]
     t = figures["timings"]
+    host = m.get("machine") or f"{m['cores']} CPUs, Python {m['python']}"  # older runs: no memory
     lines = [
-        "# Live delivery benchmark",
+        "# Benchmark: live delivery",
         "",
-        f"`python -m bench.fanout_bench{' --quick' if figures['quick'] else ''}`, "
-        f"{figures['date']}, {figures['duration_s']:.0f} s. Machine: {m['cores']} cores, "
-        f"Python {m['python']}, {m['platform']}, {m['chromium'] or 'no Chromium'}; load average "
-        f"at start {m['load_at_start']}.",
+        "*A smoke run (`--quick`): not the benchmark's figures.*"
+        if figures["quick"]
+        else pages.banner("fanout_bench", "live-delivery"),
+        "",
+        f"`python -m bench.fanout_bench{' --quick' if figures['quick'] else ''}`, run of "
+        f"{figures['date']} at commit {m.get('commit', 'not recorded')}, "
+        f"{figures['duration_s']:.0f} s. Machine: "
+        f"{host}, "
+        f"{m['platform']}, {m['chromium'] or 'no Chromium'}; load average at the start "
+        f"{m['load_at_start']}, at the end {m.get('load_at_end', 'not recorded')}.",
         "",
         "Everything on loopback, on the same cores: moto's server (messages tables and their "
         "DynamoDB Streams, SQS), dynalite (leases, WebSocket API tables), the recording proxy, "
@@ -1059,7 +1072,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log("pauses: the live drill")
         figures["pauses"] = await measure_pauses(args.drill_runs, args.quick, log_root)
     figures["duration_s"] = time.monotonic() - started
+    figures["machine"]["load_at_end"] = pages.load()
     return figures
+
+
+def results_path(figures: dict[str, Any]) -> Path:
+    """Where a run's page goes: the manual's, or for a smoke run (``--quick``), whose figures
+    are not the benchmark's, a file next to its logs."""
+    return Path(figures["logs"]) / RESULTS.name if figures["quick"] else RESULTS
 
 
 def main() -> None:
@@ -1083,8 +1103,7 @@ def main() -> None:
     if args.drill_runs is None:
         args.drill_runs = 1 if args.quick else 3
     figures = asyncio.run(run(args))
-    # A smoke run's figures are not the benchmark's: they stay with its logs.
-    out = Path(figures["logs"]) / "fanout_results.md" if args.quick else RESULTS
+    out = results_path(figures)
     out.write_text(markdown(figures))
     log(f"wrote {out}")
 

@@ -14,9 +14,10 @@ the other streams of the shard wait. The stated bound on one subscriber's share 
 (``FANOUT_SUBSCRIBER_BUDGET_MS`` + ``FRAME_ALLOWANCE_MS`` per frame) plus two post timeouts
 (the post in flight when the budget ends, and the close after it).
 
-Usage: ``python -m bench.fanout_stall_bench [--runs 5]``; writes
-``bench/fanout_stall_results.md``. Loopback answers in about a millisecond; API Gateway's
-Management API in tens, so the healthy posts here are faster than in AWS.
+Usage: ``python -m bench.fanout_stall_bench [--runs 5]``; writes the manual's page
+``docs/benchmarks/fanout-stall.md``, with the machine, the date and the load. Loopback answers in
+about a millisecond; API Gateway's Management API in tens, so the healthy posts here are faster
+than in AWS.
 """
 
 from __future__ import annotations
@@ -24,19 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
+from bench import pages
 from streamfleet import model
 from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi import fanout as fanout_runtime
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
 from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
 
-RESULTS = Path(__file__).with_name("fanout_stall_results.md")
+RESULTS = pages.PAGES / "fanout-stall.md"
+OUTPUTS = (RESULTS,)
 REGION = "us-east-1"
 HEALTHY_PER_STREAM = 20
 MESSAGES_PER_STREAM = 50
@@ -152,11 +153,13 @@ def markdown(figures: dict[str, Any]) -> str:
         f"{c['over_budget']} | {c['failed_posts']} | {c['disconnected']} | {c['delivered']} |"
         for c in figures["cases"]
     )
-    return f"""# How long one subscriber can hold its shard
+    return f"""# Benchmark: how long one subscriber can hold its shard
 
-`python -m bench.fanout_stall_bench --runs {figures["runs"]}`, {figures["date"]}. Machine: \
-{os.cpu_count()} cores, Python {platform.python_version()}; load average at start \
-{figures["load"]}.
+{pages.banner("fanout_stall_bench", "a-slow-subscribers-cost-to-its-shard")}
+
+`python -m bench.fanout_stall_bench --runs {figures["runs"]}`, run of {figures["date"]} at \
+commit {figures["commit"]}. Machine: {figures["machine"]}; load average at the start \
+{figures["load"]}, at the end {figures["load_at_end"]}.
 
 One batch of {2 * MESSAGES_PER_STREAM} records ({MESSAGES_PER_STREAM} of {MESSAGE_BYTES:,} \
 bytes on each of two streams, {frames} frames per subscriber) posted by the fan-out (the \
@@ -190,14 +193,17 @@ def main() -> None:
         os.environ.setdefault(name, value)
     figures = {
         "runs": args.runs,
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "load": [round(x, 2) for x in os.getloadavg()],
+        "date": pages.now(),
+        "commit": pages.commit(),
+        "machine": pages.machine(),
+        "load": pages.load(),
         "frames": frames_per_subscriber(),
         "cases": [],
     }
     for case in CASES:
         figures["cases"].append(measure(case, args.runs))
         print(json.dumps(figures["cases"][-1]), flush=True)
+    figures["load_at_end"] = pages.load()
     RESULTS.write_text(markdown(figures))
     print(f"wrote {RESULTS}")
 

@@ -1,7 +1,9 @@
 """Worker-fleet benchmark: real worker processes, local DynamoDB and SQS, the fake upstream.
 
 Prints a Markdown table of medians beside the targets of the worker-fleet issue (as ratios to
-the lease where the target is one) and writes it to ``bench/fleet_results.md``.
+the lease where the target is one) and writes it, with the machine, the date and the load, to
+the manual's page ``docs/benchmarks/fleet.md``, with three plots beside it (``failover.png``,
+``burst.png``, ``requests.png``).
 
 * failover (lease 2 s, heartbeat 0.5 s): kill -9 and SIGTERM of the busiest of 3 workers holding
   30 live streams, repeated; STOP to closed;
@@ -21,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import platform
 import signal
 import statistics
 import tempfile
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import pages
 from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream
@@ -47,7 +49,9 @@ PRODUCTION_TIMING = {
     # of an active stream (the lease bench's upkeep of active streams measures exactly this).
     "CHECKPOINT_EVERY": "300",
 }
-RESULTS = Path(__file__).with_name("results.md")
+RESULTS = pages.PAGES / "fleet.md"
+PLOTS = {name: pages.PAGES / f"{name}.png" for name in ("failover", "burst", "requests")}
+OUTPUTS = (RESULTS, *PLOTS.values())
 
 
 def rss_kib(pid: int) -> int:
@@ -202,6 +206,12 @@ async def throughput(fleet: Fleet, streams: int, seconds: float) -> float:
 
 async def run(trials: int, idle: int, upkeep_connections: int, window: float) -> str:
     os.environ.update(LOCAL_AWS_ENV)
+    conditions = {
+        "date": pages.now(),
+        "commit": pages.commit(),
+        "machine": pages.machine(),
+        "load_at_start": pages.load(),
+    }
     servers: list[LocalServer] = []
     kind = os.environ.get("BENCH_DYNAMODB", "dynalite")
     # BENCH_LOGS=<dir> keeps the workers' logs for a look afterwards.
@@ -239,7 +249,8 @@ async def run(trials: int, idle: int, upkeep_connections: int, window: float) ->
         finally:
             for server in servers:
                 server.stop()
-    figures = Figures(trials, kind, times, bursts, upkeep, memory, persisted)
+    conditions["load_at_end"] = pages.load()
+    figures = Figures(trials, kind, times, bursts, upkeep, memory, persisted, conditions)
     plot(figures)
     return report(figures, upkeep_connections, idle)
 
@@ -255,6 +266,7 @@ class Figures:
     upkeep: dict[str, Any]
     memory: dict[str, float]
     persisted_per_second: float
+    conditions: dict[str, Any]
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -287,7 +299,7 @@ def plot(figures: Figures) -> None:
         axis.set_ylim(bottom=0)
     fig.suptitle(f"failover over {figures.trials} trials (lease {LEASE_SECONDS} s)")
     fig.tight_layout()
-    fig.savefig(RESULTS.with_name("failover.png"), dpi=90)
+    fig.savefig(PLOTS["failover"], dpi=90)
     pyplot.close(fig)
 
     fig, axis = pyplot.subplots(figsize=(6, 4))
@@ -299,7 +311,7 @@ def plot(figures: Figures) -> None:
     axis.set_title("START burst on 3 workers")
     axis.legend(title="streams")
     fig.tight_layout()
-    fig.savefig(RESULTS.with_name("burst.png"), dpi=90)
+    fig.savefig(PLOTS["burst"], dpi=90)
     pyplot.close(fig)
 
     fig, axis = pyplot.subplots(figsize=(6, 4))
@@ -314,7 +326,7 @@ def plot(figures: Figures) -> None:
     axis.set_title("steady state, 500 idle connections, heartbeat 5 s")
     axis.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS.with_name("requests.png"), dpi=90)
+    fig.savefig(PLOTS["requests"], dpi=90)
     pyplot.close(fig)
 
 
@@ -375,10 +387,16 @@ def report(figures: Figures, upkeep_connections: int, idle: int) -> str:
             "never late (≪ lease)",
         ),
     ]
+    conditions = figures.conditions
     lines = [
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; DynamoDB: {figures.dynamodb}, SQS: moto server; "
-        f"{figures.trials} failover trials.",
+        "# Benchmark: the fleet",
+        "",
+        pages.banner("fleet_bench", "the-fleet"),
+        "",
+        f"Run of {conditions['date']} at commit {conditions['commit']}. Machine: "
+        f"{conditions['machine']}; load average at the "
+        f"start {conditions['load_at_start']}, at the end {conditions['load_at_end']}. "
+        f"DynamoDB: {figures.dynamodb}, SQS: moto server; {figures.trials} failover trials.",
         "",
         "| measure | median / figure | target |",
         "|---|---|---|",
@@ -387,7 +405,7 @@ def report(figures: Figures, upkeep_connections: int, idle: int) -> str:
         "Lease-upkeep requests per connection-minute by operation: "
         + ", ".join(f"{op} {n}" for op, n in sorted(upkeep["per_operation"].items())),
         "",
-        "![failover](failover.png) ![burst](burst.png) ![requests](requests.png)",
+        " ".join(f"![{name}]({path.name})" for name, path in PLOTS.items()),
     ]
     return "\n".join(lines) + "\n"
 

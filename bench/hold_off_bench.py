@@ -7,8 +7,8 @@ two windows of the same length: the calm fleet alone, then the same fleet with o
 whose upstream answers every handshake with a cross-origin redirect (it fails at once on every
 dial). Also counted: how often that stream was claimed and dialled in the second window.
 
-Usage: ``python -m bench.hold_off_bench [--window 60] [--runs 3]``; writes
-``bench/hold_off_results.md``.
+Usage: ``python -m bench.hold_off_bench [--window 60] [--runs 3]``; writes the manual's page
+``docs/benchmarks/hold-off.md``, with the machine, the date and the load.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench import pages
 from streamfleet import model
 from streamfleet_dev.local.fleet import Fleet, WorkerProcess, eventually
 from streamfleet_dev.local.servers import fleet_servers
 from streamfleet_dev.upstream.fake import FakeUpstream
 
-RESULTS = Path(__file__).with_name("hold_off_results.md")
+RESULTS = pages.PAGES / "hold-off.md"
+OUTPUTS = (RESULTS,)
 CALM = [f"calm{n:02d}" for n in range(20)]
 BROKEN = "redirected"
 
@@ -82,7 +84,12 @@ async def one_run(endpoint: str, tmp: Path, window: float) -> dict[str, Any]:
 
 
 async def run(window: float, runs: int) -> dict[str, Any]:
-    load = os.getloadavg()
+    conditions = {
+        "date": pages.now(),
+        "commit": pages.commit(),
+        "machine": pages.machine(),
+        "load_at_start": pages.load(),
+    }
     results = []
     keep = os.environ.get("BENCH_LOGS")
     with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +100,8 @@ async def run(window: float, runs: int) -> dict[str, Any]:
                 directory.mkdir()
                 results.append(await one_run(dynamodb.endpoint, directory, window))
                 print(results[-1], flush=True)
-    return {"window": window, "load": [round(x, 2) for x in load], "runs": results}
+    conditions["load_at_end"] = pages.load()
+    return {"window": window, "conditions": conditions, "runs": results}
 
 
 def report(figures: dict[str, Any]) -> str:
@@ -108,11 +116,14 @@ def report(figures: dict[str, Any]) -> str:
         f"| {i + 1} | {c:.1f} | {b:.1f} | {r['claims']} | {r['dials']} | {r['failures']} |"
         for i, (c, b, r) in enumerate(zip(calm, broken, figures["runs"], strict=True))
     )
-    return f"""# The lease plane with a stream that can never be dialled
+    run = figures["conditions"]
+    return f"""# Benchmark: the lease plane with a stream that can never be dialled
 
-`python -m bench.hold_off_bench --window {window:g} --runs {len(figures["runs"])}`, \
-{time.strftime("%Y-%m-%d %H:%M")}, {os.cpu_count()} cores, load average at start \
-{figures["load"]}.
+{pages.banner("hold_off_bench", "hold-off-of-a-stream-that-keeps-failing")}
+
+`python -m bench.hold_off_bench --window {window:g} --runs {len(figures["runs"])}`, run of \
+{run["date"]} at commit {run["commit"]}. Machine: {run["machine"]}; load average at the \
+start {run["load_at_start"]}, at the end {run["load_at_end"]}.
 
 3 real workers (lease 2 s, reconcile every 0.5 s) holding {len(CALM)} calm streams at 5 msg/s on
 dynalite and moto. DynamoDB requests of all workers per second, from their own counters, over

@@ -12,8 +12,11 @@
 * lease upkeep including checkpoints at production timing, idle and at 1 msg/s per stream;
 * simulation throughput: schedules per minute of ``streamfleet_dev.sim``.
 
-Writes ``bench/lease_results.md``. Usage: ``python -m bench.lease_bench [--trials 7]``
-(``make bench`` runs it after the fleet benchmark).
+Writes the manual's page ``docs/benchmarks/lease.md`` and every figure of the last run, with
+the conditions each group was measured under, to ``docs/benchmarks/lease_figures.json``. Usage:
+``python -m bench.lease_bench [--trials 7] [--only handoff,...]`` (``make bench`` runs it after
+the fleet benchmark; ``--only`` measures the groups it names again and keeps the others' figures
+and conditions from the JSON).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import pages
 from bench.fleet_bench import PRODUCTION_TIMING, busiest
 from streamfleet import model
 from streamfleet_dev.local.aws_proxy import ProxyProcess
@@ -38,8 +42,9 @@ from streamfleet_dev.sim.__main__ import local_servers, run_many, summary
 from streamfleet_dev.sim.world import World
 from streamfleet_dev.upstream.process import UpstreamProcess
 
-RESULTS = Path(__file__).with_name("lease_results.md")
-FIGURES = Path(__file__).with_name("lease_figures.json")  # every figure of the last run
+RESULTS = pages.PAGES / "lease.md"
+FIGURES = pages.PAGES / "lease_figures.json"  # every figure of the last run, and its conditions
+OUTPUTS = (RESULTS, FIGURES)
 PRODUCTION_WAIT = {"SQS_WAIT_SECONDS": "10", "RECONCILE_EVERY": "30"}
 
 
@@ -272,7 +277,14 @@ async def run(
     trials: int, window: float, schedules: int, only: set[str], figures: dict[str, object]
 ) -> dict[str, object]:
     """Measure the ``only`` groups of figures into ``figures`` (the others are kept as given:
-    a partial re-run replaces just what it measures)."""
+    a partial re-run replaces just what it measures, and the conditions it names)."""
+    conditions = {
+        "date": pages.now(),
+        "commit": pages.commit(),
+        "machine": pages.machine(),
+        "load_at_start": pages.load(),
+        "command": " ".join(["python -m bench.lease_bench", *sys.argv[1:]]),
+    }
     os.environ.update(LOCAL_AWS_ENV)
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
@@ -296,6 +308,10 @@ async def run(
         with local_servers():
             outcomes = await run_many(list(range(900_000, 900_000 + schedules)), parallel=4)
         figures["sim"] = summary(outcomes, time.monotonic() - began)
+    conditions["load_at_end"] = pages.load()
+    recorded = figures.setdefault("conditions", {})
+    for group in only:
+        recorded[group] = conditions
     return figures
 
 
@@ -355,6 +371,21 @@ async def _fleet_figures(tmp, upstream, dynamodb, trials, only, figures) -> None
             figures["proxy_baseline_production"],
             flush=True,
         )
+
+
+def runs(figures: dict) -> list[str]:
+    """One line per run that measured some of the groups, with its conditions."""
+    by_run: dict[str, list[str]] = {}
+    for group in GROUPS:
+        c = figures.get("conditions", {}).get(group)
+        run = (
+            f"`{c['command']}`, {c['date']} at commit {c['commit']}; machine {c['machine']}; "
+            f"load average at the start {c['load_at_start']}, at the end {c['load_at_end']}"
+            if c
+            else "conditions not recorded"
+        )
+        by_run.setdefault(run, []).append(group)
+    return [f"- {', '.join(groups)}: {run}." for run, groups in by_run.items()]
 
 
 def report(figures: dict, trials: int, window: float) -> str:
@@ -445,10 +476,15 @@ def report(figures: dict, trials: int, window: float) -> str:
         ),
     ]
     lines = [
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; DynamoDB: dynalite, SQS: moto server; lease {lease} s, "
-        f"heartbeat {HEARTBEAT_SECONDS} s unless noted; {trials} trials. Load average when "
-        f"written: {', '.join(f'{n:.2f}' for n in os.getloadavg())}.",
+        "# Benchmark: the lease core under faults",
+        "",
+        pages.banner("lease_bench", "the-lease-core-under-faults"),
+        "",
+        f"DynamoDB: dynalite, SQS: moto server; lease {lease} s, heartbeat "
+        f"{HEARTBEAT_SECONDS} s unless noted; {trials} trials. The runs that measured these "
+        "figures (a run with `--only` measures some groups again):",
+        "",
+        *runs(figures),
         "",
         "| measure | figure | target |",
         "|---|---|---|",
@@ -462,6 +498,8 @@ def report(figures: dict, trials: int, window: float) -> str:
         f"Simulation: {sim['operations_total']} operations, {sim['faults_total']} injected "
         f"faults {sim['faults_injected']}; every stream back after the last fault: "
         f"{sim['recovered_after_last_fault_seconds']} s.",
+        "",
+        f"Every figure of these runs: [{FIGURES.name}]({FIGURES.name}).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -14,8 +14,8 @@ Delivery here is immediate: in AWS, ECS's event takes a few seconds to arrive (i
 latency, not measured here), so the event path's figure there is that delay plus the one
 measured here.
 
-Usage: ``python -m bench.task_events_bench [--trials 5] [--lease-trials 3]``; writes
-``bench/task_events_results.md``.
+Usage: ``python -m bench.task_events_bench [--trials 5] [--lease-trials 3]``; writes the
+manual's page ``docs/benchmarks/task-events.md``, with the machine, the date and the load.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import tempfile
@@ -35,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import pages
 from streamfleet import task_events
 from streamfleet_dev.local.fleet import FAST_ENV, Fleet, WorkerProcess, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream
 
-RESULTS = Path(__file__).with_name("task_events_results.md")
+RESULTS = pages.PAGES / "task-events.md"
+OUTPUTS = (RESULTS,)
 DEFAULT_TIMING = {
     "LEASE_SECONDS": "20",
     "HEARTBEAT_EVERY": "5",
@@ -217,7 +218,9 @@ async def fleet_cost(*, endpoint: str, tmp: Path, events: bool) -> dict[str, Any
 
 @dataclass
 class Figures:
-    load: list[tuple[float, float, float]] = field(default_factory=list)
+    date: str = field(default_factory=pages.now)
+    commit: str = field(default_factory=pages.commit)
+    load: list[list[float]] = field(default_factory=list)
     trials: dict[str, list[Trial]] = field(default_factory=dict)
     handler: dict[tuple[int, int], dict] = field(default_factory=dict)
     cost: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -226,7 +229,7 @@ class Figures:
 async def run(trials: int, lease_trials: int) -> Figures:
     os.environ.update(LOCAL_AWS_ENV)
     figures = Figures()
-    figures.load.append(os.getloadavg())
+    figures.load.append(pages.load())
     keep = os.environ.get("BENCH_LOGS")
     with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -270,7 +273,7 @@ async def run(trials: int, lease_trials: int) -> Figures:
         finally:
             sqs.stop()
             dynamo.stop()
-    figures.load.append(os.getloadavg())
+    figures.load.append(pages.load())
     return figures
 
 
@@ -305,16 +308,18 @@ def report(figures: Figures, trials: int, lease_trials: int) -> str:
         )
 
     lines = [
-        "# Crash recovery: ECS STOPPED events vs the lease",
+        "# Benchmark: crash recovery, ECS STOPPED events vs the lease",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; dynalite (DynamoDB) and moto (SQS) on loopback; "
+        pages.banner("task_events_bench", "crash-recovery-from-ecss-stopped-events"),
+        "",
+        f"Run of {figures.date} at commit {figures.commit}. Machine: {pages.machine()}; "
+        "dynalite (DynamoDB) and moto (SQS) on loopback; "
         f"3 worker processes, {STREAMS} live streams at 20 msg/s; kill -9 of the busiest worker "
         "(it held all its streams the trial began with); recovered = every one of its streams "
         "owned by a survivor and connected upstream. The event is delivered the moment the "
-        "process exits (in AWS, ECS takes a few seconds more). Load average (1 min) at the "
-        f"start and the end of the run: {figures.load[0][0]:.1f}, {figures.load[-1][0]:.1f} "
-        "(other work on the machine shares its cores).",
+        "process exits (in AWS, ECS takes a few seconds more). Load average at the start "
+        f"{figures.load[0]}, at the end {figures.load[-1]} (other work on the machine shares "
+        "its cores).",
         "",
         "| figure | with the STOPPED event | lease only | target |",
         "|---|---|---|---|",
