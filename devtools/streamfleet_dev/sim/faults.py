@@ -278,6 +278,7 @@ class FaultyClient:
         plan: FaultPlan,
         network: Network,
         record: Callable[[Sent], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.inner = inner
         self.name = name
@@ -287,6 +288,7 @@ class FaultyClient:
         self.requests: Counter[str] = Counter()
         self.dead = False
         self._record = record
+        self._clock = clock
 
     async def call(
         self, operation: str, *, guard: Callable[[], object] | None = None, **params: Any
@@ -306,7 +308,7 @@ class FaultyClient:
                 guard()
             self.requests[operation] += 1
             if self._record is not None:
-                self._record(Sent(time.monotonic(), self.name, operation, fault, params))
+                self._record(Sent(self._clock(), self.name, operation, fault, params))
 
         if fault is Fault.DELAY and seconds >= read_timeout:
             # A server slower than the read timeout: the caller gives up, the server applies it.

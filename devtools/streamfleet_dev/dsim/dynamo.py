@@ -1,0 +1,149 @@
+"""DynamoDB in process: moto's own request handlers, called directly, without HTTP or botocore.
+
+:class:`InProcessDynamoDB` answers the data-plane calls the runtime makes (``put_item``,
+``update_item``, ``query``, ``batch_write_item``...) with the parameters botocore takes, which
+are exactly the JSON body DynamoDB's protocol sends, and evaluates key, condition, update and
+filter expressions with moto's parser: the same evaluator as the moto server the conformance
+tests run against, without the server's threads. Errors come back as botocore's
+``ClientError`` with DynamoDB's code (``ConditionalCheckFailedException`` with the item when
+``ReturnValuesOnConditionCheckFailure`` asks for it), as the runtime's error handling expects.
+
+Each instance has an account of its own, so simulations that run one after another (or side by
+side) never see each other's tables; :meth:`InProcessDynamoDB.close` drops it.
+
+:class:`InProcessClient` stands where :class:`streamfleet.aws.AsyncClient` stands: ``await
+client.call(operation, guard=..., **params)`` runs the guard at the send, as the real client
+does, then answers on the caller's own event loop, so a virtual-time loop stays deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from botocore.exceptions import ClientError
+from moto.core.exceptions import JsonRESTError
+from moto.dynamodb.models import dynamodb_backends
+from moto.dynamodb.responses import DynamoHandler
+
+from streamfleet.aws import ClientSettings
+
+_ACCOUNTS = itertools.count(900_000_000_000)
+_ACCOUNTS_LOCK = threading.Lock()
+
+
+class InProcessDynamoDB:
+    """One DynamoDB "Region" of its own, answered synchronously in the caller's thread."""
+
+    def __init__(self, region: str = "us-east-1"):
+        with _ACCOUNTS_LOCK:
+            self.account = str(next(_ACCOUNTS))
+        self.region = region
+        self.meta = SimpleNamespace(endpoint_url=f"inprocess://dynamodb/{self.account}")
+        self._handler = DynamoHandler()
+        self._handler.current_account = self.account
+        self._handler.region = region
+
+    def call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``operation`` (botocore's snake_case name) with ``params``; the answer, or
+        ``ClientError`` as DynamoDB would raise it."""
+        method = getattr(self._handler, operation, None)
+        if method is None or operation.startswith("_"):
+            raise ValueError(f"{operation}: not a DynamoDB operation moto answers")
+        # The handler reads its request from ``body`` and may keep references into it.
+        self._handler.body = copy.deepcopy(params)
+        try:
+            result = method()
+        except JsonRESTError as exc:
+            raise _client_error(operation, exc) from None
+        answer = getattr(result, "_result", result)
+        if isinstance(answer, (str, bytes)):
+            answer = json.loads(answer) if answer else {}
+        return copy.deepcopy(answer)
+
+    def __getattr__(self, operation: str) -> Callable[..., dict[str, Any]]:
+        """``client.put_item(**params)``, as a boto3 client is called (late deliveries)."""
+        if operation.startswith("_"):
+            raise AttributeError(operation)
+        return lambda **params: self.call(operation, params)
+
+    def create_table(self, table: Any, table_name: str) -> None:
+        """``table_name`` as the synthesized template declares ``table`` (a model spec or a
+        definition from the assembly), its TTL included."""
+        from streamfleet_dev.tables import create_table_request, table_definition
+
+        self.call("create_table", create_table_request(table, table_name))
+        ttl = table_definition(table).ttl_attribute
+        if ttl:
+            self.call(
+                "update_time_to_live",
+                {
+                    "TableName": table_name,
+                    "TimeToLiveSpecification": {"Enabled": True, "AttributeName": ttl},
+                },
+            )
+
+    def close(self) -> None:
+        """Forget every table of this instance."""
+        backends = dynamodb_backends[self.account]
+        if self.region in backends:
+            backends[self.region].reset()
+
+
+def _client_error(operation: str, exc: JsonRESTError) -> ClientError:
+    body = json.loads(exc.get_body() or "{}")
+    code = str(exc.error_type).rsplit("#", 1)[-1]
+    response: dict[str, Any] = {
+        "Error": {"Code": code, "Message": body.get("message") or body.get("Message", "")},
+        "ResponseMetadata": {"HTTPStatusCode": exc.code},
+    }
+    if "Item" in body:
+        response["Item"] = body["Item"]
+    if "CancellationReasons" in body:
+        response["CancellationReasons"] = body["CancellationReasons"]
+    return ClientError(response, _operation_name(operation))
+
+
+def _operation_name(operation: str) -> str:
+    return "".join(part.capitalize() for part in operation.split("_"))
+
+
+class InProcessClient:
+    """An :class:`~streamfleet.aws.AsyncClient` look-alike over :class:`InProcessDynamoDB`.
+
+    ``latency``: seconds each request takes (called once per request; a seeded draw keeps a
+    simulation deterministic), slept on the caller's loop before the request is applied.
+    """
+
+    def __init__(
+        self,
+        store: InProcessDynamoDB,
+        *,
+        settings: ClientSettings | None = None,
+        latency: Callable[[], float] | None = None,
+    ):
+        self.client = store
+        self.settings = settings or ClientSettings()
+        self.requests: Counter[str] = Counter()
+        self._latency = latency
+
+    async def call(
+        self, operation: str, *, guard: Callable[[], object] | None = None, **params: Any
+    ) -> dict[str, Any]:
+        if guard is not None:
+            guard()
+        self.requests[operation] += 1
+        delay = self._latency() if self._latency is not None else 0.0
+        # Always yield, as a real request does: another task may run before the answer.
+        await asyncio.sleep(max(0.0, delay))
+        return self.client.call(operation, params)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,475 @@
+"""The lease core on a virtual clock: the real lease code, seeded faults, one owner checked.
+
+Each schedule runs holders that use the deployed lease code (``LeaseStore``: the session
+keeper's renewals, the orphan finder with its fencing of dead sessions, ``claim``, fenced
+``checkpoint``) against :class:`~.dynamo.InProcessDynamoDB` through the fault layer of
+:mod:`streamfleet_dev.sim.faults` (delays, lost answers, late and duplicated deliveries,
+throttling, server errors, timeouts, stale index views), with each holder's wall clock skewed
+within the allowance. The schedule crashes holders (their tasks end at once; what they sent is
+still delivered), pauses them (nothing of theirs runs; time goes on) and starts new ones.
+
+A holder here is the lease plane of a worker, not the worker: it renews every heartbeat,
+looks for claimable rows every reconcile interval, claims what it finds, adopts rows its
+session owns but it does not hold (the audit: a claim applied whose answer was lost), and
+checkpoints each held row until the row or its session is lost. The worker's own loops (its
+upstream connections, its sink, intake and rebalancing) are not in this simulation yet.
+
+The checker asks what the lease model promises whatever the faults:
+
+* **one owner**: a new holder's window on a row begins only after the previous holder's has
+  ended: at its stop, or at the last holder's deadline its session ever had, whichever came
+  first;
+* **liveness**: once the network has healed and every pause has ended, every row is held again
+  within the quiet period (three leases).
+
+Everything is on one virtual clock and every random draw comes from the seed, so a schedule
+replays exactly: the same seed gives the same trace (:attr:`Outcome.trace`, every request with
+its fault included) on any machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from streamfleet import model
+from streamfleet.aws import ClientSettings
+from streamfleet.desired_state import DesiredStateWriter
+from streamfleet.lease import LeaseLost, LeaseStore, LeaseTiming, SessionLost
+from streamfleet.lease import sessions as sessions_module
+from streamfleet.lease.connections import Lease
+from streamfleet.lease.sessions import SessionKeeper
+from streamfleet_dev.dsim import loop as virtual
+from streamfleet_dev.dsim.dynamo import InProcessClient, InProcessDynamoDB
+from streamfleet_dev.dsim.network import VirtualNetwork
+from streamfleet_dev.sim.faults import FaultyClient, RandomFaults, Sent
+
+TIMING = LeaseTiming(
+    lease_seconds=10.0, heartbeat_seconds=2.0, max_clock_skew_seconds=1.0, safety_margin_seconds=0.5
+)
+RECONCILE_SECONDS = 3.0
+CHECKPOINT_SECONDS = 1.0
+WALL_BASE_MS = 1_800_000_000_000  # the virtual clock's 0, on the wall
+TABLE = "dsim-leases"
+URL = "wss://upstream.example.com/stream"
+
+
+# --- the schedule -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    kind: str  # crash, pause, start
+    holder: int
+    seconds: float = 0.0  # how long a pause lasts
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    holders: int
+    streams: int
+    fault_rate: float
+    events: tuple[Event, ...]
+    quiet_seconds: float  # after the last event, before the end
+
+    @classmethod
+    def generate(cls, seed: int) -> Schedule:
+        rng = random.Random(seed)
+        holders = rng.randint(2, 4)
+        streams = rng.randint(1, 6)
+        events: list[Event] = []
+        at = 0.0
+        next_holder = holders
+        for _ in range(rng.randint(1, 6)):
+            at += rng.uniform(0.5, 2 * TIMING.lease_seconds)
+            kind = rng.choice(("crash", "pause", "pause", "start"))
+            if kind == "start":
+                events.append(Event(at, kind, next_holder))
+                next_holder += 1
+            else:
+                seconds = rng.choice((0.5, TIMING.heartbeat_seconds * 2, TIMING.lease_seconds * 2))
+                holder = rng.randrange(next_holder)
+                events.append(Event(at, kind, holder, seconds if kind == "pause" else 0.0))
+        return cls(
+            seed=seed,
+            holders=holders,
+            streams=streams,
+            fault_rate=rng.choice((0.0, 0.05, 0.2)),
+            events=tuple(events),
+            quiet_seconds=3 * (TIMING.lease_seconds + TIMING.max_clock_skew_seconds),
+        )
+
+    def describe(self) -> str:
+        events = ", ".join(
+            f"{e.kind} h{e.holder}@{e.at:.1f}" + (f"+{e.seconds:g}" if e.seconds else "")
+            for e in self.events
+        )
+        return (
+            f"seed {self.seed}: {self.holders} holders, {self.streams} streams, "
+            f"faults {self.fault_rate:g}: {events}"
+        )
+
+
+# --- one world --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SkewedVirtualClock:
+    """The loop's time as the monotonic clock; the wall clock ``skew_ms`` off."""
+
+    loop: asyncio.AbstractEventLoop
+    skew_ms: int = 0
+
+    def monotonic(self) -> float:
+        return self.loop.time()
+
+    def wall_ms(self) -> int:
+        return WALL_BASE_MS + round(self.loop.time() * 1000) + self.skew_ms
+
+
+@dataclass
+class Window:
+    """One holder acting as the owner of one row under one lease."""
+
+    holder: str
+    pk: str
+    lease_version: int
+    session_version: int
+    began: float
+    stopped: float | None = None
+
+
+class _ObservedSession(SessionKeeper):
+    """Records every holder's deadline its session takes (by session version)."""
+
+    deadlines: dict[tuple[str, int], list[float]]
+
+    @property  # type: ignore[override]
+    def deadline(self) -> float:
+        return self.__dict__["_deadline"]
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.__dict__["_deadline"] = value
+        if self.version is not None and value != float("-inf"):
+            self.deadlines.setdefault((self.worker_id, self.version), []).append(value)
+
+
+class Holder:
+    """The lease plane of one worker (see the module docstring)."""
+
+    def __init__(self, world: World, name: str, skew_ms: int):
+        self.world = world
+        self.name = name
+        loop = asyncio.get_running_loop()
+        self.client = FaultyClient(
+            InProcessClient(world.db, settings=ClientSettings(read_timeout_seconds=2.0)),  # type: ignore[arg-type]
+            name=name,
+            plan=world.faults,
+            network=world.network,
+            record=world.sent.append,
+            clock=loop.time,
+        )
+        self.store = LeaseStore.create(
+            table_name=TABLE,
+            worker_id=name,
+            timing=TIMING,
+            dynamodb=self.client,  # type: ignore[arg-type]
+            clock=SkewedVirtualClock(loop, skew_ms),
+        )
+        session = self.store.session
+        deadline = session.__dict__.pop("deadline")
+        session.__class__ = _ObservedSession
+        session.deadlines = world.deadlines  # type: ignore[attr-defined]
+        session.deadline = deadline
+        self.awake = asyncio.Event()
+        self.awake.set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.held: set[str] = set()
+        self.crashed = False
+
+    def start(self) -> None:
+        self._spawn(self._run())
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def crash(self) -> None:
+        """kill -9: nothing of it runs again; what it sent is still on its way."""
+        self.crashed = True
+        self.client.dead = True
+        for task in list(self.tasks):
+            task.cancel()
+        self.world.trace(f"{self.name} crashed")
+
+    async def pause(self, seconds: float) -> None:
+        """SIGSTOP for ``seconds``: it sends nothing new; its clocks go on."""
+        self.awake.clear()
+        self.world.trace(f"{self.name} paused for {seconds:g} s")
+        await asyncio.sleep(seconds)
+        self.awake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self.awake.wait()
+            try:
+                await self.store.session.open()
+                break
+            except Exception as exc:
+                self.world.trace(f"{self.name} open failed: {type(exc).__name__}")
+                await asyncio.sleep(TIMING.heartbeat_seconds)
+        self.world.trace(f"{self.name} opened session {self.store.session.version}")
+        self._spawn(self._heartbeat())
+        self._spawn(self._reconcile())
+
+    async def _heartbeat(self) -> None:
+        session = self.store.session
+        while True:
+            await asyncio.sleep(TIMING.heartbeat_seconds)
+            await self.awake.wait()
+            before = session.version
+            try:
+                renewed = await session.renew()
+            except Exception as exc:
+                self.world.trace(f"{self.name} renew failed: {type(exc).__name__}")
+                continue
+            if not renewed:
+                self.world.trace(f"{self.name} lost session {before}, now {session.version}")
+
+    async def _reconcile(self) -> None:
+        rng = self.world.rng
+        while True:
+            await asyncio.sleep(RECONCILE_SECONDS * rng.uniform(0.8, 1.2))
+            await self.awake.wait()
+            try:
+                found = await self.store.orphans.find(limit=self.world.schedule.streams)
+                for candidate in found:
+                    await self.awake.wait()
+                    lease = await self.store.connections.claim(candidate)
+                    if lease is not None:
+                        self._spawn(self._hold(lease))
+                # The audit: rows this session owns that nothing here holds.
+                for lease in await self.store.connections.mine():
+                    if lease.pk not in self.held:
+                        self.world.trace(f"{self.name} adopts {lease.pk} v{lease.lease_version}")
+                        self._spawn(self._hold(lease))
+            except Exception as exc:
+                self.world.trace(f"{self.name} reconcile failed: {type(exc).__name__}")
+
+    async def _hold(self, lease: Lease) -> None:
+        loop = asyncio.get_running_loop()
+        window = Window(
+            self.name, lease.pk, lease.lease_version, lease.session_version, loop.time()
+        )
+        self.world.windows.append(window)
+        self.held.add(lease.pk)
+        self.world.trace(f"{self.name} holds {lease.pk} v{lease.lease_version}")
+        seq = lease.last_seq or 0
+        try:
+            while True:
+                await self.awake.wait()
+                self.store.session.require_live(lease.session_version)
+                seq += 1
+                try:
+                    await self.store.connections.checkpoint(lease, seq)
+                except (LeaseLost, SessionLost):
+                    raise
+                except Exception as exc:  # the store did not answer: try again next time
+                    self.world.trace(f"{self.name} checkpoint failed: {type(exc).__name__}")
+                await asyncio.sleep(CHECKPOINT_SECONDS)
+        except (LeaseLost, SessionLost) as exc:
+            self.world.trace(
+                f"{self.name} lost {lease.pk} v{lease.lease_version}: {type(exc).__name__}"
+            )
+        finally:
+            window.stopped = loop.time()
+            self.held.discard(lease.pk)
+
+
+class World:
+    """One schedule's table, network, holders and records."""
+
+    def __init__(self, schedule: Schedule):
+        loop = asyncio.get_running_loop()
+        self.schedule = schedule
+        self.rng = random.Random(schedule.seed)
+        self.db = InProcessDynamoDB()
+        self.db.create_table(model.LEASE_TABLE, TABLE)
+        self.network = VirtualNetwork(loop)
+        self.faults = RandomFaults(random.Random(schedule.seed + 1), rate=schedule.fault_rate)
+        self.sent: list[Sent] = []
+        self.windows: list[Window] = []
+        self.deadlines: dict[tuple[str, int], list[float]] = {}
+        self.holders: dict[int, Holder] = {}
+        self.holders_by_name: dict[str, Holder] = {}
+        self.lines: list[str] = []
+        self._loop = loop
+
+    def trace(self, text: str) -> None:
+        self.lines.append(f"{self._loop.time():10.3f} {text}")
+
+    def add_holder(self, number: int) -> Holder:
+        skew = TIMING.max_clock_skew_ms // 2
+        holder = Holder(self, f"h{number}", self.rng.randint(-skew, skew))
+        self.holders[number] = holder
+        self.holders_by_name[holder.name] = holder
+        holder.start()
+        return holder
+
+    def close(self) -> None:
+        self.db.close()
+
+
+# --- running and judging ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    schedule: Schedule
+    problems: tuple[str, ...]
+    trace: str
+    requests: int
+    faults: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """The runtime's own draws (backoff jitter, the finder's shuffle) and the session version
+    (the wall clock in microseconds) from the seed and the virtual clock, for this run only."""
+    state = random.getstate()
+    random.seed(seed)
+    real_time = sessions_module.time
+
+    class _VirtualTime:
+        @staticmethod
+        def time_ns() -> int:
+            loop = asyncio.get_running_loop()
+            return (WALL_BASE_MS + round(loop.time() * 1000)) * 1_000_000
+
+    sessions_module.time = _VirtualTime  # type: ignore[assignment]
+    real_uuid4 = uuid.uuid4
+    draws = random.Random(seed + 2)
+    uuid.uuid4 = lambda: uuid.UUID(int=draws.getrandbits(128), version=4)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        uuid.uuid4 = real_uuid4  # type: ignore[assignment]
+        sessions_module.time = real_time  # type: ignore[assignment]
+        random.setstate(state)
+
+
+def run_schedule(schedule: Schedule) -> Outcome:
+    """Run one schedule to its end on a fresh virtual loop; its outcome and trace."""
+    with _seeded(schedule.seed):
+        return virtual.run(_run(schedule))
+
+
+async def _run(schedule: Schedule) -> Outcome:
+    world = World(schedule)
+    try:
+        writer = DesiredStateWriter(
+            dynamodb=InProcessClient(world.db),  # type: ignore[arg-type]
+            table_name=TABLE,
+        )
+        for number in range(schedule.streams):
+            await writer.start(f"s{number}", URL)
+        for number in range(schedule.holders):
+            world.add_holder(number)
+        pauses: list[asyncio.Task[None]] = []
+        started = asyncio.get_running_loop().time()
+        for event in schedule.events:
+            await asyncio.sleep(max(0.0, started + event.at - asyncio.get_running_loop().time()))
+            holder = world.holders.get(event.holder)
+            if event.kind == "start" and holder is None:
+                world.add_holder(event.holder)
+            elif holder is not None and not holder.crashed:
+                if event.kind == "crash":
+                    holder.crash()
+                elif event.kind == "pause":
+                    pauses.append(asyncio.create_task(holder.pause(event.seconds)))
+        world.faults.active = False  # the quiet end: the network heals
+        await asyncio.gather(*pauses, return_exceptions=True)
+        await asyncio.sleep(schedule.quiet_seconds)
+        unheld = [
+            f"s{number}"
+            for number in range(schedule.streams)
+            if not any(
+                w.pk == model.connection_pk(f"s{number}")
+                and w.stopped is None
+                and not world.holders_by_name[w.holder].crashed
+                for w in world.windows
+            )
+        ]
+        for holder in world.holders.values():
+            if not holder.crashed:
+                holder.crash()  # the end of the world, judged as it stands
+        problems = tuple(one_owner_problems(world)) + tuple(
+            f"{stream}: held by no live holder {schedule.quiet_seconds:g} s after the last fault"
+            for stream in unheld
+        )
+        world.lines += [f"{s.at:10.3f} SENT {s.client} {s.operation} {s.fault}" for s in world.sent]
+        world.lines.sort(key=lambda line: float(line.split(maxsplit=1)[0]))
+        return Outcome(
+            schedule=schedule,
+            problems=problems,
+            trace="\n".join(world.lines) + "\n",
+            requests=len(world.sent),
+            faults=sum(world.faults.injected.values()),
+        )
+    finally:
+        world.close()
+
+
+def _deadline_end(world: World, window: Window) -> float:
+    """The last holder's deadline that window's session ever had (see
+    :func:`streamfleet_dev.sim.checker._deadline_end` for why the last, not the first)."""
+    values = world.deadlines.get((window.holder, window.session_version), [])
+    return max(values, default=window.began)
+
+
+def one_owner_problems(world: World) -> list[str]:
+    """A holder whose window on a row began while another holder's could still act on it.
+
+    A window can act until the holder stopped it or until the last holder's deadline of its
+    session, whichever came first: the lease code promises to send nothing for a row past that
+    deadline (every write is bounded by it), and a taker may claim only a session that expired
+    by more than the clock-skew allowance, which the holder's deadline precedes."""
+    problems: list[str] = []
+    by_pk: dict[str, list[Window]] = defaultdict(list)
+    for window in world.windows:
+        by_pk[window.pk].append(window)
+    for pk, windows in sorted(by_pk.items()):
+        windows.sort(key=lambda w: (w.began, w.lease_version))
+        previous_end, previous = float("-inf"), None
+        for window in windows:
+            end = min(
+                window.stopped if window.stopped is not None else float("inf"),
+                _deadline_end(world, window),
+            )
+            if (
+                previous is not None
+                and previous.holder != window.holder
+                and window.began < previous_end
+            ):
+                problems.append(
+                    f"{pk}: {window.holder} (lease {window.lease_version}) held it from "
+                    f"{window.began:.3f} while {previous.holder} (lease "
+                    f"{previous.lease_version}) could act until {previous_end:.3f}"
+                )
+            if end > previous_end:
+                previous_end, previous = end, window
+    return problems
