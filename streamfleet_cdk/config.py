@@ -38,7 +38,7 @@ from streamfleet_cdk.task_events import (
     DEFAULT_RESERVED_CONCURRENCY as TASK_STOPPED_RESERVED_CONCURRENCY,
 )
 from streamfleet_cdk.upstreams import SEPARATOR, check_allowed_upstreams
-from streamfleet_cdk.websocket_api import check_canary_public_keys
+from streamfleet_cdk.websocket_api import check_public_keys
 from streamfleet_cdk.worker_fleet import FARGATE_MEMORY, MAX_STOP_TIMEOUT_SECONDS, VPC_AZS
 
 CONTEXT_PREFIX = "streamfleet:"
@@ -461,7 +461,7 @@ class AppConfig:
                     f"{context_key('canary_public_keys')}: only used with "
                     f"{context_key('canary_signing_key_secret_name')}"
                 )
-            check_canary_public_keys(context_key("canary_public_keys"), self.canary_public_keys)
+            check_public_keys(context_key("canary_public_keys"), self.canary_public_keys)
         for name in (
             "ws_state_table_name",
             "ws_connections_table_name",

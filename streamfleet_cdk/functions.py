@@ -10,6 +10,11 @@ can be filtered by level and field there.
 
 :func:`function_alarms` gives each function an errors and a throttles alarm; the stacks send
 every alarm to the Region's alarm topic (:mod:`streamfleet_cdk.alarms`).
+
+checkov's Lambda checks that no function of the app meets are judged here, once: outside a VPC
+(:data:`NO_VPC_REASON`), the environment without a customer managed key
+(:data:`ENVIRONMENT_KMS_REASON`), and no dead-letter queue, for a reason each caller gives by how
+its function is invoked (:data:`INVOKED_SYNCHRONOUSLY`, :data:`INVOKED_BY_STREAM`, or its own).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from streamfleet_cdk.assets import LAMBDA_TARGET, lambda_code
+from streamfleet_cdk.nag import skip_checkov
 
 # Lambda's application log levels, by name (CDK's enum has the same names).
 LOG_LEVELS = {
@@ -37,6 +43,33 @@ DEFAULT_LOG_LEVEL = "INFO"
 SYSTEM_LOG_LEVEL = lambda_.SystemLogLevel.WARN
 
 ALARM_PERIOD = Duration.minutes(5)
+
+# checkov CKV_AWS_117 and CKV_AWS_173, true of every function python_function builds.
+NO_VPC_REASON = (
+    "Calls public HTTPS endpoints only: AWS service APIs (DynamoDB, SQS, the API Gateway "
+    "Management API, CloudWatch, Secrets Manager) signed with the function's own role, "
+    "CloudFormation's pre-signed response URL, and for the authorizer and the canary the "
+    "identity provider's JWKS URL and the WebSocket API's public URL. Nothing it uses is in a "
+    "VPC; one would only add NAT gateways or interface endpoints in every Region to reach them."
+)
+ENVIRONMENT_KMS_REASON = (
+    "The environment holds names, URLs, limits and public keys, never a secret: the canary "
+    "reads its signing key from Secrets Manager at run time, and JwtSettings accepts public "
+    "keys only. The same values are in the CloudFormation template in plain text, and Lambda "
+    "encrypts them at rest with its own key; a customer managed key would hide nothing more."
+)
+# checkov CKV_AWS_116: why a function has no dead-letter queue, for the two ways of invoking one
+# that never use it. A function invoked asynchronously gives its own reason.
+INVOKED_SYNCHRONOUSLY = (
+    "Invoked synchronously only, by API Gateway, which waits for the answer and returns any "
+    "error to its caller; Lambda sends only failed asynchronous invocations to a dead-letter "
+    "queue, so one would never receive anything."
+)
+INVOKED_BY_STREAM = (
+    "Invoked only by an event source mapping on a DynamoDB stream, which never uses a "
+    "function's dead-letter queue; the mapping's own on-failure destination (the FailedRecords "
+    "queue, with its alarm) keeps the batches it gives up on."
+)
 
 
 def check_log_level(field: str, value: object) -> str:
@@ -64,6 +97,7 @@ def python_function(
     log_group: logs.ILogGroup,
     environment: dict[str, str],
     timeout: Duration,
+    no_dead_letter_queue: str,
     memory_size: int = 256,
     distributions: tuple[str, ...] = (),
     reserved_concurrency: int | None = None,
@@ -71,8 +105,12 @@ def python_function(
     tracing: bool = False,
 ) -> lambda_.Function:
     """A function on :data:`LAMBDA_TARGET` running ``handler`` from the ``streamfleet`` package
-    plus ``distributions``, logging JSON at ``log_level`` into ``log_group``."""
-    return lambda_.Function(
+    plus ``distributions``, logging JSON at ``log_level`` into ``log_group``.
+
+    ``no_dead_letter_queue``: why the function needs none, by how it is invoked (see
+    :data:`INVOKED_SYNCHRONOUSLY`); checkov's CKV_AWS_116 is skipped with it.
+    """
+    function = lambda_.Function(
         scope,
         construct_id,
         description=description,
@@ -91,6 +129,11 @@ def python_function(
         tracing=lambda_.Tracing.ACTIVE if tracing else lambda_.Tracing.DISABLED,
         environment=environment,
     )
+    skip_checkov(function, "CKV_AWS_116", no_dead_letter_queue)
+    skip_checkov(function, "CKV_AWS_117", NO_VPC_REASON)
+    if environment:
+        skip_checkov(function, "CKV_AWS_173", ENVIRONMENT_KMS_REASON)
+    return function
 
 
 def function_alarms(

@@ -41,9 +41,11 @@ from streamfleet import model
 from streamfleet.wsapi import fanout as fanout_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
 from streamfleet.wsapi import stream_lookup as lookup_runtime
+from streamfleet_cdk import at_rest
 from streamfleet_cdk.functions import (
     ALARM_PERIOD,
     DEFAULT_LOG_LEVEL,
+    INVOKED_BY_STREAM,
     check_log_level,
     check_reserved_concurrency,
     function_alarms,
@@ -54,6 +56,16 @@ from streamfleet_cdk.nag import acknowledge, nag_text
 FANOUT_ENTRY = f"{fanout_runtime.handler.__module__}.{fanout_runtime.handler.__name__}"
 LOOKUP_ENTRY = f"{lookup_runtime.handler.__module__}.{lookup_runtime.handler.__name__}"
 LOOKUP_RESOURCE_TYPE = "Custom::StreamFleetTableStream"
+# CloudFormation invokes the lookup asynchronously, at deployments of its stack only: one at a
+# time is plenty (Lambda retries a throttled asynchronous invocation), and a flood elsewhere in
+# the account cannot throttle a deployment.
+LOOKUP_RESERVED_CONCURRENCY = 1
+LOOKUP_NO_DEAD_LETTER_QUEUE = (
+    "Invoked by CloudFormation only, at deployments of this stack. The handler answers every "
+    "request, failures included, through CloudFormation's pre-signed response URL, so a failed "
+    "lookup fails the deployment with its reason; a kept event could only be replayed into a "
+    "deployment that has already failed or timed out."
+)
 
 # Exactly the calls each function makes, and what Lambda's event source mapping needs to read
 # the stream on the fan-out's behalf (ListStreams has no resource-level permission) and to
@@ -184,7 +196,7 @@ class MessagesStream(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.log_group = logs.LogGroup(
+        self.log_group = at_rest.log_group(
             self, "LookupLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
         )
         self.role = iam.Role(
@@ -207,8 +219,10 @@ class MessagesStream(Construct):
             log_group=self.log_group,
             timeout=Duration.seconds(30),
             memory_size=128,
+            reserved_concurrency=LOOKUP_RESERVED_CONCURRENCY,
             log_level=check_log_level("log_level", log_level),
             environment={},
+            no_dead_letter_queue=LOOKUP_NO_DEAD_LETTER_QUEUE,
         )
         self.resource = CustomResource(
             self,
@@ -338,7 +352,7 @@ class StreamFanout(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, props: StreamFanoutProps) -> None:
         super().__init__(scope, construct_id)
         self._props = props
-        self.log_group = logs.LogGroup(
+        self.log_group = at_rest.log_group(
             self, "Logs", retention=props.log_retention, removal_policy=RemovalPolicy.DESTROY
         )
         self.role = iam.Role(
@@ -347,12 +361,8 @@ class StreamFanout(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description="StreamFleet: posts stored messages to this Region's subscribers",
         )
-        self.failed_records = sqs.Queue(
-            self,
-            "FailedRecords",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=Duration.days(14),
+        self.failed_records = at_rest.queue(
+            self, "FailedRecords", retention_period=Duration.days(14)
         )
         self._grant()
         self.function = python_function(
@@ -366,6 +376,7 @@ class StreamFanout(Construct):
             timeout=props.timeout,
             reserved_concurrency=props.reserved_concurrency,
             log_level=props.log_level,
+            no_dead_letter_queue=INVOKED_BY_STREAM,
             environment={
                 model.ENV_SUBSCRIPTIONS_TABLE_NAME: props.subscriptions_table.table_name,
                 model.ENV_STREAMS_TABLE_NAME: props.streams_table.table_name,

@@ -41,6 +41,7 @@ from constructs import Construct
 
 from streamfleet import model
 from streamfleet import task_events as task_events_runtime
+from streamfleet_cdk import at_rest
 from streamfleet_cdk.functions import (
     ALARM_PERIOD,
     DEFAULT_LOG_LEVEL,
@@ -60,6 +61,13 @@ DEFAULT_RESERVED_CONCURRENCY = 10
 # delivery; beyond a lease (20 s by default) a late event changes nothing anyway.
 DEFAULT_MAX_EVENT_AGE = Duration.minutes(5)
 FUNCTION_RETRY_ATTEMPTS = 2
+# checkov CKV_AWS_116, as the module docstring says.
+NO_DEAD_LETTER_QUEUE = (
+    "Invoked asynchronously by EventBridge with STOPPED task events, retried by EventBridge and "
+    "by Lambda within max_event_age. An event is worth acting on for one lease only (after that "
+    "the lease has done the same work), so a kept event would be one nobody can act on; the "
+    "FailedInvocations, errors and throttles alarms say that something needs a look."
+)
 
 # The indexes the handler queries: "which sessions did task T run?" and "what did session S
 # hold?". Never Scan, never the table's other indexes.
@@ -149,7 +157,7 @@ class TaskStoppedHandler(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._props = props
-        self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention)
+        self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
         self.role = self._build_role()
         self.function = self._build_function()
         self.function.configure_async_invoke(
@@ -210,6 +218,7 @@ class TaskStoppedHandler(Construct):
             timeout=props.timeout,
             reserved_concurrency=props.reserved_concurrency,
             log_level=props.log_level,
+            no_dead_letter_queue=NO_DEAD_LETTER_QUEUE,
             environment={
                 model.ENV_TABLE_NAME: props.lease_table.table_name,
                 model.ENV_QUEUE_URL: props.queue.queue_url,

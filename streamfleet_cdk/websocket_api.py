@@ -45,9 +45,11 @@ from streamfleet.validation import REGION_PATTERN
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
 from streamfleet.wsapi import jwt as jwt_runtime
+from streamfleet_cdk import at_rest
 from streamfleet_cdk.functions import (
     ALARM_PERIOD,
     DEFAULT_LOG_LEVEL,
+    INVOKED_SYNCHRONOUSLY,
     check_log_level,
     check_reserved_concurrency,
     function_alarms,
@@ -118,7 +120,8 @@ class JwtSettings:
         issuer: the exact ``iss`` to accept.
         audience: the ``aud`` to accept.
         jwks_url: the issuer's JWKS document (https); its keys are cached by the authorizer.
-        keys: or the public keys themselves (a JWKS document, one JWK or a PEM public key).
+        keys: or the public keys themselves (a JWKS document, one JWK or a PEM public key;
+            never a shared secret).
         leeway_seconds: clock skew allowed on ``exp``/``nbf`` (``None``: the runtime default).
         canary_keys: the canary's public key(s) (``JWT_CANARY_KEYS``: a JWKS document, one JWK
             or a PEM public key), the only keys that verify a canary token, which the handlers
@@ -145,8 +148,12 @@ class JwtSettings:
             raise ValueError(f"jwt: {exc}") from None
         if self.jwks_url is not None and urlsplit(self.jwks_url).scheme != "https":
             raise ValueError("jwt: JWT_JWKS_URL: must be an https URL in a deployment")
+        # Public keys only, in JWT_KEYS too (the authorizer also takes a shared secret there,
+        # for local use): the environment is readable by whoever can read the stack.
+        if self.keys is not None:
+            check_public_keys(f"jwt: {model.ENV_JWT_KEYS}", self.keys)
         if self.canary_keys is not None:
-            check_canary_public_keys(f"jwt: {model.ENV_JWT_CANARY_KEYS}", self.canary_keys)
+            check_public_keys(f"jwt: {model.ENV_JWT_CANARY_KEYS}", self.canary_keys)
 
     def environment(self) -> dict[str, str]:
         """The authorizer's environment (what ``AuthorizerConfig.from_env`` reads)."""
@@ -164,7 +171,7 @@ class JwtSettings:
         return env
 
 
-def check_canary_public_keys(field: str, text: object) -> str:
+def check_public_keys(field: str, text: object) -> str:
     """Asymmetric public keys the authorizer can parse; ``ValueError`` naming ``field``."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{field}: expected a JWKS document, a JWK or a PEM public key")
@@ -552,7 +559,7 @@ class WebSocketApi(Construct):
     # --- Lambdas ---
 
     def _build_log_group(self, construct_id: str) -> logs.LogGroup:
-        return logs.LogGroup(self, construct_id, retention=self._props.log_retention)
+        return at_rest.log_group(self, construct_id, retention=self._props.log_retention)
 
     def _build_role(self, construct_id: str, description: str) -> iam.Role:
         return iam.Role(
@@ -586,6 +593,7 @@ class WebSocketApi(Construct):
             reserved_concurrency=props.reserved_concurrency,
             log_level=props.log_level,
             environment=environment,
+            no_dead_letter_queue=INVOKED_SYNCHRONOUSLY,
         )
 
     def _build_authorizer_function(self) -> lambda_.Function:
@@ -602,6 +610,7 @@ class WebSocketApi(Construct):
             reserved_concurrency=props.authorizer_reserved_concurrency,
             log_level=props.log_level,
             environment=props.jwt.environment(),
+            no_dead_letter_queue=INVOKED_SYNCHRONOUSLY,
         )
 
     # --- API ---

@@ -48,6 +48,40 @@ def default_websocket_app() -> BuiltWebSocketApp:
     return build_websocket_app()
 
 
+# The stacks with a custom domain and failover records, and the canary's keys.
+PRIMARY_REGION, SECONDARY_REGION = "us-east-1", "us-west-2"
+DOMAIN = "ws.example.com"
+ZONE_NAME = "example.com"
+ZONE_ID = "Z0123456789ABCDEFGHIJ"
+CERT_PRIMARY = f"arn:aws:acm:{PRIMARY_REGION}:{TEST_ACCOUNT}:certificate/11111111-aaaa"
+CERT_SECONDARY = f"arn:aws:acm:{SECONDARY_REGION}:{TEST_ACCOUNT}:certificate/22222222-bbbb"
+SECRET_NAME = "streamfleet/canary-signing-key"
+# The public half of a canary signing key (fixed, so the snapshots do not change with it).
+CANARY_PUBLIC_KEYS = (
+    '{"keys":[{"alg":"ES256","use":"sig","kid":"canary-1","kty":"EC","crv":"P-256",'
+    '"x":"GAgudWH6Vm9s8iNR4XqnWfcfFxnNH8TozCwC5lHoJt8",'
+    '"y":"kH4vJBDjruLYPtJ39BibmJ9MHElZSrG7Y_FnxIUL4tQ"}]}'
+)
+DOMAIN_CONTEXT = {
+    context_key("ws_domain_name"): DOMAIN,
+    context_key("hosted_zone_id"): ZONE_ID,
+    context_key("hosted_zone_name"): ZONE_NAME,
+    context_key("ws_certificate_arn_primary"): CERT_PRIMARY,
+    context_key("ws_certificate_arn_secondary"): CERT_SECONDARY,
+    context_key("canary_signing_key_secret_name"): SECRET_NAME,
+    context_key("canary_public_keys"): CANARY_PUBLIC_KEYS,
+    context_key("jwt_issuer"): "https://login.example.org/",
+    context_key("jwt_audience"): "auction-clients",
+    context_key("jwt_jwks_url"): "https://login.example.org/.well-known/jwks.json",
+    context_key("canary_healthy_runs_to_recover"): 7,
+}
+
+
+@functools.cache
+def domain_websocket_app() -> BuiltWebSocketApp:
+    return build_websocket_app(DOMAIN_CONTEXT)
+
+
 def stacks_of(built: BuiltWebSocketApp) -> list[tuple[WebSocketApiStack, Template]]:
     return [(stack, built.template(stack)) for stack in built.stacks]
 

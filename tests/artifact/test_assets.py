@@ -38,7 +38,7 @@ from packaging.utils import canonicalize_name
 
 from streamfleet_cdk import assets
 from streamfleet_cdk.canary import CANARY_DISTRIBUTIONS
-from streamfleet_cdk.functions import python_function
+from streamfleet_cdk.functions import INVOKED_SYNCHRONOUSLY, python_function
 from streamfleet_cdk.websocket_api import AUTHORIZER_DISTRIBUTIONS
 from tests.app_support import synthesize
 
@@ -176,6 +176,7 @@ def test_two_bundles_of_one_source_in_one_stack_stay_distinct(tmp_path):
             log_group=logs.LogGroup(stack, f"{construct_id}Logs"),
             environment={},
             timeout=cdk.Duration.seconds(3),
+            no_dead_letter_queue=INVOKED_SYNCHRONOUSLY,
         )
     app.synth()
     by_id = {f.logical_id[: -len("XXXXXXXX")]: f for f in deployed_functions(tmp_path)}

@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 SETS = ("runtime", "cdk", "local", "dev")
-TEST_TOOLS = ("pytest", "hypothesis", "syrupy", "cfn-lint", "ruff", "matplotlib")
+TEST_TOOLS = ("pytest", "hypothesis", "syrupy", "cfn-lint", "checkov", "ruff", "matplotlib")
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)$")
 
 

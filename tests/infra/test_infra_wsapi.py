@@ -13,7 +13,6 @@ it in a clean interpreter, compiled for the app's one target) are checked in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Any
 
@@ -76,41 +75,26 @@ from tests.app_support import (
     role_statements,
 )
 from tests.wsapi_app_support import (
+    CANARY_PUBLIC_KEYS,
+    CERT_PRIMARY,
+    CERT_SECONDARY,
+    DOMAIN,
+    DOMAIN_CONTEXT,
+    PRIMARY_REGION,
+    SECONDARY_REGION,
+    SECRET_NAME,
+    ZONE_ID,
+    ZONE_NAME,
     BuiltWebSocketApp,
     build_websocket_app,
     default_websocket_app,
+    domain_websocket_app,
     function_of,
     resources,
     stacks_of,
     variables_of,
 )
 
-PRIMARY_REGION, SECONDARY_REGION = "us-east-1", "us-west-2"
-DOMAIN = "ws.example.com"
-ZONE_NAME = "example.com"
-ZONE_ID = "Z0123456789ABCDEFGHIJ"
-CERT_PRIMARY = f"arn:aws:acm:{PRIMARY_REGION}:{TEST_ACCOUNT}:certificate/11111111-aaaa"
-CERT_SECONDARY = f"arn:aws:acm:{SECONDARY_REGION}:{TEST_ACCOUNT}:certificate/22222222-bbbb"
-SECRET_NAME = "streamfleet/canary-signing-key"
-# The public half of a canary signing key (fixed, so the snapshots do not change with it).
-CANARY_PUBLIC_KEYS = (
-    '{"keys":[{"alg":"ES256","use":"sig","kid":"canary-1","kty":"EC","crv":"P-256",'
-    '"x":"GAgudWH6Vm9s8iNR4XqnWfcfFxnNH8TozCwC5lHoJt8",'
-    '"y":"kH4vJBDjruLYPtJ39BibmJ9MHElZSrG7Y_FnxIUL4tQ"}]}'
-)
-DOMAIN_CONTEXT = {
-    context_key("ws_domain_name"): DOMAIN,
-    context_key("hosted_zone_id"): ZONE_ID,
-    context_key("hosted_zone_name"): ZONE_NAME,
-    context_key("ws_certificate_arn_primary"): CERT_PRIMARY,
-    context_key("ws_certificate_arn_secondary"): CERT_SECONDARY,
-    context_key("canary_signing_key_secret_name"): SECRET_NAME,
-    context_key("canary_public_keys"): CANARY_PUBLIC_KEYS,
-    context_key("jwt_issuer"): "https://login.example.org/",
-    context_key("jwt_audience"): "auction-clients",
-    context_key("jwt_jwks_url"): "https://login.example.org/.well-known/jwks.json",
-    context_key("canary_healthy_runs_to_recover"): 7,
-}
 # What CloudFormation resolves at deploy time, as the runtime would see it.
 DEPLOYED_API_ID = "a1b2c3d4e5"
 
@@ -130,11 +114,6 @@ EXPECTED_ACKNOWLEDGMENTS = {
 
 
 # --- Building the stacks ---
-
-
-@functools.cache
-def domain_websocket_app() -> BuiltWebSocketApp:
-    return build_websocket_app(DOMAIN_CONTEXT)
 
 
 @pytest.fixture(scope="module")
@@ -1114,6 +1093,13 @@ def test_canary_public_keys_must_be_public():
     assert jwt_settings(canary_keys=CANARY_PUBLIC_KEYS).environment()["JWT_CANARY_KEYS"] == (
         CANARY_PUBLIC_KEYS
     )
+
+
+def test_static_keys_must_be_public():
+    # The authorizer takes a shared secret in JWT_KEYS for local use; a stack never holds one.
+    with pytest.raises(ValueError, match=r"^jwt: JWT_KEYS: .*public keys only"):
+        jwt_settings(keys='{"kty":"oct","k":"c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"}')
+    assert jwt_settings(keys=CANARY_PUBLIC_KEYS).environment()["JWT_KEYS"] == CANARY_PUBLIC_KEYS
 
 
 def test_tables_props_are_validated():
