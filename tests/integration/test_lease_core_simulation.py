@@ -1,15 +1,21 @@
 """The lease core on a virtual clock (``streamfleet_dev.dsim``): the deployed lease code against
 an in-process DynamoDB through the fault layer, holders crashed, paused and started by seeded
-schedules; one owner and liveness checked; a seed replays byte for byte.
+schedules; one owner, fencing and liveness checked; a seed replays byte for byte.
 
 ``make lease-sim`` runs 200 fresh seeds; ``SIM_SEED=<n> make lease-sim`` prints one trace."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
 import pytest
 
+from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
-from streamfleet_dev.dsim.lease_core import Schedule, run_schedule
+from streamfleet_dev.dsim.lease_core import TABLE, FencingWitness, Schedule, run_schedule
 
 # A fixed list, so the gate is the same on every run; make lease-sim draws fresh ones.
 SEEDS = range(1, 26)
@@ -19,10 +25,13 @@ def test_every_fixed_schedule_keeps_one_owner_and_comes_back() -> None:
     outcomes = [run_schedule(Schedule.generate(seed)) for seed in SEEDS]
     failed = [f"SIM_SEED={o.schedule.seed}: {o.problems}" for o in outcomes if not o.ok]
     assert failed == []
-    # The schedules did what they are for: faults injected, crashes and pauses played.
+    # The schedules did what they are for: faults injected, crashes and pauses played, rows
+    # taken over, some from a holder that was paused at the time.
     assert sum(o.faults for o in outcomes) > 100
     kinds = {event.kind for o in outcomes for event in o.schedule.events}
     assert kinds == {"crash", "pause", "start"}
+    assert sum(o.handovers for o in outcomes) > 10
+    assert sum(o.from_paused for o in outcomes) > 0
 
 
 def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
@@ -31,17 +40,67 @@ def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
     assert " SENT " in first.trace and " holds " in first.trace
     assert run_schedule(Schedule.generate(8)).trace != first.trace
 
+    def printed(hash_seed: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "SIM_SEED": "7"}
+        done = subprocess.run(
+            [sys.executable, "-m", "streamfleet_dev.dsim"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return done.stdout
 
-def test_a_taker_that_ignores_the_clock_skew_allowance_is_caught(
+    # Another process, another string hashing: the same bytes.
+    assert printed("1") == printed("2")
+    assert first.trace in printed("3")
+
+
+def test_a_taker_that_claims_3_s_before_a_session_expires_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The checker can fail: a taker that treats a session as gone 3 s before it expires
-    (the allowance is 1 s) takes a paused holder's row while the holder may still act."""
+    """The checker can fail: a taker that treats a session as gone 3 s before it expires (the
+    skew allowance and the holder's margin together are 1.5 s) takes a row whose paused
+    holder may still act on it."""
     monkeypatch.setattr(
         LeaseTiming, "is_expired_for_taker", lambda self, expires, now: expires - 3000 < now
     )
-    # The seeds of the fixed list whose pauses outlast a lease while a row is held: each
-    # catches it, every time (found by running the list with the defect in place).
-    for seed in (2, 10, 19):
+    # The seeds of the fixed list that catch it, every time (found by running the list with
+    # the defect in place).
+    for seed in (7, 11, 19):
         problems = run_schedule(Schedule.generate(seed)).problems
         assert any("could act until" in problem for problem in problems), (seed, problems)
+
+
+def test_the_store_flags_a_write_applied_to_a_lease_its_sender_does_not_hold() -> None:
+    """What the simulation's store checks on every fenced write it applies: the row was the
+    lease the write names, and its checkpoint did not go back."""
+    world = SimpleNamespace(fencing=[])
+    store = FencingWitness(world)  # type: ignore[arg-type]
+    try:
+        store.create_table(model.LEASE_TABLE, TABLE)
+        key = {model.PK: {"S": model.connection_pk("s0")}}
+        held = {model.LEASE_OWNER: {"S": "h1"}, model.LEASE_VERSION: {"N": "2"}}
+        store.call(
+            "put_item", {"TableName": TABLE, "Item": {**key, **held, model.LAST_SEQ: {"N": "9"}}}
+        )
+        unfenced = {
+            "TableName": TABLE,
+            "Key": key,
+            "UpdateExpression": "SET #seq = :seq",
+            "ConditionExpression": ":me = :me AND :lease_version = :lease_version",
+            "ExpressionAttributeNames": {"#seq": model.LAST_SEQ},
+            "ExpressionAttributeValues": {
+                ":seq": {"N": "3"},
+                ":me": {"S": "h0"},
+                ":lease_version": {"N": "1"},
+            },
+        }
+        store.call("update_item", unfenced)
+        assert world.fencing == [
+            "CONN#s0: a write of h0 (lease 1) was applied to the row of h1 (lease 2)",
+            "CONN#s0: the checkpoint went from 9 back to 3",
+        ]
+    finally:
+        store.close()

@@ -63,6 +63,12 @@ class InProcessDynamoDB:
             result = method()
         except JsonRESTError as exc:
             raise _client_error(operation, exc) from None
+        except Exception as exc:  # moto's server answers these with a 500: retryable
+            error = {"Code": "InternalServerError", "Message": f"{type(exc).__name__}: {exc}"}
+            raise ClientError(
+                {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}},
+                _operation_name(operation),
+            ) from None
         answer = getattr(result, "_result", result)
         if isinstance(answer, (str, bytes)):
             answer = json.loads(answer) if answer else {}

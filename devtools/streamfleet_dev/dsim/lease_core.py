@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import uuid
 from collections import defaultdict
@@ -82,22 +83,28 @@ class Schedule:
 
     @classmethod
     def generate(cls, seed: int) -> Schedule:
-        rng = random.Random(seed)
+        rng = random.Random(f"{seed}/schedule")
         holders = rng.randint(2, 4)
         streams = rng.randint(1, 6)
         events: list[Event] = []
         at = 0.0
         next_holder = holders
+        alive = set(range(holders))
         for _ in range(rng.randint(1, 6)):
             at += rng.uniform(0.5, 2 * TIMING.lease_seconds)
             kind = rng.choice(("crash", "pause", "pause", "start"))
+            seconds = rng.choice((0.5, TIMING.heartbeat_seconds * 2, TIMING.lease_seconds * 2))
+            holder = rng.randrange(next_holder)
+            if kind == "crash" and alive <= {holder}:
+                kind = "start"  # the last one alive is never crashed: nobody could come back
             if kind == "start":
                 events.append(Event(at, kind, next_holder))
+                alive.add(next_holder)
                 next_holder += 1
             else:
-                seconds = rng.choice((0.5, TIMING.heartbeat_seconds * 2, TIMING.lease_seconds * 2))
-                holder = rng.randrange(next_holder)
                 events.append(Event(at, kind, holder, seconds if kind == "pause" else 0.0))
+                if kind == "crash":
+                    alive.discard(holder)
         return cls(
             seed=seed,
             holders=holders,
@@ -163,6 +170,22 @@ class _ObservedSession(SessionKeeper):
             self.deadlines.setdefault((self.worker_id, self.version), []).append(value)
 
 
+class _Paused:
+    """A holder's client that sends nothing and hears nothing while the holder is paused, as a
+    SIGSTOPped process: a request waits to be sent, an answer waits to be read."""
+
+    def __init__(self, inner: FaultyClient, awake: asyncio.Event):
+        self.inner = inner
+        self.awake = awake
+
+    async def call(self, operation: str, **params: Any) -> dict[str, Any]:
+        await self.awake.wait()
+        try:
+            return await self.inner.call(operation, **params)
+        finally:
+            await self.awake.wait()
+
+
 class Holder:
     """The lease plane of one worker (see the module docstring)."""
 
@@ -170,8 +193,16 @@ class Holder:
         self.world = world
         self.name = name
         loop = asyncio.get_running_loop()
+        latency = random.Random(f"{world.schedule.seed}/latency/{name}")
+        self.awake = asyncio.Event()
+        self.awake.set()
+        self.paused_until = float("-inf")
         self.client = FaultyClient(
-            InProcessClient(world.db, settings=ClientSettings(read_timeout_seconds=2.0)),  # type: ignore[arg-type]
+            InProcessClient(  # type: ignore[arg-type]
+                world.db,
+                settings=ClientSettings(read_timeout_seconds=2.0),
+                latency=lambda: latency.uniform(0.001, 0.05),
+            ),
             name=name,
             plan=world.faults,
             network=world.network,
@@ -182,7 +213,7 @@ class Holder:
             table_name=TABLE,
             worker_id=name,
             timing=TIMING,
-            dynamodb=self.client,  # type: ignore[arg-type]
+            dynamodb=_Paused(self.client, self.awake),  # type: ignore[arg-type]
             clock=SkewedVirtualClock(loop, skew_ms),
         )
         session = self.store.session
@@ -190,9 +221,7 @@ class Holder:
         session.__class__ = _ObservedSession
         session.deadlines = world.deadlines  # type: ignore[attr-defined]
         session.deadline = deadline
-        self.awake = asyncio.Event()
-        self.awake.set()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: dict[asyncio.Task[Any], None] = {}  # in the order they were started
         self.held: set[str] = set()
         self.crashed = False
 
@@ -201,8 +230,8 @@ class Holder:
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(lambda done: self.tasks.pop(done, None))
 
     def crash(self) -> None:
         """kill -9: nothing of it runs again; what it sent is still on its way."""
@@ -213,11 +242,17 @@ class Holder:
         self.world.trace(f"{self.name} crashed")
 
     async def pause(self, seconds: float) -> None:
-        """SIGSTOP for ``seconds``: it sends nothing new; its clocks go on."""
+        """SIGSTOP for ``seconds`` (or until an overlapping pause ends): it sends and reads
+        nothing; its clocks go on."""
+        loop = asyncio.get_running_loop()
+        self.paused_until = max(self.paused_until, loop.time() + seconds)
         self.awake.clear()
         self.world.trace(f"{self.name} paused for {seconds:g} s")
         await asyncio.sleep(seconds)
-        self.awake.set()
+        # An overlapping pause that ends later resumes it, not this one.
+        if loop.time() >= self.paused_until and not self.awake.is_set():
+            self.world.trace(f"{self.name} resumed")
+            self.awake.set()
 
     async def _run(self) -> None:
         while True:
@@ -256,13 +291,14 @@ class Holder:
                 for candidate in found:
                     await self.awake.wait()
                     lease = await self.store.connections.claim(candidate)
-                    if lease is not None:
+                    if lease is not None and lease.pk not in self.held:
                         self._spawn(self._hold(lease))
-                # The audit: rows this session owns that nothing here holds.
+                # The worker's audit: rows this session owns that nothing here holds (a claim
+                # applied whose answer was lost) are given back, for anyone to claim.
                 for lease in await self.store.connections.mine():
                     if lease.pk not in self.held:
-                        self.world.trace(f"{self.name} adopts {lease.pk} v{lease.lease_version}")
-                        self._spawn(self._hold(lease))
+                        self.world.trace(f"{self.name} releases {lease.pk} v{lease.lease_version}")
+                        await self.store.connections.release(lease)
             except Exception as exc:
                 self.world.trace(f"{self.name} reconcile failed: {type(exc).__name__}")
 
@@ -302,11 +338,17 @@ class World:
     def __init__(self, schedule: Schedule):
         loop = asyncio.get_running_loop()
         self.schedule = schedule
-        self.rng = random.Random(schedule.seed)
-        self.db = InProcessDynamoDB()
+        self.rng = random.Random(f"{schedule.seed}/holders")
+        self.db = FencingWitness(self)
         self.db.create_table(model.LEASE_TABLE, TABLE)
         self.network = VirtualNetwork(loop)
-        self.faults = RandomFaults(random.Random(schedule.seed + 1), rate=schedule.fault_rate)
+        # Delays, lost-answer waits and late deliveries up to 4 s: past the clients' 2 s read
+        # timeout and the renewals' hedge, into the slack between a holder's deadline and the
+        # earliest takeover.
+        self.faults = RandomFaults(
+            random.Random(f"{schedule.seed}/faults"), rate=schedule.fault_rate, max_seconds=4.0
+        )
+        self.fencing: list[str] = []  # writes applied to a row their sender did not hold
         self.sent: list[Sent] = []
         self.windows: list[Window] = []
         self.deadlines: dict[tuple[str, int], list[float]] = {}
@@ -340,6 +382,8 @@ class Outcome:
     trace: str
     requests: int
     faults: int
+    handovers: int  # rows that passed from one holder to another
+    from_paused: int  # of them, from a holder that was paused at the time
 
     @property
     def ok(self) -> bool:
@@ -351,7 +395,7 @@ def _seeded(seed: int) -> Iterator[None]:
     """The runtime's own draws (backoff jitter, the finder's shuffle) and the session version
     (the wall clock in microseconds) from the seed and the virtual clock, for this run only."""
     state = random.getstate()
-    random.seed(seed)
+    random.seed(f"{seed}/runtime")
     real_time = sessions_module.time
 
     class _VirtualTime:
@@ -362,7 +406,7 @@ def _seeded(seed: int) -> Iterator[None]:
 
     sessions_module.time = _VirtualTime  # type: ignore[assignment]
     real_uuid4 = uuid.uuid4
-    draws = random.Random(seed + 2)
+    draws = random.Random(f"{seed}/uuid")
     uuid.uuid4 = lambda: uuid.UUID(int=draws.getrandbits(128), version=4)  # type: ignore[assignment]
     try:
         yield
@@ -384,6 +428,7 @@ async def _run(schedule: Schedule) -> Outcome:
         writer = DesiredStateWriter(
             dynamodb=InProcessClient(world.db),  # type: ignore[arg-type]
             table_name=TABLE,
+            clock=SkewedVirtualClock(asyncio.get_running_loop()),
         )
         for number in range(schedule.streams):
             await writer.start(f"s{number}", URL)
@@ -417,21 +462,88 @@ async def _run(schedule: Schedule) -> Outcome:
         for holder in world.holders.values():
             if not holder.crashed:
                 holder.crash()  # the end of the world, judged as it stands
-        problems = tuple(one_owner_problems(world)) + tuple(
-            f"{stream}: held by no live holder {schedule.quiet_seconds:g} s after the last fault"
-            for stream in unheld
+        problems = (
+            tuple(one_owner_problems(world))
+            + tuple(world.fencing)
+            + tuple(
+                f"{stream}: held by no live holder {schedule.quiet_seconds:g} s after the last "
+                "fault"
+                for stream in unheld
+            )
         )
         world.lines += [f"{s.at:10.3f} SENT {s.client} {s.operation} {s.fault}" for s in world.sent]
         world.lines.sort(key=lambda line: float(line.split(maxsplit=1)[0]))
+        handovers, from_paused = _handovers(world)
         return Outcome(
             schedule=schedule,
             problems=problems,
             trace="\n".join(world.lines) + "\n",
             requests=len(world.sent),
             faults=sum(world.faults.injected.values()),
+            handovers=handovers,
+            from_paused=from_paused,
         )
     finally:
         world.close()
+
+
+class FencingWitness(InProcessDynamoDB):
+    """The store, watching every fenced write it applies to a connection row (one that names
+    its sender and lease version): it must land only on that lease, and never move the
+    checkpoint back."""
+
+    def __init__(self, world: World):
+        super().__init__()
+        self._world = world
+
+    def call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        values = params.get("ExpressionAttributeValues", {})
+        pk = params.get("Key", {}).get(model.PK, {}).get("S", "")
+        fenced = (
+            operation == "update_item"
+            and ":me" in values
+            and pk.startswith(model.connection_pk(""))
+            and "ADD #lease_version" not in params.get("UpdateExpression", "")
+        )
+        if not fenced:
+            return super().call(operation, params)
+        key = {"TableName": TABLE, "Key": params["Key"]}
+        before = super().call("get_item", key).get("Item", {})
+        answer = super().call(operation, params)  # raises if its condition failed
+        owner = before.get(model.LEASE_OWNER, {}).get("S")
+        version = before.get(model.LEASE_VERSION, {}).get("N")
+        me, expected = values[":me"].get("S"), values.get(":lease_version", {}).get("N")
+        if (owner, version) != (me, expected):
+            self._world.fencing.append(
+                f"{pk}: a write of {me} (lease {expected}) was applied to the row of {owner} "
+                f"(lease {version})"
+            )
+        after = super().call("get_item", key).get("Item", {})
+        old, new = (item.get(model.LAST_SEQ, {}).get("N") for item in (before, after))
+        if old is not None and (new is None or int(new) < int(old)):
+            self._world.fencing.append(f"{pk}: the checkpoint went from {old} back to {new}")
+        return answer
+
+
+def _handovers(world: World) -> tuple[int, int]:
+    """How many times a row passed from one holder to another, and how many of those from a
+    holder paused when the next one took it."""
+    pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for event in world.schedule.events:
+        if event.kind == "pause":
+            pauses[f"h{event.holder}"].append((event.at, event.at + event.seconds))
+    handovers = from_paused = 0
+    by_pk: dict[str, list[Window]] = defaultdict(list)
+    for window in world.windows:
+        by_pk[window.pk].append(window)
+    for windows in by_pk.values():
+        windows.sort(key=lambda w: (w.began, w.lease_version))
+        for before, after in itertools.pairwise(windows):
+            if before.holder != after.holder:
+                handovers += 1
+                if any(a <= after.began <= b for a, b in pauses[before.holder]):
+                    from_paused += 1
+    return handovers, from_paused
 
 
 def _deadline_end(world: World, window: Window) -> float:

@@ -16,7 +16,6 @@ heap's comparison of handles).
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import selectors
 from collections.abc import Coroutine
@@ -84,15 +83,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._now += seconds
 
     def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
-        # As the base loop does, but the timer's time carries a sequence number: heapq compares
-        # timers by time only, and equal times would then run in the heap's order.
-        self._check_closed()  # type: ignore[attr-defined]
-        timer = asyncio.TimerHandle(
-            _Tied(when, next(self._sequence)), callback, args, self, context
-        )
-        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
-        timer._scheduled = True  # type: ignore[attr-defined]
-        return timer
+        # The timer's time carries a sequence number: heapq compares timers by time only, and
+        # equal times would then run in the heap's order.
+        return super().call_at(_Tied(when, next(self._sequence)), callback, *args, context=context)
+
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:
+        # Work on another thread takes real time the virtual clock would jump over.
+        raise RuntimeError("a virtual-time loop runs nothing on other threads")
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
+        raise RuntimeError("a virtual-time loop takes no callbacks from other threads")
 
 
 class _Tied(float):

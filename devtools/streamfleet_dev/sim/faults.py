@@ -304,6 +304,8 @@ class FaultyClient:
         def sending() -> None:
             # Run where the real client runs its guard, at the send (in the pool thread): a
             # process frozen between the call and the send is caught there, as in production.
+            if self.dead:  # killed while this attempt waited: it never leaves
+                raise Dead(f"{self.name}: the process is gone")
             if guard is not None:
                 guard()
             self.requests[operation] += 1
