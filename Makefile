@@ -138,8 +138,8 @@ lease-sim: setup ## The lease core on a virtual clock: 200 seeded schedules (~3 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60
 
-drill: setup $(WEB)/dist/.built $(CHROMIUM) ## Failover drill of the WebSocket API, then the end-to-end live-delivery drill (fleet, fan-out, Python clients and browser pages)
-	$(PYTHON) -m streamfleet_dev.wsapi.drill --markdown
+drill: setup $(WEB)/dist/.built $(CHROMIUM) ## Failover drill of the WebSocket API, then the end-to-end live-delivery drill (fleet, fan-out, Python clients and browser pages); writes docs/benchmarks/drill.md
+	$(PYTHON) -m streamfleet_dev.wsapi.drill --markdown --page
 
 worker: setup ## Run one worker (configure with TABLE_NAME, QUEUE_URL, ... see docs/worker.md)
 	$(PYTHON) -m streamfleet.worker

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import pages
+from streamfleet_dev import pages
 
 RESULTS = pages.PAGES / "fanout.md"
 OUTPUTS = (RESULTS,)

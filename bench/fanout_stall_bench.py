@@ -29,11 +29,11 @@ import statistics
 import time
 from typing import Any
 
-from bench import pages
 from streamfleet import model
 from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi import fanout as fanout_runtime
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
+from streamfleet_dev import pages
 from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
 
 RESULTS = pages.PAGES / "fanout-stall.md"

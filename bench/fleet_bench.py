@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import pages
+from streamfleet_dev import pages
 from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream

@@ -24,8 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench import pages
 from streamfleet import model
+from streamfleet_dev import pages
 from streamfleet_dev.local.fleet import Fleet, WorkerProcess, eventually
 from streamfleet_dev.local.servers import fleet_servers
 from streamfleet_dev.upstream.fake import FakeUpstream

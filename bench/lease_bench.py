@@ -32,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import pages
 from bench.fleet_bench import PRODUCTION_TIMING, busiest
 from streamfleet import model
+from streamfleet_dev import pages
 from streamfleet_dev.local.aws_proxy import ProxyProcess
 from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import pages
 from streamfleet import task_events
+from streamfleet_dev import pages
 from streamfleet_dev.local.fleet import FAST_ENV, Fleet, WorkerProcess, eventually
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream

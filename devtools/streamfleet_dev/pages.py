@@ -1,10 +1,11 @@
-"""Where the benchmarks write their figures: pages of the manual, in ``docs/benchmarks/``.
+"""Where the benchmarks and the drill write their figures: pages of the manual, in
+``docs/benchmarks/``.
 
-``make bench`` writes them and nobody edits them by hand: a new figure is a new run. The
-manual's page on the benchmarks (``docs/benchmarks.md``) says what each bench measures, how,
-and what its figures mean, and links to these pages instead of restating them. Each bench names
-what it writes in its module's ``OUTPUTS`` (``tests/unit/test_docs.py`` holds them to
-this directory and to the built site).
+``make bench`` and ``make drill`` write them and nobody edits them by hand: a new figure is a
+new run. The manual's page on the benchmarks (``docs/benchmarks.md``) says what each one
+measures, how, and what its figures mean, and links to these pages instead of restating them.
+Each names what it writes in its module's ``OUTPUTS`` (``tests/unit/test_docs.py`` holds them
+to this directory and to the built site).
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import subprocess
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = REPO / "docs" / "benchmarks"
 
 
-def banner(module: str, section: str) -> str:
-    """The line under a page's title: what writes it, and where its method is described
-    (``section``: the anchor of the bench's section in ``docs/benchmarks.md``)."""
+def banner(module: str, section: str, *, target: str = "bench", package: str = "bench") -> str:
+    """The line under a page's title: what writes it (``make <target>``, running
+    ``<package>.<module>``), and where its method is described (``section``: the anchor of its
+    section in ``docs/benchmarks.md``)."""
     return (
-        f"*`make bench` writes this page (`python -m bench.{module}`): do not edit it by hand, "
-        f"run the bench again. What it measures, how, and what the figures mean: "
+        f"*`make {target}` writes this page (`python -m {package}.{module}`): do not edit it by "
+        f"hand, run it again. What it measures, how, and what the figures mean: "
         f"[Benchmarks](../benchmarks.md#{section}).*"
     )
 

@@ -96,10 +96,11 @@ TABLE_RULE = re.compile(r"^\|[\s:|-]+\|$")
 
 
 def benches() -> list[ModuleType]:
-    """Every benchmark script (``bench/*_bench.py``), imported: a new one is held to the same."""
+    """Every benchmark script (``bench/*_bench.py``), imported: a new one is held to the same;
+    and the drill, which writes a page of figures too."""
     modules = [importlib.import_module(f"bench.{p.stem}") for p in sorted(BENCH.glob("*_bench.py"))]
     assert modules, "no bench/*_bench.py found: is the pattern still right?"
-    return modules
+    return [*modules, importlib.import_module("streamfleet_dev.wsapi.drill")]
 
 
 def outputs() -> dict[Path, str]:
@@ -245,7 +246,9 @@ def test_every_bench_page_says_make_bench_writes_it_and_names_its_run():
                 break
             head.append(line)
         head_text = "\n".join(head)
-        assert "`make bench` writes this page" in head_text, f"{path.name}: no banner"
+        assert re.search(r"`make (bench|drill)` writes this page", head_text), (
+            f"{path.name}: no banner"
+        )
         assert f"`python -m {bench}`" in head_text, f"{path.name}: does not name {bench}"
         assert re.search(r"\d{4}-\d{2}-\d{2}", head_text), f"{path.name}: no date of its run"
         assert "CPUs" in head_text, f"{path.name}: does not name the machine"

@@ -75,6 +75,7 @@ from streamfleet.client.reconnecting import (
 from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.canary import SecretToken
+from streamfleet_dev import pages
 from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
 from streamfleet_dev.wsapi.local_gateway import FailureMode
 from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsError, RegionsSettings
@@ -949,6 +950,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--markdown", action="store_true", help="print Markdown, not JSON")
     parser.add_argument(
+        "--page",
+        action="store_true",
+        help=f"with --markdown: also write the report to {PAGE.relative_to(pages.REPO)}",
+    )
+    parser.add_argument(
         "--no-canary-disconnect",
         action="store_true",
         help="the canary does not close the failed region's connections (clients move alone)",
@@ -961,7 +967,10 @@ def main(argv: list[str] | None = None) -> int:
         "--short", action="store_true", help="the live drill's short version (as make test)"
     )
     args = parser.parse_args(argv)
+    if args.page and not args.markdown:
+        parser.error("--page: needs --markdown")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    report = _Report(args) if args.page else None
     # Failed probes and closed connections are what a drill is about: not warnings here.
     logging.getLogger("streamfleet.wsapi").setLevel(logging.INFO if args.verbose else logging.ERROR)
     if not args.verbose:  # a handler whose store is down fails on purpose, with a traceback
@@ -977,21 +986,60 @@ def main(argv: list[str] | None = None) -> int:
             )
             for failure in args.failures
         ]
-        passed = _failover_main(args, configs)
+        passed = _failover_main(args, configs, report)
     if args.only != "failover":
         from streamfleet_dev.wsapi import live_drill
 
         live_config = (
             live_drill.LiveDrillConfig() if args.short else live_drill.LiveDrillConfig.full()
         )
-        report = asyncio.run(live_drill.run_live_drill(live_config))
+        live = asyncio.run(live_drill.run_live_drill(live_config))
         if args.markdown:
-            print("\n## Live delivery, end to end\n")
-            print(live_drill.markdown(report))
+            section = "\n## Live delivery, end to end\n\n" + live_drill.markdown(live)
+            print(section)
+            if report is not None:
+                report.sections.append(section)
         else:
-            print(json.dumps(report.summary(), indent=2))
-        passed = passed and report.ok
+            print(json.dumps(live.summary(), indent=2))
+        passed = passed and live.ok
+    if report is not None:
+        report.write()
     return 0 if passed else 1
+
+
+# Where ``make drill`` writes its figures: a page of the manual, never edited by hand.
+PAGE = pages.PAGES / "drill.md"
+OUTPUTS = (PAGE,)
+
+
+class _Report:
+    """The page ``--page`` writes: the run's conditions, then each drill's Markdown report."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.sections: list[str] = []
+        self.conditions = {
+            "date": pages.now(),
+            "commit": pages.commit(),
+            "machine": pages.machine(),
+            "load_at_start": pages.load(),
+        }
+
+    def write(self) -> None:
+        run, args = self.conditions, self.args
+        options = f"--clients {args.clients} --failures {','.join(args.failures)}" + (
+            f" --seed {args.seed}" if args.seed is not None else ""
+        )
+        text = (
+            "# Drill figures\n\n"
+            + pages.banner("drill", "drills", target="drill", package="streamfleet_dev.wsapi")
+            + f"\n\n`{options}`{' --short' if args.short else ''}, run of {run['date']} at "
+            f"commit {run['commit']}. Machine: {run['machine']}; load average at the start "
+            f"{run['load_at_start']}, at the end {pages.load()}. One run of each.\n"
+            + "".join(self.sections)
+        )
+        PAGE.write_text(text)
+        print(f"wrote {PAGE}")
 
 
 FAILURE_TITLES = {
@@ -1013,13 +1061,16 @@ def _failures(text: str) -> tuple[DrillFailure, ...]:
     return failures
 
 
-def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool:
+def _failover_main(
+    args: argparse.Namespace, configs: list[DrillConfig], report: _Report | None = None
+) -> bool:
     """One failover drill per config, on servers started once; whether all passed."""
     from streamfleet_dev.local.servers import dynalite_server, moto_server
 
     config = configs[0]
     passed = True
     started = []
+    environment = dict(os.environ)  # given back afterwards: the servers set here are gone then
     try:
         if not os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
             factory = dynalite_server if args.backend == "dynalite" else moto_server
@@ -1051,14 +1102,19 @@ def _failover_main(args: argparse.Namespace, configs: list[DrillConfig]) -> bool
             summary = asyncio.run(run_drill(config))
             summaries.append(summary)
             if args.markdown:
-                print(f"\n## Failover drill: the primary {FAILURE_TITLES[config.failure]}\n")
+                title = f"\n## Failover drill: the primary {FAILURE_TITLES[config.failure]}\n"
+                print(title)
                 print(markdown(summary))
+                if report is not None:
+                    report.sections.append(f"{title}\n{markdown(summary)}\n")
             passed = passed and bool(summary["passed"])
         if not args.markdown:
             print(json.dumps(summaries, indent=2))  # one document: a list, one per failure
     finally:
         for server in started:
             server.stop()
+        os.environ.clear()
+        os.environ.update(environment)
     return passed
 
 
