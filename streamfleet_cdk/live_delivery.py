@@ -157,17 +157,24 @@ class LiveDeliveryTables:
             model.ENV_MAX_USER_CONNECTIONS_PER_STREAM: str(self.max_user_connections_per_stream),
         }
 
-    def grant(self, role: iam.IRole) -> None:
-        """Exactly :data:`HANDLER_LIVE_ACTIONS` to the handler's role."""
+    def grant_subscribe(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Exactly :data:`HANDLER_LIVE_ACTIONS` on these tables: what the WebSocket handler's
+        subscribe, replay and unsubscribe call."""
         resources = {
             "streams_table": self.streams_table.table_arn,
             "messages_table": self.messages_table.table_arn,
             "subscriptions_table": self.subscriptions_table.table_arn,
         }
-        for name, actions in HANDLER_LIVE_ACTIONS.items():
-            role.add_to_principal_policy(
-                iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
+        grants = [
+            iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(actions), resource_arns=[resources[name]]
             )
+            for name, actions in HANDLER_LIVE_ACTIONS.items()
+        ]
+        combined = grants[0]
+        for grant in grants[1:]:
+            combined = combined.combine(grant)
+        return combined
 
 
 def _check_whole(name: str, value: object, minimum: int, maximum: int) -> None:

@@ -714,7 +714,7 @@ class WebSocketApi(Construct):
                 )
             )
         if props.live is not None:
-            props.live.grant(self.handler_role)
+            props.live.grant_subscribe(self.handler_role)
 
     def _grant_authorizer(self) -> None:
         resources = {"log_group": self.authorizer_log_group.log_group_arn}

@@ -8,7 +8,10 @@ names come from where the runtime reads them.
 from __future__ import annotations
 
 import pytest
-from aws_cdk import Duration
+from aws_cdk import App, Duration, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 
 from streamfleet import model
@@ -287,3 +290,27 @@ def test_live_props_are_validated(built):
     ):
         with pytest.raises(ValueError, match=field):
             StreamFanoutProps(**common, **{field: value})
+
+
+def test_the_live_tables_grant_subscribe_as_a_grant_to_any_grantee():
+    """A platform team's own function gets what subscribe needs, as CDK's grants do: a Grant
+    that reports success, on exactly the three tables."""
+    stack = Stack(App(), "Grants")
+    tables = LiveDeliveryTables(
+        streams_table=dynamodb.TableV2.from_table_name(stack, "Streams", "streams"),
+        messages_table=dynamodb.TableV2.from_table_name(stack, "Messages", "messages"),
+        subscriptions_table=dynamodb.TableV2.from_table_name(stack, "Subs", "subscriptions"),
+    )
+    role = iam.Role(stack, "Mine", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+    grant = tables.grant_subscribe(role)
+    assert grant.success
+    policies = Template.from_stack(stack).find_resources("AWS::IAM::Policy")
+    granted = {
+        action
+        for policy in policies.values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        for action in (
+            statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        )
+    }
+    assert granted == {a for actions in HANDLER_LIVE_ACTIONS.values() for a in actions}
