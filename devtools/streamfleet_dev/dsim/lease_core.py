@@ -45,11 +45,11 @@ from streamfleet.desired_state import DesiredStateWriter
 from streamfleet.lease import LeaseLost, LeaseStore, LeaseTiming, SessionLost
 from streamfleet.lease import sessions as sessions_module
 from streamfleet.lease.connections import Lease
-from streamfleet.lease.sessions import SessionKeeper
 from streamfleet_dev.dsim import loop as virtual
 from streamfleet_dev.dsim.dynamo import InProcessClient, InProcessDynamoDB
 from streamfleet_dev.dsim.network import VirtualNetwork
 from streamfleet_dev.sim.faults import FaultyClient, RandomFaults, Sent
+from streamfleet_dev.sim.observed import observe_session
 
 TIMING = LeaseTiming(
     lease_seconds=10.0, heartbeat_seconds=2.0, max_clock_skew_seconds=1.0, safety_margin_seconds=0.5
@@ -154,22 +154,6 @@ class Window:
     stopped: float | None = None
 
 
-class _ObservedSession(SessionKeeper):
-    """Records every holder's deadline its session takes (by session version)."""
-
-    deadlines: dict[tuple[str, int], list[float]]
-
-    @property  # type: ignore[override]
-    def deadline(self) -> float:
-        return self.__dict__["_deadline"]
-
-    @deadline.setter
-    def deadline(self, value: float) -> None:
-        self.__dict__["_deadline"] = value
-        if self.version is not None and value != float("-inf"):
-            self.deadlines.setdefault((self.worker_id, self.version), []).append(value)
-
-
 class _Paused:
     """A holder's client that sends nothing and hears nothing while the holder is paused, as a
     SIGSTOPped process: a request waits to be sent, an answer waits to be read."""
@@ -216,11 +200,7 @@ class Holder:
             dynamodb=_Paused(self.client, self.awake),  # type: ignore[arg-type]
             clock=SkewedVirtualClock(loop, skew_ms),
         )
-        session = self.store.session
-        deadline = session.__dict__.pop("deadline")
-        session.__class__ = _ObservedSession
-        session.deadlines = world.deadlines  # type: ignore[attr-defined]
-        session.deadline = deadline
+        observe_session(self.store.session, world.record_deadline)
         self.tasks: dict[asyncio.Task[Any], None] = {}  # in the order they were started
         self.held: set[str] = set()
         self.crashed = False
@@ -356,6 +336,10 @@ class World:
         self.holders_by_name: dict[str, Holder] = {}
         self.lines: list[str] = []
         self._loop = loop
+
+    def record_deadline(self, worker: str, version: int | None, value: float) -> None:
+        if version is not None and value != float("-inf"):
+            self.deadlines.setdefault((worker, version), []).append(value)
 
     def trace(self, text: str) -> None:
         self.lines.append(f"{self._loop.time():10.3f} {text}")

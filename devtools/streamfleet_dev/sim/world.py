@@ -31,7 +31,6 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.control import ControlPlane
 from streamfleet.lease import LeaseTiming
-from streamfleet.lease.sessions import SessionKeeper
 from streamfleet.worker import connection as connection_module
 from streamfleet.worker import fleet as worker_fleet
 from streamfleet.worker.config import WorkerConfig
@@ -40,6 +39,7 @@ from streamfleet.worker.fleet import Worker, WorkerClients
 from streamfleet.worker.upstream_policy import UpstreamPolicy
 from streamfleet_dev.checks import connection_rows, stored_log
 from streamfleet_dev.sim.faults import PASS, FaultPlan, FaultyClient, Network, Sent
+from streamfleet_dev.sim.observed import observe_session
 from streamfleet_dev.tables import create_tables
 from streamfleet_dev.upstream.process import UpstreamProcess
 
@@ -157,30 +157,6 @@ class _Log:
 
     def __call__(self, event: str, **fields: Any) -> None:
         self.history.event(self.worker, event, fields)
-
-
-class ObservedSessionKeeper(SessionKeeper):
-    """Records every change of the holder's deadline (a property over the real attribute)."""
-
-    history: History
-
-    @property  # type: ignore[override]
-    def deadline(self) -> float:
-        return self.__dict__["_deadline"]
-
-    @deadline.setter
-    def deadline(self, value: float) -> None:
-        self.__dict__["_deadline"] = value
-        history = self.__dict__.get("history")
-        if history is not None:
-            history.deadline(self.worker_id, self.version, value)
-
-
-def observe_session(session: SessionKeeper, history: History) -> None:
-    value = session.__dict__.pop("deadline")
-    session.__class__ = ObservedSessionKeeper
-    session.__dict__["history"] = history
-    session.deadline = value
 
 
 class ObservedConnection(Connection):
@@ -324,7 +300,7 @@ class SimWorker:
             log=_Log(self.worker_id, world.history),
             clients=clients,  # type: ignore[arg-type]
         )
-        observe_session(self.worker.store.session, world.history)
+        observe_session(self.worker.store.session, world.history.deadline)
         self.started.set()
         if self.stopping:
             self.worker.request_shutdown()
