@@ -347,6 +347,11 @@ class WebSocketCanary(Construct):
     # --- Metric, alarm, health check ---
 
     def _build_metric(self) -> cloudwatch.Metric:
+        return self.metric_health()
+
+    def metric_health(self) -> cloudwatch.Metric:
+        """The Region's health as the canary reports it (1 or 0 after hysteresis), the minimum
+        per minute: the metric its alarm, and so the failover record, watch."""
         return cloudwatch.Metric(
             namespace=model.HEALTH_METRIC_NAMESPACE,
             metric_name=model.HEALTH_METRIC_NAME,

@@ -473,6 +473,18 @@ class StreamFanout(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
+    def metric_failed_posts(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """Posts to subscribers that failed for a reason other than a gone connection (their
+        subscribers were disconnected to resume from the stored log), summed; default over
+        the alarm's period."""
+        return cloudwatch.Metric(
+            namespace=model.METRIC_NAMESPACE,
+            metric_name=model.METRIC_FANOUT_FAILED_POSTS,
+            dimensions_map={model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME},
+            statistic="Sum",
+            period=period or ALARM_PERIOD,
+        )
+
     def _build_failed_posts_alarm(self) -> cloudwatch.Alarm:
         return cloudwatch.Alarm(
             self,
@@ -481,13 +493,7 @@ class StreamFanout(Construct):
                 "StreamFleet: the fan-out could not post to subscribers (other than gone "
                 "ones); they were disconnected to resume from the stored log"
             ),
-            metric=cloudwatch.Metric(
-                namespace=model.METRIC_NAMESPACE,
-                metric_name=model.METRIC_FANOUT_FAILED_POSTS,
-                dimensions_map={model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME},
-                statistic="Sum",
-                period=ALARM_PERIOD,
-            ),
+            metric=self.metric_failed_posts(),
             threshold=1,
             evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

@@ -469,13 +469,44 @@ class WorkerFleet(Construct):
         )
 
     def _build_active_connections_metric(self) -> cloudwatch.Metric:
-        """The fleet's average connections per task, as the workers publish it (EMF)."""
+        return self.metric_active_connections()
+
+    def metric_active_connections(
+        self, *, period: Duration | None = None, statistic: str = "Average"
+    ) -> cloudwatch.Metric:
+        """The fleet's connections per task, as the workers publish them (EMF): what the
+        service scales on. Default: the average over 1 minute."""
         return cloudwatch.Metric(
             namespace=model.METRIC_NAMESPACE,
             metric_name=model.METRIC_ACTIVE_CONNECTIONS,
             dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
-            statistic="Average",
-            period=Duration.minutes(1),
+            statistic=statistic,
+            period=period or Duration.minutes(1),
+        )
+
+    def metric_leases_lost(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """Leases the workers lost (sessions lapsed), summed; default over 5 minutes. A healthy
+        fleet hands leases over and never loses one."""
+        return cloudwatch.Metric(
+            namespace=model.METRIC_NAMESPACE,
+            metric_name=model.METRIC_LEASES_LOST,
+            dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
+            statistic="Sum",
+            period=period or Duration.minutes(5),
+        )
+
+    def metric_running_tasks(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """The service's running tasks (Container Insights), the minimum; default over 1
+        minute."""
+        return cloudwatch.Metric(
+            namespace="ECS/ContainerInsights",
+            metric_name="RunningTaskCount",
+            dimensions_map={
+                "ClusterName": self.cluster.cluster_name,
+                "ServiceName": self.service.service_name,
+            },
+            statistic="Minimum",
+            period=period or Duration.minutes(1),
         )
 
     def _build_leases_lost_alarm(self) -> cloudwatch.Alarm:
@@ -490,13 +521,7 @@ class WorkerFleet(Construct):
                 "StreamFleet: workers lost leases (sessions lapsed); "
                 "see docs/operations.md, What each alarm means"
             ),
-            metric=cloudwatch.Metric(
-                namespace=model.METRIC_NAMESPACE,
-                metric_name=model.METRIC_LEASES_LOST,
-                dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
-                statistic="Sum",
-                period=Duration.minutes(5),
-            ),
+            metric=self.metric_leases_lost(),
             threshold=1,
             evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
@@ -516,16 +541,7 @@ class WorkerFleet(Construct):
             alarm_description=(
                 f"StreamFleet: fewer than {minimum} worker task(s) running for 5 minutes"
             ),
-            metric=cloudwatch.Metric(
-                namespace="ECS/ContainerInsights",
-                metric_name="RunningTaskCount",
-                dimensions_map={
-                    "ClusterName": self.cluster.cluster_name,
-                    "ServiceName": self.service.service_name,
-                },
-                statistic="Minimum",
-                period=Duration.minutes(1),
-            ),
+            metric=self.metric_running_tasks(),
             threshold=minimum,
             evaluation_periods=5,
             comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,

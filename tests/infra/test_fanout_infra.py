@@ -314,3 +314,19 @@ def test_the_live_tables_grant_subscribe_as_a_grant_to_any_grantee():
         )
     }
     assert granted == {a for actions in HANDLER_LIVE_ACTIONS.values() for a in actions}
+
+
+def test_the_fanout_and_the_canary_offer_the_metrics_their_alarms_watch(built):
+    for stack, _ in stacks_of(built):
+        for method, alarm in (
+            (stack.fanout.metric_failed_posts, stack.fanout.failed_posts_alarm),
+            (stack.canary.metric_health, stack.canary.alarm),
+        ):
+            metric = method()
+            assert (metric.namespace, metric.metric_name, metric.statistic) == (
+                alarm.metric.namespace,
+                alarm.metric.metric_name,
+                alarm.metric.statistic,
+            )
+            assert stack.resolve(metric.dimensions) == stack.resolve(alarm.metric.dimensions)
+            assert metric.period.to_seconds() == alarm.metric.period.to_seconds()

@@ -18,6 +18,7 @@ from typing import Any
 import aws_cdk as cdk
 import jsonschema
 import pytest
+from aws_cdk import Duration
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
@@ -1186,3 +1187,22 @@ def test_the_leases_lost_alarm_watches_exactly_the_metric_the_workers_emit(prima
             "TreatMissingData": "notBreaching",
         },
     )
+
+
+def test_what_operators_alarm_on_is_a_metric_method_that_the_alarms_use(built: BuiltApp):
+    """Each number an alarm watches is offered as a ``metric_*()`` method, as CDK's own
+    constructs do, so a team can build its own alarms and dashboards on exactly it."""
+    stack = built.primary
+
+    def same(a, b) -> bool:
+        fields = ("namespace", "metric_name", "statistic")
+        return all(getattr(a, f) == getattr(b, f) for f in fields) and (
+            stack.resolve(a.dimensions) == stack.resolve(b.dimensions)
+            and a.period.to_seconds() == b.period.to_seconds()
+        )
+
+    fleet = stack.fleet
+    assert same(fleet.metric_leases_lost(), fleet.leases_lost_alarm.metric)
+    assert same(fleet.metric_running_tasks(), fleet.running_tasks_alarm.metric)
+    assert same(fleet.metric_active_connections(), fleet.active_connections)
+    assert fleet.metric_leases_lost(period=Duration.hours(1)).period.to_seconds() == 3600
