@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import jsii
 from aws_cdk import Duration, Size, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -245,6 +246,7 @@ def _check_whole(name: str, value: object, *, minimum: int) -> None:
         raise ValueError(f"{name}: expected at least {minimum}, got {value}")
 
 
+@jsii.implements(ec2.IConnectable)
 class WorkerFleet(Construct):
     """An ECS Fargate service of workers, scaled on their average ``ActiveConnections``.
 
@@ -275,6 +277,9 @@ class WorkerFleet(Construct):
         leases_lost_alarm: in ALARM when workers lost leases in the last five minutes.
         running_tasks_alarm: in ALARM when fewer tasks than ``min_capacity`` ran for five
             minutes (``None`` for a standby fleet, whose minimum is 0).
+        connections: the tasks' network connections (``ec2.IConnectable``): open a port of a
+            team's own resource to the workers with ``fleet.connections`` as the peer.
+        security_groups: the tasks' security groups.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: WorkerFleetProps) -> None:
@@ -291,8 +296,15 @@ class WorkerFleet(Construct):
         self.scaling = self._build_scaling()
         self.leases_lost_alarm = self._build_leases_lost_alarm()
         self.running_tasks_alarm = self._build_running_tasks_alarm()
+        self.security_groups: list[ec2.ISecurityGroup] = list(
+            self.service.connections.security_groups
+        )
         self._acknowledge_findings()
         self._skip_checkov_findings()
+
+    @property
+    def connections(self) -> ec2.Connections:
+        return self.service.connections
 
     def add_task_stopped_handler(
         self, construct_id: str = "TaskStopped", **options: object

@@ -24,13 +24,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Annotations, Match, Template
 
-from stacks import FleetStack
+from stacks import FleetStack, add_fleet_stacks
 from streamfleet import event_router, model
 from streamfleet.worker.config import WorkerConfig
 from streamfleet.worker.upstream_policy import UpstreamPolicy
 from streamfleet_cdk import assets
 from streamfleet_cdk.api_gateway_account import LOGGING_ACTIONS
-from streamfleet_cdk.config import context_key
+from streamfleet_cdk.config import AppConfig, context_key
 from streamfleet_cdk.event_ingestion import (
     ROUTER_ACTIONS,
     ROUTER_HANDLER,
@@ -51,6 +51,7 @@ from tests.app_support import (
     arn_text,
     as_list,
     build_app,
+    cdk_json_context,
     default_app,
     deployed,
     flatten,
@@ -1206,3 +1207,26 @@ def test_what_operators_alarm_on_is_a_metric_method_that_the_alarms_use(built: B
     assert same(fleet.metric_running_tasks(), fleet.running_tasks_alarm.metric)
     assert same(fleet.metric_active_connections(), fleet.active_connections)
     assert fleet.metric_leases_lost(period=Duration.hours(1)).period.to_seconds() == 3600
+
+
+def test_the_fleet_is_connectable_as_cdk_constructs_are(built: BuiltApp):
+    """A team opens its own resource to the workers the CDK way: ``allow_from(fleet, port)``."""
+    fleet = built.primary.fleet
+    assert [g.node.path for g in fleet.connections.security_groups] == [
+        g.node.path for g in fleet.security_groups
+    ]
+    assert len(fleet.security_groups) == 1
+    app = cdk.App(context={**cdk_json_context(), context_key("account"): TEST_ACCOUNT})
+    primary, _ = add_fleet_stacks(app, AppConfig.from_context(app.node))
+    database = ec2.SecurityGroup(primary, "TeamDatabase", vpc=primary.fleet.vpc)
+    database.connections.allow_from(primary.fleet, ec2.Port.tcp(5432), "the workers")
+    rules = Template.from_stack(primary).find_resources("AWS::EC2::SecurityGroupIngress")
+    sources = [
+        rule["Properties"]["SourceSecurityGroupId"]
+        for rule in rules.values()
+        if rule["Properties"].get("FromPort") == 5432
+    ]
+    assert sources == [
+        {"Fn::GetAtt": [logical_id(primary, fleet_sg), "GroupId"]}
+        for fleet_sg in primary.fleet.security_groups
+    ]
