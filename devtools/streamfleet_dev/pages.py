@@ -43,33 +43,19 @@ def machine() -> str:
 def commit() -> str:
     """The commit measured (``+changes`` when the checkout differs from it), or ``unknown``."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout.strip()
-        changed = subprocess.run(
-            [
-                "git",
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ".",
-                ":!docs/benchmarks",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        changed = _git(
+            "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/benchmarks"
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}+changes" if changed else head
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20, check=True
+    ).stdout.strip()
 
 
 def now() -> str:
