@@ -105,9 +105,47 @@ test-all: test test-e2e ## Both: the gate, then the real-time tier
 local: $(LOCAL_ENV) $(WEB)/dist/.built ## The whole system on this machine, live: the fleet, both WebSocket regions, the demo page
 	$(PYTHON) -m streamfleet_dev.local.mode --workers 3 --streams 12
 
+# The CDK CLI pinned in package.json (installed by npm ci from package-lock.json, never a
+# download of the latest), with the virtualenv's python3 first on PATH (cdk.json runs app.py).
+CDK_CLI := PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk
+
 .PHONY: cdk
 cdk: $(CDK_ENV) ## The CDK CLI with this virtualenv, no activation needed: make cdk ARGS="deploy ..."
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk $(ARGS)
+	$(CDK_CLI) $(ARGS)
+
+# diff, deploy and destroy act on a stage, STAGE=<name>: a Region's pair of stacks (its fleet
+# stack and its WebSocket API stack, named in stacks/), or all four. The app has no other notion
+# of a stage: the Regions themselves are context (streamfleet:primary_region, ...), which ARGS can
+# set like any key (ARGS="-c streamfleet:account=123456789012"). A STAGE that names no stage
+# stops make before anything runs, with one line that names the variable.
+STAGES := primary secondary all
+STAGE_STACKS_primary := StreamFleet-Primary StreamFleet-WebSocket-Primary
+STAGE_STACKS_secondary := StreamFleet-Secondary StreamFleet-WebSocket-Secondary
+ifneq ($(filter diff deploy destroy,$(MAKECMDGOALS)),)
+ifneq ($(words $(STAGE)) $(filter $(STAGES),$(STAGE)),1 $(STAGE))
+$(error STAGE: expected primary, secondary or all (make $(firstword $(filter diff deploy destroy,$(MAKECMDGOALS))) STAGE=primary), got '$(STAGE)')
+endif
+endif
+# diff and deploy: exactly the stage's stacks (--exclusively: deploying the secondary never
+# redeploys the primary it depends on). destroy: the stage's stacks and every stack that depends
+# on them (CDK's default: destroying the primary takes the secondary with it, and its prompt
+# names them all); all: --all.
+STAGE_ONLY := $(if $(filter all,$(STAGE)),--all,--exclusively $(STAGE_STACKS_$(STAGE)))
+STAGE_WITH_DEPENDENTS := $(if $(filter all,$(STAGE)),--all,$(STAGE_STACKS_$(STAGE)))
+# destroy asks first (CDK's prompt, on a terminal); FORCE=1 on make's command line skips the
+# question. FORCE from the environment does not count: an unrelated variable must not delete stacks.
+DESTROY_FORCE := $(if $(and $(filter command line,$(origin FORCE)),$(filter 1,$(FORCE))),--force)
+
+.PHONY: diff deploy destroy
+diff: $(CDK_ENV) ## Compare a stage's stacks with what is deployed: make diff STAGE=primary|secondary|all (ARGS="-c ..." passes on)
+	$(CDK_CLI) diff $(STAGE_ONLY) $(ARGS)
+
+deploy: $(CDK_ENV) ## Deploy a stage's stacks with the pinned CDK CLI: make deploy STAGE=primary|secondary|all (ARGS="-c ...")
+	$(CDK_CLI) deploy $(STAGE_ONLY) $(ARGS)
+
+destroy: $(CDK_ENV) ## Delete a stage's stacks and their dependents, after a y/n question: make destroy STAGE=... (FORCE=1: no question)
+	@if [ -z "$(DESTROY_FORCE)" ] && [ ! -t 0 ]; then echo "error: FORCE: make destroy asks before deleting and stdin is not a terminal; to delete without asking, set FORCE=1 on make's command line" >&2; exit 1; fi
+	$(CDK_CLI) destroy $(strip $(DESTROY_FORCE) $(STAGE_WITH_DEPENDENTS)) $(ARGS)
 
 cli: ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
 	@$(MAKE) --no-print-directory setup >&2
@@ -118,7 +156,7 @@ preflight: synth ## With real credentials: what a deploy needs that synth cannot
 	@$(PYTHON) -m streamfleet.cli preflight --assembly cdk.out
 
 synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no Docker)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH node_modules/.bin/cdk synth --quiet --no-notices
+	$(CDK_CLI) synth --quiet --no-notices
 	@echo "Templates: $$(ls $(CURDIR)/cdk.out/*.template.json)"
 
 bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 min): their figures and plots into docs/benchmarks/
