@@ -1,9 +1,11 @@
 """Client library for the WebSocket API: a reconnecting client with application heartbeats.
 
-Depends on ``websockets`` only (and on :mod:`streamfleet.model` for the wire protocol's names), so
-applications can use it without boto3.
+Depends on ``websockets`` only (and on :mod:`streamfleet.model` for the wire protocol's names and
+:mod:`streamfleet.backoff` for its retry pacing), so applications can use it without boto3.
 """
 
+# Under the client's own name, so that applications can pace their retries as the client does.
+from ..backoff import full_jitter as backoff_delay
 from .reconnecting import (
     AuthorizationFailed,
     ClientClosed,
@@ -16,7 +18,6 @@ from .reconnecting import (
     ReconnectingClient,
     SubscriptionRefused,
     TokenTransport,
-    backoff_delay,
 )
 from .streams import EpochChange, Skip, StreamCursor, StreamMessage, StreamPosition
 

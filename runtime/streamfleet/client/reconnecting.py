@@ -75,6 +75,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .. import model
+from ..backoff import full_jitter
 from .streams import DEFAULT_MAX_BUFFERED, StreamCursor, StreamMessage, StreamPosition
 
 logger = logging.getLogger(__name__)
@@ -206,12 +207,6 @@ class ClientConfig:
 # The most one message may hold before the connection is closed (1009): bigger than any the
 # server sends (max_message_bytes), so that a message over that is read and skipped.
 MAX_READ_BYTES = 1024 * 1024
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Full jitter: ``random(0, min(cap, base * 2**attempt))`` seconds."""
-    ceiling = min(cap, base * 2 ** min(attempt, 62))  # no float overflow for a huge attempt
-    return (rng or random).uniform(0.0, ceiling)
 
 
 # --- Errors and status --------------------------------------------------------------------------
@@ -649,7 +644,7 @@ class ReconnectingClient:
             while not self._closing:
                 self.consecutive_failures = failures
                 if not first:
-                    delay = backoff_delay(
+                    delay = full_jitter(
                         max(failures - 1, 0),
                         self.config.backoff_base,
                         self.config.backoff_cap,
@@ -810,7 +805,7 @@ class ReconnectingClient:
                 return
             logger.info("%s: getState not answered (attempt %d)", self.name, attempt + 1)
             await asyncio.sleep(
-                backoff_delay(attempt, self.config.backoff_base, self.config.backoff_cap, self._rng)
+                full_jitter(attempt, self.config.backoff_base, self.config.backoff_cap, self._rng)
             )
         logger.info("%s: getState never answered; reconnecting", self.name)
         await ws.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
+from ..backoff import full_jitter
 from ..clock import Clock
 from .errors import StoreUnavailable
 
@@ -87,15 +87,6 @@ def is_transient(exc: BaseException) -> bool:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return code in _TRANSIENT_CODES or status >= 500
     return isinstance(exc, (BotocoreConnectionError, HTTPClientError, IncompleteReadError, OSError))
-
-
-def full_jitter(attempt: int, base: float, cap: float) -> float:
-    """``random(0, min(cap, base * 2**attempt))``: spreads retries of many clients apart.
-
-    ``attempt`` may grow without bound (a stream that fails for days): past 64 doublings every
-    base is at its cap, so the power stops there instead of overflowing a float.
-    """
-    return random.uniform(0.0, min(cap, base * (2 ** min(attempt, 64))))
 
 
 async def retry_until(

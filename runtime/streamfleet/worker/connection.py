@@ -22,9 +22,9 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import CloseCode
 
 from .. import buffering, model
+from ..backoff import full_jitter
 from ..desired_state import DesiredStateWriter
 from ..lease import ConnectionLeases, Lease, LeaseLost, SessionLost, StoreUnavailable
-from ..lease.dynamo import full_jitter
 from ..waiting import wait_at_most
 from .notifier import Notifier
 from .observability import Counters, EventLog, RateLimitedLog

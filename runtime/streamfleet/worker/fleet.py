@@ -33,6 +33,7 @@ import boto3
 
 from .. import emf, model
 from ..aws import AsyncClient, ClientSettings
+from ..backoff import full_jitter
 from ..clock import SYSTEM_CLOCK, Clock
 from ..desired_state import DesiredStateWriter
 from ..lease import (
@@ -45,7 +46,6 @@ from ..lease import (
     SessionLost,
     StoreUnavailable,
 )
-from ..lease.dynamo import full_jitter
 from ..waiting import wait_at_most
 from .config import WorkerConfig
 from .connection import Connection, ConnectionContext, EndReason

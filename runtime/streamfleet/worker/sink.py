@@ -18,11 +18,11 @@ from botocore.exceptions import ClientError
 
 from .. import buffering, model
 from ..aws import AsyncClient
+from ..backoff import full_jitter
 from ..lease import SessionKeeper, SessionLost
 from ..lease.dynamo import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
-    full_jitter,
     is_transient,
     retry_until,
     to_attr,

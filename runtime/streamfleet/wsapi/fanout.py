@@ -64,8 +64,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -78,6 +78,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import emf, model, readers
+from ..backoff import full_jitter
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, to_attr
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
@@ -431,7 +432,7 @@ class Fanout:
         error: Exception | None = None
         for attempt in range(_MAX_POST_ATTEMPTS):
             if attempt:
-                pause = random.uniform(0, _RETRY_BASE_S * 2 ** (attempt - 1))
+                pause = full_jitter(attempt - 1, _RETRY_BASE_S, math.inf)
                 if self.clock.monotonic() + pause >= deadline:
                     return error
                 time.sleep(pause)

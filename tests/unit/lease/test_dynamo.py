@@ -139,6 +139,6 @@ def test_only_network_trouble_throttling_and_5xx_are_retried(error, transient):
 def test_the_backoff_of_a_failure_repeated_for_days_stays_at_its_cap():
     """A stream whose upstream fails on every dial counts its attempts for as long as it lasts:
     at attempt 1,030 ``2**attempt`` no longer converts to a float, and the connection failed."""
-    from streamfleet.lease.dynamo import full_jitter
+    from streamfleet.backoff import full_jitter
 
     assert all(0 <= full_jitter(attempt, 0.2, 10.0) <= 10.0 for attempt in (64, 1030, 10**6))
