@@ -142,27 +142,6 @@ def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
         raise BadRequest("body", "not valid UTF-8") from None
 
 
-class _DuplicateKeys(dict):
-    """An object that named one key twice; JSON parsers disagree on which value wins."""
-
-    duplicate: str = ""
-
-
-def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            duplicated = _DuplicateKeys(pairs)
-            duplicated.duplicate = key
-            return duplicated
-        result[key] = value
-    return result
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python-only extensions
-
-
 def _field_error(field: str, exc: ValueError) -> BadRequest:
     """Turn a ``ValueError("<field>: <message>")`` from the shared checks into a BadRequest."""
     prefix = f"{field}: "
@@ -218,15 +197,13 @@ def parse_event(body_text: str, policy: UpstreamPolicy) -> StartEvent | StopEven
     the same allow-list the workers enforce, so a refused URL never becomes a STARTED row.
     """
     try:
-        payload = json.loads(
-            body_text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant
-        )
-    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+        payload = strict_json.loads(body_text)
+    except strict_json.DuplicateMember as dup:
+        raise BadRequest(dup.member, "appears more than once") from None
+    except (ValueError, RecursionError):
         raise BadRequest("body", "not valid JSON") from None
     if not isinstance(payload, dict):
         raise BadRequest("body", f"expected a JSON object, got {strict_json.json_type(payload)}")
-    if isinstance(payload, _DuplicateKeys):
-        raise BadRequest(payload.duplicate, "appears more than once")
     event_type = _string(payload, EVENT_TYPE)
     if event_type not in FIELDS:
         raise BadRequest(EVENT_TYPE, f"must be {START} or {STOP}")
