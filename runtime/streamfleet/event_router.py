@@ -9,10 +9,11 @@ API Gateway REST API, Lambda proxy integration (payload format 1.0):
   ``{"event_type": "STOP", "connection_id": ...}``;
 * ``GET /connections/{connection_id}``.
 
-Every request is validated completely (:func:`decode_body`, :func:`parse_event`, both pure)
-before any AWS call, so a bad request writes nothing. The writes themselves are
-:class:`~streamfleet.desired_state.DesiredStateWriter`'s conditional updates, which never disturb
-a running lease; a START that makes a connection claimable is followed by one SQS notification.
+Every request is validated completely (:func:`~streamfleet.request_body.decode_body`,
+:func:`parse_event`, both pure) before any AWS call, so a bad request writes nothing. The writes
+themselves are :class:`~streamfleet.desired_state.DesiredStateWriter`'s conditional updates,
+which never disturb a running lease; a START that makes a connection claimable is followed by
+one SQS notification.
 
 Configuration comes from the environment (``TABLE_NAME``, ``QUEUE_URL``, ``ALLOWED_UPSTREAMS``,
 optional ``MAX_BODY_BYTES``), validated on first use and cached; a bad value turns every request
@@ -21,7 +22,6 @@ into a 500 naming the variable.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -39,6 +39,7 @@ from .desired_state import Outcome
 from .env import ConfigError, required
 from .lease.dynamo import error_code
 from .lease.errors import StoreUnavailable
+from .request_body import BodyRefused, decode_body
 from .validation import check_id, check_ws_url
 from .warm import WarmContainer
 from .worker.upstream_policy import UpstreamPolicy
@@ -107,39 +108,6 @@ class StopEvent:
     """A validated STOP."""
 
     connection_id: str
-
-
-def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
-    """The request body as text: present, decoded from base64 if flagged, within ``max_bytes``
-    bytes (after decoding) and valid UTF-8. :class:`BadRequest` (field ``body``) otherwise."""
-    if body is None:
-        raise BadRequest("body", "required")
-    if not isinstance(body, str):
-        raise BadRequest("body", f"expected a string, got {type(body).__name__}")
-    too_large = BadRequest("body", f"larger than {max_bytes} bytes")
-    if is_base64 is True:  # API Gateway sends a JSON boolean
-        # Bound the work before decoding: n bytes take 4 * ceil(n / 3) base64 characters.
-        if len(body) > 4 * (max_bytes // 3 + 1):
-            raise too_large
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except ValueError:  # binascii.Error, or a non-ASCII str
-            raise BadRequest("body", "not valid base64") from None
-    else:
-        if len(body) > max_bytes:  # each character is at least one byte
-            raise too_large
-        try:
-            raw = body.encode("utf-8")
-        except UnicodeEncodeError:  # lone surrogates
-            raise BadRequest("body", "not valid UTF-8") from None
-    if len(raw) > max_bytes:
-        raise too_large
-    if not raw:
-        raise BadRequest("body", "required (empty)")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest("body", "not valid UTF-8") from None
 
 
 def _field_error(field: str, exc: ValueError) -> BadRequest:
@@ -440,7 +408,9 @@ def _dispatch(event: Mapping[str, Any], log: dict[str, Any]) -> dict[str, Any]:
                 )
             return response(200, {CONNECTION_ID: connection_id, "state": state})
         text = decode_body(
-            event.get("body"), event.get("isBase64Encoded"), router.config.max_body_bytes
+            event.get("body"),
+            event.get("isBase64Encoded") is True,  # API Gateway sends a JSON boolean
+            router.config.max_body_bytes,
         )
         parsed = parse_event(text, router.config.upstreams)
         log[EVENT_TYPE] = START if isinstance(parsed, StartEvent) else STOP
@@ -448,7 +418,7 @@ def _dispatch(event: Mapping[str, Any], log: dict[str, Any]) -> dict[str, Any]:
         status, payload, outcome = _CONTAINER.run(router.apply(parsed))
         log["outcome"] = outcome.value
         return response(status, payload)
-    except BadRequest as bad:
+    except (BadRequest, BodyRefused) as bad:
         # The field may be an attacker's key: bounded in the log, returned as sent to the caller.
         log["error_field"] = bad.field[:LOGGED_FIELD_CHARS]
         return error_response(400, str(bad), field=bad.field)

@@ -25,7 +25,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Annotations, Match, Template
 
 from stacks import FleetStack, add_fleet_stacks
-from streamfleet import event_router, model
+from streamfleet import event_router, model, request_body
 from streamfleet.worker.config import WorkerConfig
 from streamfleet.worker.upstream_policy import UpstreamPolicy
 from streamfleet_cdk import assets
@@ -548,7 +548,7 @@ def test_the_largest_start_the_model_admits_fits_the_routers_body_bound(primary)
     assert jsonschema.Draft4Validator(event_schema(primary)).is_valid(body)
     text = json.dumps(body)  # ASCII-escaped: the longest spelling of these characters
     assert len(text.encode()) > 300_000
-    decoded = event_router.decode_body(text, False, event_router.DEFAULT_MAX_BODY_BYTES)
+    decoded = request_body.decode_body(text, False, event_router.DEFAULT_MAX_BODY_BYTES)
     parsed = event_router.parse_event(decoded, UpstreamPolicy.parse("x", ",".join(ALLOWED)))
     assert len(parsed.readers) == model.MAX_READERS
 

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from streamfleet import event_router, model
 from streamfleet.aws import AsyncClient
-from streamfleet.event_router import BadRequest, StartEvent, decode_body, parse_event
+from streamfleet.event_router import BadRequest, StartEvent, parse_event
 from streamfleet.lease import Lease, LeaseStore, LeaseTiming
+from streamfleet.request_body import BodyRefused, decode_body
 from streamfleet.validation import check_id
 from streamfleet_dev.local.http_adapter import make_server, serve_in_thread
 from tests.router_support import POLICY, URL, Router, proxy_event
@@ -544,7 +545,7 @@ def test_arbitrary_bodies_leave_only_well_formed_rows_and_notifications(
         body, is_base64 = request
         try:
             parsed = parse_event(decode_body(body, is_base64, PROPERTY_MAX_BODY_BYTES), POLICY)
-        except BadRequest as bad:
+        except (BadRequest, BodyRefused) as bad:
             counts["invalid"] += 1
             before = router.items()
             status, payload = router.post(body, raw=True, is_base64=is_base64)

@@ -69,7 +69,6 @@ Decisions and errors are logged as structured records (:mod:`.logs`) at INFO/WAR
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -87,6 +86,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import model, readers, strict_json
 from ..clock import SYSTEM_CLOCK, Clock
 from ..lease.dynamo import error_code, from_item, is_condition_failure, names, to_attr
+from ..request_body import BodyRefused, Refusal, decode_body
 from ..validation import ID_CHARSET_DOC, ID_PATTERN, MAX_ID_BYTES, REGION_PATTERN
 from .delivery import (
     SOURCE_REPLAY,
@@ -325,34 +325,21 @@ class Unsubscribe:
 Message = Heartbeat | GetState | PlaceBid | Subscribe | Unsubscribe
 
 
-def decode_body(body: object, is_base64: object, max_bytes: int) -> str:
-    """The message text: present, at most ``max_bytes`` UTF-8 bytes; :class:`BadMessage` (field
-    ``body``) otherwise."""
-    if body is None or body == "":
-        raise BadMessage("body", "required (empty message)")
-    if not isinstance(body, str):
-        raise BadMessage("body", f"expected text, got {type(body).__name__}")
-    too_large = BadMessage("body", f"larger than {max_bytes} bytes (API Gateway's frame limit)")
-    if is_base64:
-        if len(body) > 4 * (max_bytes // 3 + 1):
-            raise too_large
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except ValueError:
-            raise BadMessage("body", "not valid base64") from None
-    else:
-        if len(body) > max_bytes:  # every character is at least one byte
-            raise too_large
-        try:
-            raw = body.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadMessage("body", "not valid UTF-8") from None
-    if len(raw) > max_bytes:
-        raise too_large
+def _message_text(event: Mapping[str, Any], max_bytes: int) -> str:
+    """The message as text (:func:`~streamfleet.request_body.decode_body`); :class:`BadMessage`
+    otherwise, worded for a client that sends frames, not HTTP bodies."""
+    body = event.get("body")
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadMessage("body", "not valid UTF-8 (binary frames are not accepted)") from None
+        return decode_body(body, bool(event.get("isBase64Encoded")), max_bytes)
+    except BodyRefused as refused:
+        message = {
+            Refusal.MISSING: "required (empty message)",
+            Refusal.EMPTY: "required (empty message)",
+            Refusal.NOT_TEXT: f"expected text, got {type(body).__name__}",
+            Refusal.TOO_LARGE: f"{refused.message} (API Gateway's frame limit)",
+            Refusal.NOT_UTF8_BYTES: f"{refused.message} (binary frames are not accepted)",
+        }.get(refused.reason, refused.message)
+        raise BadMessage(refused.field, message) from None
 
 
 def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
@@ -714,9 +701,7 @@ class WsApiHandlers:
         connection_id = _connection_id(event)
         request_id = None
         try:
-            text = decode_body(
-                event.get("body"), event.get("isBase64Encoded"), self.config.max_message_bytes
-            )
+            text = _message_text(event, self.config.max_message_bytes)
             message = parse_message(text)
             request_id = message.request_id
             if isinstance(message, Heartbeat):
