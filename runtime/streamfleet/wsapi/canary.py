@@ -138,19 +138,27 @@ class CanaryConfig:
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.startswith(("ws://", "wss://")):
-            raise CanaryConfigError("CANARY_ENDPOINT_URL: must be a ws:// or wss:// URL")
+            raise CanaryConfigError(
+                f"{model.ENV_CANARY_ENDPOINT_URL}: must be a ws:// or wss:// URL"
+            )
         if self.management_endpoint is not None and not self.management_endpoint.startswith(
             ("http://", "https://")
         ):
-            raise CanaryConfigError("CANARY_MANAGEMENT_ENDPOINT: must be an http(s):// URL")
+            raise CanaryConfigError(
+                f"{model.ENV_CANARY_MANAGEMENT_ENDPOINT}: must be an http(s):// URL"
+            )
         if not self.api_id:
-            raise CanaryConfigError("CANARY_API_ID: required")
+            raise CanaryConfigError(f"{model.ENV_CANARY_API_ID}: required")
         if not (math.isfinite(self.timeout_seconds) and self.timeout_seconds > 0):
-            raise CanaryConfigError("CANARY_TIMEOUT_SECONDS: must be a number above zero")
+            raise CanaryConfigError(
+                f"{model.ENV_CANARY_TIMEOUT_SECONDS}: must be a number above zero"
+            )
         if self.healthy_runs_to_recover < 1:
-            raise CanaryConfigError("CANARY_HEALTHY_RUNS_TO_RECOVER: must be at least 1")
+            raise CanaryConfigError(
+                f"{model.ENV_CANARY_HEALTHY_RUNS_TO_RECOVER}: must be at least 1"
+            )
         if self.failures_to_trip < 1:
-            raise CanaryConfigError("CANARY_FAILURES_TO_TRIP: must be at least 1")
+            raise CanaryConfigError(f"{model.ENV_CANARY_FAILURES_TO_TRIP}: must be at least 1")
         if self.connect_host is not None and not _HOST_NAME.fullmatch(self.connect_host):
             raise CanaryConfigError(f"{model.ENV_CANARY_CONNECT_HOST}: not a host name")
 
@@ -159,9 +167,11 @@ class CanaryConfig:
         """Read and validate the environment (see the module docstring)."""
         env = os.environ if env is None else env
         try:
-            timeout = float(env.get("CANARY_TIMEOUT_SECONDS", "") or DEFAULT_TIMEOUT_SECONDS)
+            timeout = float(
+                env.get(model.ENV_CANARY_TIMEOUT_SECONDS, "") or DEFAULT_TIMEOUT_SECONDS
+            )
         except ValueError:
-            raise CanaryConfigError("CANARY_TIMEOUT_SECONDS: not a number") from None
+            raise CanaryConfigError(f"{model.ENV_CANARY_TIMEOUT_SECONDS}: not a number") from None
 
         def whole(name: str, default: int) -> int:
             raw = env.get(name, "").strip()
@@ -169,9 +179,13 @@ class CanaryConfig:
                 raise CanaryConfigError(f"{name}: not a whole number")
             return int(raw) if raw else default
 
-        transport = env.get("CANARY_TOKEN_TRANSPORT", "").strip() or TokenTransport.SUBPROTOCOL
+        transport = (
+            env.get(model.ENV_CANARY_TOKEN_TRANSPORT, "").strip() or TokenTransport.SUBPROTOCOL
+        )
         if transport not in tuple(TokenTransport):
-            raise CanaryConfigError("CANARY_TOKEN_TRANSPORT: must be subprotocol or query")
+            raise CanaryConfigError(
+                f"{model.ENV_CANARY_TOKEN_TRANSPORT}: must be subprotocol or query"
+            )
         accepted_text = env.get(model.ENV_JWT_CANARY_KEYS, "").strip()
         try:
             accepted = jwt.parse_key_material(accepted_text) if accepted_text else None
@@ -181,14 +195,14 @@ class CanaryConfig:
         if raw_disconnect not in ("", "true", "false"):
             raise CanaryConfigError(f"{model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY}: true or false")
         return cls(
-            endpoint_url=env.get("CANARY_ENDPOINT_URL", "").strip(),
-            api_id=env.get("CANARY_API_ID", "").strip(),
+            endpoint_url=env.get(model.ENV_CANARY_ENDPOINT_URL, "").strip(),
+            api_id=env.get(model.ENV_CANARY_API_ID, "").strip(),
             timeout_seconds=timeout,
             healthy_runs_to_recover=whole(
-                "CANARY_HEALTHY_RUNS_TO_RECOVER", DEFAULT_HEALTHY_RUNS_TO_RECOVER
+                model.ENV_CANARY_HEALTHY_RUNS_TO_RECOVER, DEFAULT_HEALTHY_RUNS_TO_RECOVER
             ),
-            failures_to_trip=whole("CANARY_FAILURES_TO_TRIP", DEFAULT_FAILURES_TO_TRIP),
-            state_table=env.get("CANARY_STATE_TABLE_NAME", "").strip() or None,
+            failures_to_trip=whole(model.ENV_CANARY_FAILURES_TO_TRIP, DEFAULT_FAILURES_TO_TRIP),
+            state_table=env.get(model.ENV_CANARY_STATE_TABLE_NAME, "").strip() or None,
             token_transport=TokenTransport(transport),
             disconnect_when_unhealthy=raw_disconnect != "false",
             management_endpoint=env.get(model.ENV_CANARY_MANAGEMENT_ENDPOINT, "").strip() or None,
@@ -479,12 +493,13 @@ def token_source_from_env(
     env: Mapping[str, str], secrets: AsyncClient | None = None
 ) -> TokenSource:
     """The token source the environment configures (see the module docstring)."""
-    static = env.get("CANARY_TOKEN", "").strip()
-    key_text = env.get("CANARY_SIGNING_KEY", "").strip()
-    secret_arn = env.get("CANARY_SIGNING_KEY_SECRET_ARN", "").strip()
+    static = env.get(model.ENV_CANARY_TOKEN, "").strip()
+    key_text = env.get(model.ENV_CANARY_SIGNING_KEY, "").strip()
+    secret_arn = env.get(model.ENV_CANARY_SIGNING_KEY_SECRET_ARN, "").strip()
     if sum(bool(v) for v in (static, key_text, secret_arn)) > 1:
         raise CanaryConfigError(
-            "CANARY_TOKEN, CANARY_SIGNING_KEY, CANARY_SIGNING_KEY_SECRET_ARN: set at most one"
+            f"{model.ENV_CANARY_TOKEN}, {model.ENV_CANARY_SIGNING_KEY}, "
+            f"{model.ENV_CANARY_SIGNING_KEY_SECRET_ARN}: set at most one"
         )
     if static:
         return StaticToken(static)
@@ -492,8 +507,8 @@ def token_source_from_env(
         return StaticToken(None)
     audience = env.get(model.ENV_JWT_AUDIENCE, "").strip()
     if not audience:
-        raise CanaryConfigError("JWT_AUDIENCE: required to mint the canary's token")
-    subject = env.get("CANARY_SUBJECT", "").strip() or DEFAULT_SUBJECT
+        raise CanaryConfigError(f"{model.ENV_JWT_AUDIENCE}: required to mint the canary's token")
+    subject = env.get(model.ENV_CANARY_SUBJECT, "").strip() or DEFAULT_SUBJECT
     if key_text:
         try:
             key = jwt.signing_key_from_text(key_text)
