@@ -488,7 +488,6 @@ WS_ROUTES = (
 WS_APP_SUBPROTOCOL = "streamfleet.v1"  # the subprotocol $connect selects (never the token)
 WS_BEARER_SUBPROTOCOL_PREFIX = "bearer."  # Sec-WebSocket-Protocol entry carrying the JWT
 WS_TOKEN_QUERY_PARAMETER = "token"  # ...or ?token=<jwt> in the query string
-WS_REPLY_PONG = "pong"
 WS_REPLY_STATE = "state"
 WS_REPLY_BID = "bid"
 WS_REPLY_ERROR = "error"

@@ -197,7 +197,7 @@ ROUTE_MESSAGES = {
     "$default": {"action": "no-such-route", "requestId": "r-default"},
 }
 EXPECTED_REPLY = {
-    "r-heartbeat": model.WS_REPLY_PONG,
+    "r-heartbeat": model.WS_PONG_FRAME,
     "r-state": model.WS_REPLY_STATE,
     "r-bid": model.WS_REPLY_BID,
     "r-subscribe": f"{model.WS_REPLY_ERROR}:forbidden",  # default deny, not an internal error
@@ -212,12 +212,12 @@ async def _replies(socket, expected: set[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     while set(found) < expected:
         message = await asyncio.wait_for(socket.recv(), 10)
-        if message == model.WS_REPLY_PONG:
-            found["r-heartbeat"] = model.WS_REPLY_PONG
+        if message == model.WS_PONG_FRAME:
+            found["r-heartbeat"] = model.WS_PONG_FRAME
             continue
         payload = json.loads(message)
         request_id = payload.get("requestId") or (
-            "r-heartbeat" if payload.get("type") == model.WS_REPLY_PONG else None
+            "r-heartbeat" if payload.get("type") == model.WS_PONG_FRAME else None
         )
         if request_id:
             kind = payload.get("type")
