@@ -26,7 +26,6 @@ from enum import StrEnum
 
 DEFAULT_LEASE_TABLE_NAME = "streamfleet-connections"
 DEFAULT_MESSAGES_TABLE_NAME = "streamfleet-messages"
-DEFAULT_QUEUE_NAME = "streamfleet-intake"
 
 # --- Keys ---
 
@@ -453,7 +452,6 @@ BID_BIDDER = "bidder"
 BID_AT_MS = "at_ms"
 LAST_BID_AUCTION = "last_bid_auction"
 LAST_BID_AMOUNT = "last_bid_amount"
-LAST_BID_ACCEPTED = "last_bid_accepted"
 LAST_BID_AT_MS = "last_bid_at_ms"
 BIDS_ACCEPTED = "bids_accepted"
 BIDS_REFUSED = "bids_refused"

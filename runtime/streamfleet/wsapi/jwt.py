@@ -61,8 +61,6 @@ REQUIRED_CLAIMS = ("exp", "iat", "sub", "iss", "aud")
 # ``typ`` values that are plain JWTs or access tokens (RFC 7519 5.1, RFC 9068 2.1), compared
 # case-insensitively without an ``application/`` prefix (RFC 7515 4.1.9).
 ACCESS_TOKEN_TYPES = ("jwt", "at+jwt")
-# Header members that would make a verifier fetch or trust a key the token brings itself.
-KEY_BEARING_HEADERS = ("jwk", "jku", "x5u", "x5c")
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 
