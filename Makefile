@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest local cli synth worker upstream bench sim lease-sim chaos drill clean
+.PHONY: help setup test lint format pytest local cli synth worker upstream bench sim lease-sim live-sim chaos drill clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -172,6 +172,9 @@ sim: setup ## Fault simulation: 2,000 seeded schedules (~55 min); SIM_SEED=<n> r
 
 lease-sim: setup ## The lease core on a virtual clock: 200 seeded schedules (~3 min); SIM_SEED=<n> prints one's trace, the same bytes on any machine
 	$(PYTHON) -m streamfleet_dev.dsim --schedules $${SIM_SCHEDULES:-200}
+
+live-sim: setup ## Live delivery on a virtual clock: 200 seeded schedules (~4 min); SIM_SEED=<n> prints one's trace, the same bytes on any machine
+	$(PYTHON) -m streamfleet_dev.dsim --system live --schedules $${SIM_SCHEDULES:-200}
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60

@@ -26,11 +26,12 @@ from streamfleet.wsapi.handlers import (
     HandlerConfigError,
     Subscribe,
     Unsubscribe,
+    WsApiHandlers,
     parse_message,
 )
 from tests import wsapi_live_support
 from tests.wsapi_live_support import LiveTablesSet, live_gateway
-from tests.wsapi_support import AUDIENCE, CANARY_KEY, ISSUER, KEY, user_token
+from tests.wsapi_support import AUDIENCE, CANARY_KEY, ISSUER, KEY, REGION, user_token
 
 REPLY_TIMEOUT = 5.0
 live_tables = wsapi_live_support.live_tables  # the fixture
@@ -388,6 +389,78 @@ async def test_only_readers_may_subscribe_and_everyone_else_gets_the_same_clear_
         assert "not one of its readers" in answer["message"]
     # A refused subscribe registers nothing.
     assert registered["dev"] == registered["bob"] == registered["forged"] == []
+
+
+class _ClockPastExpiryOnReplay:
+    """A DynamoDB client whose clock passes ``expires_at`` when a replay is read: a subscribe
+    accepted just before its token expired, whose replay read ends after it."""
+
+    def __init__(self, client: Any, messages_table: str, expires_at: int) -> None:
+        self._client = client
+        self._messages = messages_table
+        self._expires_at = expires_at
+        self.ms = (expires_at - 1) * 1000
+
+    def monotonic(self) -> float:
+        return self.ms / 1000
+
+    def wall_ms(self) -> int:
+        return self.ms
+
+    def query(self, **params: Any) -> Any:
+        answer = self._client.query(**params)
+        if params.get("TableName") == self._messages:
+            self.ms = self._expires_at * 1000
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_token_that_expires_while_the_replay_is_read_is_served_none_of_it(
+    live_tables: LiveTablesSet,
+) -> None:
+    """The replay may hold messages stored after the token expired: the subscribe is refused
+    with token_expired (the client reconnects with a fresh token), nothing of the replay is
+    posted, and the connection is not left registered for live delivery."""
+    tables = live_tables
+    tables.start_stream("m1", readers=("user:alice",))
+    tables.store("m1", range(1, 4))
+    expires_at = 1_800_000_000
+    store = _ClockPastExpiryOnReplay(tables.dynamodb, tables.messages, expires_at)
+    sent: list[dict[str, Any]] = []
+    handlers = WsApiHandlers(
+        HandlerConfig(tables.state, tables.connections, REGION, live=tables.live()),
+        dynamodb=store,
+        replier=_Recording(sent),
+        clock=store,
+    )
+    context = {
+        "routeKey": "$default",
+        "connectionId": "c1",
+        "authorizer": {"sub": "alice", model.WS_CONTEXT_TOKEN_EXPIRES_AT: expires_at},
+    }
+    body = {"action": "subscribe", "stream": "m1", "after": 0, "requestId": "s1"}
+    handlers({"requestContext": context, "body": json.dumps(body)})
+
+    assert [(m["type"], m.get("error"), m.get("field")) for m in sent] == [
+        ("error", "token_expired", "token")
+    ]
+    assert tables.subscribers("m1") == []
+    listed = tables.dynamodb.get_item(
+        TableName=tables.subscriptions,
+        Key={k: to_attr(v) for k, v in model.connection_streams_key("c1").items()},
+        ConsistentRead=True,
+    ).get("Item", {})
+    assert "m1" not in from_item(listed).get(model.WS_STREAMS, set())
+
+
+class _Recording:
+    def __init__(self, sent: list[dict[str, Any]]) -> None:
+        self._sent = sent
+
+    def post(self, request_context: Any, connection_id: str, data: bytes) -> None:
+        self._sent.append(json.loads(data))
 
 
 async def test_the_canary_cannot_subscribe(live_tables: LiveTablesSet) -> None:

@@ -1,5 +1,7 @@
-"""``python -m streamfleet_dev.dsim``: the lease core's deterministic simulation.
+"""``python -m streamfleet_dev.dsim``: the deterministic simulations, on a virtual clock.
 
+``--system lease`` (the default) runs the lease core (:mod:`.lease_core`), ``--system live``
+live delivery (:mod:`.live`).
 ``--schedules N [--first S]`` runs N seeded schedules (from seed S, random if not given) and
 prints each failing seed with its problems, then a summary; exit 1 if any failed.
 ``--seed S`` (or ``SIM_SEED=S``) runs one schedule and prints its description, its whole trace
@@ -14,7 +16,9 @@ import random
 import sys
 import time
 
-from streamfleet_dev.dsim.lease_core import Schedule, run_schedule
+from streamfleet_dev.dsim import lease_core, live
+
+SYSTEMS = {"lease": lease_core, "live": live}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,10 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=200)
     parser.add_argument("--first", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--system", choices=sorted(SYSTEMS), default="lease")
     args = parser.parse_args(argv)
+    system = SYSTEMS[args.system]
     seed = args.seed if args.seed is not None else _env_seed()
     if seed is not None:
-        outcome = run_schedule(Schedule.generate(seed))
+        outcome = system.run_schedule(system.Schedule.generate(seed))
         sys.stdout.write(outcome.schedule.describe() + "\n" + outcome.trace)
         for problem in outcome.problems:
             print(f"PROBLEM {problem}")
@@ -37,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     failed = requests = faults = 0
     for number in range(first, first + args.schedules):
-        outcome = run_schedule(Schedule.generate(number))
+        outcome = system.run_schedule(system.Schedule.generate(number))
         requests += outcome.requests
         faults += outcome.faults
         if not outcome.ok:

@@ -96,6 +96,39 @@ class InProcessDynamoDB:
                 },
             )
 
+    def stream_records(self, table_name: str) -> Callable[[], list[dict[str, Any]]]:
+        """A reader of ``table_name``'s change stream: every record so far, in order, as
+        Lambda's event source hands them to a function.
+
+        As DynamoDB Streams, and unlike moto, no record for a write that left its item as it
+        was (a put of the same item again). Moto's random event ids and wall-clock creation
+        times are replaced, so that a simulation's records are the same on every run."""
+        table = dynamodb_backends[self.account][self.region].get_table(table_name)
+        converted: list[dict[str, Any]] = []
+        images: dict[str, Any] = {}  # by key: the item as the stream last showed it
+        read = 0
+
+        def records() -> list[dict[str, Any]]:
+            nonlocal read
+            shard = table.stream_shard
+            held = shard.items if shard is not None else []
+            for record in held[read:]:
+                read += 1
+                lambda_record = copy.deepcopy(record.to_json())
+                change = lambda_record["dynamodb"]
+                key = json.dumps(change["Keys"], sort_keys=True)
+                image = change.get("NewImage")
+                if lambda_record["eventName"] == "MODIFY" and images.get(key) == image:
+                    continue
+                images[key] = image
+                lambda_record["eventID"] = str(len(converted))
+                lambda_record["awsRegion"] = self.region
+                change.pop("ApproximateCreationDateTime", None)
+                converted.append(lambda_record)
+            return converted
+
+        return records
+
     def close(self) -> None:
         """Forget every table of this instance."""
         backends = dynamodb_backends[self.account]

@@ -66,10 +66,11 @@ import json
 import logging
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,7 +249,12 @@ class Fanout:
         management: Any | None = None,
         clock: Clock = SYSTEM_CLOCK,
         metrics_out: Callable[[str], None] | None = None,
+        pool: Executor | None = None,
+        sleep: Callable[[float], None] | None = None,
+        rng: random.Random | None = None,
     ):
+        """``pool``, ``sleep`` and ``rng`` run the posts, their backoff's pauses and its draws:
+        threads, real time and an unseeded generator unless a simulation brings its own."""
         self.config = config
         session = boto3.session.Session()
         self.dynamodb = dynamodb or session.client(
@@ -266,7 +272,11 @@ class Fanout:
             "dynamodb", region_name=config.region, config=_ONE_ATTEMPT_DYNAMODB_CONFIG
         )
         self.clock = clock
-        self._pool = ThreadPoolExecutor(config.post_threads, thread_name_prefix="fanout-post")
+        self._pool = pool or ThreadPoolExecutor(
+            config.post_threads, thread_name_prefix="fanout-post"
+        )
+        self._sleep = sleep or time.sleep
+        self._rng = rng or random.Random()
         self._metrics_out = metrics_out or emf.write
 
     def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
@@ -432,10 +442,10 @@ class Fanout:
         error: Exception | None = None
         for attempt in range(_MAX_POST_ATTEMPTS):
             if attempt:
-                pause = full_jitter(attempt - 1, _RETRY_BASE_S, math.inf)
+                pause = full_jitter(attempt - 1, _RETRY_BASE_S, math.inf, self._rng)
                 if self.clock.monotonic() + pause >= deadline:
                     return error
-                time.sleep(pause)
+                self._sleep(pause)
             try:
                 self.management.post_to_connection(ConnectionId=connection_id, Data=frame)
                 return None

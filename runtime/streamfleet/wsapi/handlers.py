@@ -1037,6 +1037,12 @@ class WsApiHandlers:
         except _Refused:
             self.unsubscribe(user_id, connection_id, stream)
             raise
+        if token_expires_at is not None and token_expires_at <= self.clock.wall_ms() // 1000:
+            # The token ended while the replay was read, which may hold messages stored after
+            # it: none is served on this connection (the fan-out stops its live delivery the
+            # same way). The client reconnects with a fresh token and subscribes again.
+            self._stop_delivery(connection_id, stream)
+            raise _Refused("token_expired", "token", "token: expired; reconnect with a fresh one")
         up_to = messages[-1].seq if messages else after
         reply: dict[str, Any] = {
             "type": model.WS_REPLY_SUBSCRIBED,

@@ -1,0 +1,335 @@
+"""Stand-ins of what the code under test calls: DynamoDB and the Management API as boto3
+clients, and API Gateway's WebSocket side."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError, ReadTimeoutError
+
+from streamfleet import model, readers
+from streamfleet.backoff import full_jitter
+from streamfleet.wsapi import handlers as handlers_module
+
+if TYPE_CHECKING:
+    from streamfleet_dev.dsim.live.client import Client
+    from streamfleet_dev.dsim.live.world import World
+
+# The deployed handler's timeout: an invocation still running then is ended by Lambda.
+HANDLER_TIMEOUT_S = float(model.WS_HANDLER_TIMEOUT_SECONDS)
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """What botocore does around one call of one function's client: ``attempts`` in all
+    (``max_attempts`` retries plus the first; ``total_max_attempts`` as it is), full-jitter
+    backoff between them, and a lost answer waited for until ``read_timeout``."""
+
+    attempts: int
+    read_timeout: float
+
+
+# As the deployed code configures its clients (handlers._BOTO_CONFIG, fanout's configs).
+HANDLER_SDK = Sdk(attempts=4, read_timeout=3.0)
+FANOUT_DYNAMODB_SDK = Sdk(attempts=6, read_timeout=3.0)
+FANOUT_MANAGEMENT_SDK = Sdk(attempts=1, read_timeout=2.0)
+FLEET_SDK = Sdk(attempts=4, read_timeout=2.0)  # the worker's sink and the control plane
+
+
+def _lost(operation: str) -> ReadTimeoutError:
+    return ReadTimeoutError(endpoint_url=f"sim://{operation}")
+
+
+def _refused(code: str, status: int, operation: str) -> ClientError:
+    return ClientError(
+        {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        operation,
+    )
+
+
+def _call(
+    world: World,
+    owner: str,
+    sdk: Sdk,
+    operation: str,
+    apply: Callable[[], dict[str, Any]],
+    throttled: str,
+    service: str,
+) -> dict[str, Any]:
+    """One SDK call: each attempt's request and answer take seeded times; an attempt may be
+    throttled (nothing done) or have its answer lost after it was applied (a duplicated write
+    or post when the SDK sends it again); the last attempt's error is raised."""
+    error: Exception = _lost(operation)
+    for attempt in range(sdk.attempts):
+        if attempt:
+            world.scheduler.sleep(full_jitter(attempt, 0.05, 1.0, world.rng))
+        world.scheduler.sleep(world.latency())
+        world.requests += 1
+        world.calls[(owner, service)] += 1
+        if world.throttle():
+            world.scheduler.sleep(world.latency())
+            error = _refused(
+                throttled, 400 if throttled.startswith("Provisioned") else 429, operation
+            )
+            continue
+        failure: ClientError | None = None
+        answer: dict[str, Any] = {}
+        try:
+            answer = apply()
+        except ClientError as exc:
+            failure = exc
+        if world.lose_answer():
+            world.scheduler.sleep(sdk.read_timeout)
+            world.note(f"{owner} {operation}: answer lost (attempt {attempt + 1})")
+            error = _lost(operation)
+            continue
+        world.scheduler.sleep(world.latency())
+        if failure is not None:
+            raise failure
+        return answer
+    raise error
+
+
+class SimDynamoDB:
+    """One function's boto3 DynamoDB client over the in-process store (see :func:`_call`)."""
+
+    def __init__(self, world: World, owner: str, sdk: Sdk):
+        self._world = world
+        self._owner = owner
+        self._sdk = sdk
+
+    def __getattr__(self, operation: str) -> Callable[..., dict[str, Any]]:
+        if operation.startswith("_"):
+            raise AttributeError(operation)
+        return lambda **params: self._call(operation, params)
+
+    def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        world = self._world
+
+        def apply() -> dict[str, Any]:
+            answer = world.store.call(operation, params)
+            world.applied(operation, params)
+            return answer
+
+        return _call(
+            world,
+            self._owner,
+            self._sdk,
+            operation,
+            apply,
+            "ProvisionedThroughputExceededException",
+            "dynamodb",
+        )
+
+
+class Management:
+    """One function's boto3 ``apigatewaymanagementapi`` client, over the gateway."""
+
+    def __init__(self, world: World, owner: str, sdk: Sdk):
+        self._world = world
+        self._owner = owner
+        self._sdk = sdk
+
+    def _count(self, connection_id: str) -> None:
+        if self._owner == "fanout":  # one invocation at a time: the checker bounds each
+            self._world.fanout_calls[connection_id] += 1
+
+    def post_to_connection(self, ConnectionId: str, Data: bytes) -> dict[str, Any]:
+        self._count(ConnectionId)
+        gateway = self._world.gateway
+        return _call(
+            self._world,
+            self._owner,
+            self._sdk,
+            "post",
+            lambda: gateway.post(ConnectionId, Data, self._owner),
+            "LimitExceededException",
+            "management",
+        )
+
+    def delete_connection(self, ConnectionId: str) -> dict[str, Any]:
+        self._count(ConnectionId)
+        gateway = self._world.gateway
+        return _call(
+            self._world,
+            self._owner,
+            self._sdk,
+            "delete",
+            lambda: gateway.delete(ConnectionId, f"closed by {self._owner}"),
+            "LimitExceededException",
+            "management",
+        )
+
+
+# --- The gateway ----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Connection:
+    id: str
+    client: Client
+    token_expires_at: int
+    open: bool = True  # as API Gateway sees it
+    dropped: bool = False  # the client is gone; API Gateway has not noticed yet
+    delivered_until: float = 0.0  # frames reach the client in the order they were posted
+
+
+def _gone(operation: str) -> ClientError:
+    return _refused("GoneException", 410, operation)
+
+
+class Gateway:
+    """API Gateway's WebSocket side: connections, the routes' invocations, the @connections
+    API. A frame posted to an open connection reaches its client in posting order; one over
+    the 32 KB frame limit closes it (1009). A client that drops its connection is noticed a
+    little later: posts until then are accepted and lost."""
+
+    def __init__(self, world: World):
+        self._world = world
+        self._ids = itertools.count(1)
+        self.connections: dict[str, Connection] = {}
+
+    def _event(self, connection: Connection, route: str, body: str | None = None) -> dict:
+        client = connection.client
+        return {
+            "requestContext": {
+                "routeKey": route,
+                "connectionId": connection.id,
+                "domainName": "sim.example",
+                "stage": "live",
+                "apiId": "sim",
+                "authorizer": {
+                    model.WS_CONTEXT_SUB: client.plan.user,
+                    model.WS_CONTEXT_PRINCIPAL_KIND: model.WS_PRINCIPAL_USER,
+                    model.WS_CONTEXT_READER_TAGS: readers.encode_tags([client.plan.group]),
+                    model.WS_CONTEXT_TOKEN_EXPIRES_AT: connection.token_expires_at,
+                },
+            },
+            "body": body,
+            "isBase64Encoded": False,
+        }
+
+    def _invoke(self, connection: Connection, route: str, body: str | None = None) -> dict:
+        ok, answer = self._world.invoke(
+            self._world.handlers,
+            self._event(connection, route, body),
+            timeout=HANDLER_TIMEOUT_S,
+            name=f"{route}-{connection.id}",
+        )
+        return answer if ok else {"statusCode": 500}
+
+    def connect(self, client: Client, token_expires_at: int) -> Connection | None:
+        """The handshake, ``$connect`` included (run in the client's own task)."""
+        world = self._world
+        connection = Connection(f"c{next(self._ids)}", client, token_expires_at)
+        world.scheduler.sleep(world.latency())
+        answer = self._invoke(connection, handlers_module.CONNECT)
+        world.scheduler.sleep(world.latency())
+        if answer.get("statusCode") != 200:
+            return None
+        self.connections[connection.id] = connection
+        world.connected(connection.id, client.plan.user, token_expires_at)
+        world.note(f"{client.plan.user} connected {connection.id}")
+        return connection
+
+    def send(self, connection: Connection, text: str) -> None:
+        """A message from the client: its own invocation, after the network's time."""
+        world = self._world
+        if not connection.open or connection.dropped:
+            return
+        world.scheduler.spawn(
+            self._route,
+            connection,
+            text,
+            name=f"route-{connection.id}",
+            delay=world.latency(),
+            root=True,
+        )
+
+    def _route(self, connection: Connection, text: str) -> None:
+        if connection.open:
+            self._invoke(connection, handlers_module.DEFAULT, text)
+
+    def post(self, connection_id: str, data: bytes, owner: str) -> dict[str, Any]:
+        world = self._world
+        connection = self.connections.get(connection_id)
+        if connection is None or not connection.open:
+            raise _gone("PostToConnection")
+        if len(data) > model.WS_MAX_FRAME_BYTES:
+            world.problem(f"{owner} posted a frame of {len(data)} bytes to {connection_id}")
+            self._close(connection, "closed: frame over the limit (1009)")
+            return {}
+        if connection.dropped:
+            return {}  # accepted, and lost with the connection
+        world.on_post(connection_id, data)
+        if owner == "handler":
+            world.posted_bytes[world.scheduler.current()] += len(data)
+        at = max(connection.delivered_until, world.scheduler.now + world.latency())
+        connection.delivered_until = at
+        world.scheduler.spawn(
+            connection.client.on_frame,
+            connection,
+            data,
+            name=f"deliver-{connection_id}",
+            delay=at - world.scheduler.now,
+            root=True,
+        )
+        return {}
+
+    def delete(self, connection_id: str, why: str) -> dict[str, Any]:
+        """``DeleteConnection``: GoneException for a connection already closed."""
+        connection = self.connections.get(connection_id)
+        if connection is None or not connection.open:
+            raise _gone("DeleteConnection")
+        self._close(connection, why)
+        return {}
+
+    def drop(self, connection: Connection, why: str) -> None:
+        """The client's side goes away; API Gateway notices within a second."""
+        world = self._world
+        if not connection.open or connection.dropped:
+            return
+        connection.dropped = True
+        world.note(f"{connection.id} {why}")
+        world.scheduler.spawn(
+            connection.client.on_closed,
+            connection,
+            name=f"closed-{connection.id}",
+            delay=world.latency(),
+            root=True,
+        )
+        world.scheduler.spawn(
+            self._close,
+            connection,
+            "noticed gone",
+            name=f"notice-{connection.id}",
+            delay=world.rng.uniform(0.0, 1.0),
+            root=True,
+        )
+
+    def _close(self, connection: Connection, why: str) -> None:
+        world = self._world
+        if not connection.open:
+            return
+        connection.open = False
+        world.note(f"{connection.id} {why}")
+        if not connection.dropped:
+            at = max(connection.delivered_until, world.scheduler.now + world.latency())
+            world.scheduler.spawn(
+                connection.client.on_closed,
+                connection,
+                name=f"closed-{connection.id}",
+                delay=at - world.scheduler.now,
+                root=True,
+            )
+        world.scheduler.spawn(
+            self._invoke,
+            connection,
+            handlers_module.DISCONNECT,
+            name=f"disconnect-{connection.id}",
+            delay=world.latency(),
+            root=True,
+        )

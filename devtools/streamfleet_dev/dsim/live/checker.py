@@ -1,0 +1,105 @@
+"""What each client's application received, checked against the stored log; what each
+connection was posted, checked against who could read it then."""
+
+from __future__ import annotations
+
+import bisect
+
+from streamfleet import model
+from streamfleet_dev.dsim.live.client import AppLog, Client
+from streamfleet_dev.dsim.live.schedule import ClientPlan
+from streamfleet_dev.dsim.live.world import SUBSCRIBE_POST_BOUND, World
+
+
+def check(world: World, clients: list[Client]) -> int:
+    """Record every problem of the run in ``world``; how many messages were delivered."""
+    delivered = 0
+    for client in clients:
+        for stream, app in sorted(client.apps.items()):
+            delivered += sum(1 for event in app.events if event[0] == "message")
+            _check_app(world, client, stream, app)
+    _check_revocations(world, {c.plan.user: c.plan for c in clients})
+    for task, sent in world.posted_bytes.items():
+        if sent > SUBSCRIBE_POST_BOUND:
+            world.problem(f"{task.name} posted {sent} bytes (bound {SUBSCRIBE_POST_BOUND})")
+    return delivered
+
+
+def _check_app(world: World, client: Client, stream: str, app: AppLog) -> None:
+    who = f"{client.plan.user} {stream}"
+    log = [stored for _, stored in sorted(world.log[stream].items())]
+    positions = [stored.position for stored in log]
+    index: int | None = None  # in ``log``, of the next message the application must receive
+    epoch = 0
+    last: int | None = None  # the last position delivered
+    for event in app.events:
+        if event[0] == "start":
+            start = model.log_position(event[1], event[2])
+            if last is not None and start < last:
+                world.problem(
+                    f"{who}: a subscription began at {event[1]}/{event[2]}, before "
+                    "what was delivered"
+                )
+                return
+            index, epoch = bisect.bisect_right(positions, start), event[1]
+            continue
+        if index is None:
+            world.problem(f"{who}: delivered before its subscribe point was known")
+            return
+        if event[0] == "epoch":
+            if index >= len(log) or model.epoch_of(log[index].position) != event[1]:
+                world.problem(f"{who}: epoch change to {event[1]} out of place")
+                return
+            epoch = event[1]
+            continue
+        if event[0] == "skip":
+            world.problem(f"{who}: skipped {event[1:]} though the log holds every seq")
+            return
+        _, got_epoch, seq, data, is_json = event
+        if index >= len(log):
+            world.problem(f"{who}: delivered {got_epoch}/{seq} past the end of the log")
+            return
+        want = log[index]
+        want_epoch, want_seq = model.epoch_of(want.position), model.seq_of(want.position)
+        if (got_epoch, seq) != (want_epoch, want_seq):
+            world.problem(
+                f"{who}: delivered {got_epoch}/{seq} where the log has {want_epoch}/{want_seq}"
+            )
+            return
+        if got_epoch != epoch:
+            world.problem(f"{who}: {got_epoch}/{seq} delivered without its epoch change")
+            return
+        if (data, is_json) != (want.data, want.json):
+            world.problem(f"{who}: {got_epoch}/{seq} delivered with other bytes than stored")
+            return
+        last = want.position
+        index += 1
+    still_reading = stream in client.subscriptions and stream not in client.refused
+    if still_reading and index is not None and index < len(log):
+        missing = log[index]
+        world.problem(
+            f"{who}: {len(log) - index} stored messages never delivered, from "
+            f"{model.epoch_of(missing.position)}/{model.seq_of(missing.position)}"
+        )
+
+
+def _check_revocations(world: World, plans: dict[str, ClientPlan]) -> None:
+    for connection_id, posted in sorted(world.posted.items()):
+        group = plans[posted.user].group
+        for stream, position, posted_ms in posted.positions:
+            stored = world.log[stream].get(position)
+            if stored is None:
+                continue
+            for begun, until in world.excluded.get((stream, group), ()):
+                if stored.stored_at_ms > begun and (until is None or posted_ms < until):
+                    world.problem(
+                        f"{connection_id} ({posted.user}): {stream} {position}, stored after "
+                        "its readers excluded the user, was posted to it while they did"
+                    )
+                    return
+            if stored.stored_at_ms >= posted.token_expires_at * 1000:
+                world.problem(
+                    f"{connection_id} ({posted.user}): {stream} {position} stored after its "
+                    "token expired was posted to it"
+                )
+                return

@@ -1,0 +1,268 @@
+"""Each user's client: the reconnecting client's handling of stream cursors, without
+sockets."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from streamfleet import model
+from streamfleet.backoff import full_jitter
+from streamfleet.client.reconnecting import FINAL_SUBSCRIBE_ERRORS, TOKEN_EXPIRED
+from streamfleet.client.streams import StreamCursor, StreamMessage, StreamPosition
+from streamfleet_dev.dsim.live.schedule import ClientPlan
+from streamfleet_dev.dsim.live.world import SETTLE_S, World
+
+if TYPE_CHECKING:
+    from streamfleet_dev.dsim.live.aws import Connection
+
+GAP_TIMEOUT_S = 2.0
+QUIET_TIMEOUT_S = 20.0
+REQUEST_TIMEOUT_S = 10.0
+
+# --- Clients --------------------------------------------------------------------------------------
+
+
+@dataclass
+class AppLog:
+    """What one client's application received of one stream: ``("start", epoch, seq)`` where
+    a subscription without a position began (the server's choice: the newest few, or the
+    origin), then messages, epoch changes and skips as the client told them."""
+
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+class Client:
+    """One user's client: :class:`ReconnectingClient`'s handling of cursors, without sockets."""
+
+    def __init__(self, world: World, plan: ClientPlan):
+        self.world = world
+        self.plan = plan
+        self.rng = random.Random(f"client-{world.schedule.seed}-{plan.user}")
+        self.subscriptions: dict[str, StreamCursor] = {}
+        self.positions: dict[str, StreamPosition] = {}
+        self.pending_unsubscribes: set[str] = set()
+        self.apps: dict[str, AppLog] = defaultdict(AppLog)
+        self.connection: Connection | None = None
+        self.pending: dict[str, tuple[StreamCursor, float]] = {}  # subscribe request ids
+        self.refused: dict[str, str] = {}  # stream -> the final error that ended it
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    # Application's actions -------------------------------------------------------------------
+
+    def subscribe(self, stream: str, *, after: StreamPosition | None = None) -> None:
+        """As ``ReconnectingClient.subscribe``: from ``after`` if given (and ahead of what
+        was delivered), else from the position delivered, else from the newest few."""
+        self.pending_unsubscribes.discard(stream)
+        self.refused.pop(stream, None)
+        if stream not in self.subscriptions:
+            position = self.positions.get(stream)
+            if after is not None and (position is None or after > position):
+                position = after
+                self.apps[stream].events.append(("start", after.epoch, after.seq))
+            self.subscriptions[stream] = StreamCursor(
+                stream,
+                None if position is None else position.seq,
+                0 if position is None else position.epoch,
+            )
+        if self.connection is not None:
+            self._send_subscribe(self.subscriptions[stream], "request")
+
+    def unsubscribe(self, stream: str) -> None:
+        self.subscriptions.pop(stream, None)
+        self.pending_unsubscribes.add(stream)
+        if self.connection is not None:
+            self._send_unsubscribe(stream)
+
+    # The connection's life -------------------------------------------------------------------
+
+    def run(self) -> None:
+        world = self.world
+        attempt = 0
+        while world.scheduler.now < world.schedule.duration + SETTLE_S:
+            expires = world.now_ms // 1000 + int(self.plan.token_seconds)
+            connection = world.gateway.connect(self, expires)
+            if connection is None:
+                world.scheduler.sleep(full_jitter(attempt, 0.5, 10.0, self.rng))
+                attempt += 1
+                continue
+            attempt = 0
+            self.connection = connection
+            for cursor in self.subscriptions.values():
+                cursor.acknowledged = False
+                self._send_subscribe(cursor, "reconnect")
+            for stream in list(self.pending_unsubscribes):
+                self._send_unsubscribe(stream)
+            self._watch(connection)
+            self.connection = None
+            for cursor in self.subscriptions.values():
+                cursor.in_flight = False
+            self.pending.clear()
+            world.scheduler.sleep(full_jitter(0, 0.5, 10.0, self.rng))
+
+    def _watch(self, connection: Connection) -> None:
+        """The gap and quiet watch and the request timeouts, while the connection is open."""
+        world = self.world
+        while connection.open and not self._closed:
+            world.scheduler.sleep(0.5)
+            now = world.scheduler.now
+            for request_id, (cursor, sent) in list(self.pending.items()):
+                if now - sent >= REQUEST_TIMEOUT_S:
+                    del self.pending[request_id]
+                    cursor.in_flight = False
+                    cursor.acknowledged = True
+                    cursor.gap_since = now
+            for cursor in list(self.subscriptions.values()):
+                reason = cursor.resubscribe_reason(now, GAP_TIMEOUT_S, QUIET_TIMEOUT_S)
+                if reason is not None:
+                    cursor.count_resubscribe(reason, now)
+                    self._send_subscribe(cursor, reason)
+        self._closed = False
+
+    def drop(self) -> None:
+        """The client closes its connection (a network change, a page reload)."""
+        if self.connection is not None:
+            self.world.gateway.drop(self.connection, f"dropped by {self.plan.user}")
+
+    def on_closed(self, connection: Connection) -> None:
+        if connection is self.connection:
+            self._closed = True
+
+    def _send_subscribe(self, cursor: StreamCursor, reason: str) -> None:
+        assert self.connection is not None
+        cursor.in_flight = True
+        cursor.request_id = f"{self.plan.user}-{next(self._ids)}"
+        self.pending[cursor.request_id] = (cursor, self.world.scheduler.now)
+        self.world.subscribing(cursor.stream, self.plan.group)
+        self.world.note(
+            f"{self.plan.user} subscribe {cursor.stream} after {cursor.epoch}/{cursor.position}"
+            f" ({reason}) on {self.connection.id}"
+        )
+        self.world.gateway.send(
+            self.connection,
+            json.dumps(
+                {
+                    "action": model.WS_ROUTE_SUBSCRIBE,
+                    "stream": cursor.stream,
+                    "after": cursor.position,
+                    "afterEpoch": cursor.epoch,
+                    "requestId": cursor.request_id,
+                }
+            ),
+        )
+
+    def _send_unsubscribe(self, stream: str) -> None:
+        assert self.connection is not None
+        request_id = f"{self.plan.user}-u{next(self._ids)}"
+        self.world.gateway.send(
+            self.connection,
+            json.dumps(
+                {"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream, "requestId": request_id}
+            ),
+        )
+
+    # What arrives ----------------------------------------------------------------------------
+
+    def on_frame(self, connection: Connection, data: bytes) -> None:
+        if connection is not self.connection:
+            return
+        text = data.decode()
+        if text == model.WS_PONG_FRAME:
+            return
+        message = json.loads(text)
+        kind = message.get("type")
+        now = self.world.scheduler.now
+        request_id = message.get("requestId")
+        if kind in (model.WS_REPLY_MESSAGES, model.WS_REPLY_SUBSCRIBED):
+            self._on_stream_frame(kind, message, now)
+        if kind == model.WS_REPLY_UNSUBSCRIBED:
+            self.pending_unsubscribes.discard(message.get("stream"))
+        pending = self.pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if pending is not None:
+            cursor, _ = pending
+            cursor.in_flight = False
+            if kind == model.WS_REPLY_ERROR:
+                error = message.get("error")
+                if error in FINAL_SUBSCRIBE_ERRORS:
+                    if self.subscriptions.get(cursor.stream) is cursor:
+                        del self.subscriptions[cursor.stream]
+                    self.refused[cursor.stream] = str(error)
+                    self.world.note(f"{self.plan.user} refused {cursor.stream}: {error}")
+                else:
+                    cursor.acknowledged = True
+                    cursor.gap_since = now
+        if kind == model.WS_REPLY_ERROR and message.get("error") == TOKEN_EXPIRED:
+            self.world.gateway.drop(connection, f"closed by {self.plan.user}: token expired")
+
+    def _on_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
+        stream = message.get("stream")
+        cursor = self.subscriptions.get(stream) if isinstance(stream, str) else None
+        if cursor is None:
+            return
+        if kind == model.WS_REPLY_SUBSCRIBED:
+            if message.get("requestId") != cursor.request_id:
+                return
+            first = cursor.position is None
+            ready = cursor.on_subscribed(message, now)
+            if first and cursor.position is not None:
+                epoch, after = int(message.get("afterEpoch") or 0), int(message["after"])
+                self.apps[cursor.stream].events.append(("start", epoch, after))
+        else:
+            ready = cursor.on_entries(
+                message.get("messages") or [],
+                source=str(message.get("source") or ""),
+                region=message.get("region"),
+                now=now,
+            )
+        self._deliver(cursor, ready)
+
+    def _deliver(self, cursor: StreamCursor, messages: list[StreamMessage]) -> None:
+        app = self.apps[cursor.stream]
+        change, skip = cursor.take_epoch_change(), cursor.take_skip()
+        if (change or skip) is not None and cursor.position is not None:
+            self.positions[cursor.stream] = StreamPosition(cursor.epoch, cursor.position)
+        if change is not None:
+            app.events.append(("epoch", change.epoch))
+        if skip is not None:
+            app.events.append(("skip", skip.epoch, skip.after, skip.to))
+        for message in messages:
+            self.positions[message.stream] = message.position
+            app.events.append(("message", message.epoch, message.seq, message.data, message.json))
+
+
+def run_client(world: World, client: Client) -> None:
+    plan = client.plan
+    scheduler = world.scheduler
+    scheduler.spawn(client.run, name=f"client-{plan.user}")
+    actions: list[tuple[float, str, str | None]] = [
+        (at, "subscribe-whole" if whole else "subscribe", s) for s, at, whole in plan.streams
+    ]
+    actions += [(at, "drop", None) for at in plan.drops]
+    if plan.unsubscribe is not None:
+        stream, off, on = plan.unsubscribe
+        actions += [(off, "unsubscribe", stream), (on, "subscribe", stream)]
+    for at, action, stream in sorted(actions, key=lambda a: (a[0], a[1], a[2] or "")):
+        scheduler.sleep(max(0.0, at - scheduler.now))
+        world.note(f"{plan.user} {action} {stream or ''}")
+        if action == "subscribe":
+            assert stream is not None
+            client.subscribe(stream)
+        elif action == "subscribe-whole":
+            assert stream is not None
+            client.subscribe(stream, after=StreamPosition(0, 0))
+        elif action == "unsubscribe":
+            assert stream is not None
+            client.unsubscribe(stream)
+        else:
+            client.drop()
+    # The application asks again for what was refused: a reader excluded for a while reads
+    # again from where it stopped (one excluded for good is refused again).
+    scheduler.sleep(max(0.0, world.schedule.duration + 1.0 - scheduler.now))
+    for stream in sorted(client.refused):
+        world.note(f"{plan.user} subscribe {stream} again")
+        client.subscribe(stream)
