@@ -50,6 +50,9 @@ from streamfleet_dev.wsapi.local_gateway import (
 from tests.wsapi_support import AUDIENCE, CANARY_KEY, KEY, REGION, authorizer, user_token
 
 TOKENS = MintedToken(CANARY_KEY, AUDIENCE, subject="canary")
+# A probe expected to be answered: ten times what a loaded 2-core machine may take, so that
+# only an unhealthy Region (a fault the test injects) fails it, never the machine's speed.
+PROBE_TIMEOUT = 20.0
 
 
 # --- Hysteresis (pure) --------------------------------------------------------------------------
@@ -177,7 +180,7 @@ async def test_each_run_reads_the_alarm_and_an_unreadable_one_changes_nothing(
 ) -> None:
     alarm = FixedAlarm()
     canary = Canary(
-        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=2.0),
+        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=PROBE_TIMEOUT),
         tokens=TOKENS,
         store=MemoryHealthStateStore(),
         publishers=[],
@@ -390,7 +393,7 @@ def secret_canary(
         clock=lambda: now[0],
     )
     canary = Canary(
-        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=2.0, **config),
+        CanaryConfig(endpoint_url=gateway.url, api_id="a", timeout_seconds=PROBE_TIMEOUT, **config),
         tokens=tokens,
         store=MemoryHealthStateStore(),
         publishers=[],
@@ -643,7 +646,7 @@ async def test_runs_keep_state_in_dynamodb_and_publish_to_cloudwatch(
             CanaryConfig(
                 endpoint_url=gateway.url,
                 api_id=api_id,
-                timeout_seconds=1.0,
+                timeout_seconds=PROBE_TIMEOUT,
                 healthy_runs_to_recover=2,
                 state_table=connections,
             ),
@@ -714,7 +717,7 @@ async def test_the_lambda_entry_point_reads_its_environment(
     env = {
         "CANARY_ENDPOINT_URL": gateway.url,
         "CANARY_API_ID": "api-entry",
-        "CANARY_TIMEOUT_SECONDS": "2",
+        "CANARY_TIMEOUT_SECONDS": str(PROBE_TIMEOUT),
         "CANARY_STATE_TABLE_NAME": connections,
         "CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(CANARY_KEY)),
         "JWT_AUDIENCE": AUDIENCE,
@@ -780,7 +783,7 @@ def sweeping_canary(
         CanaryConfig(
             endpoint_url=gateway.url,
             api_id=f"api-{uuid.uuid4().hex[:6]}",
-            timeout_seconds=1.0,
+            timeout_seconds=PROBE_TIMEOUT,
             healthy_runs_to_recover=2,
             failures_to_trip=2,
             state_table=connections,

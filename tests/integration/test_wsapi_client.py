@@ -154,8 +154,9 @@ async def test_reconnects_after_a_server_drop_and_restores_state(gateway: LocalG
         (connection_id,) = gateway.connection_ids
         await asyncio.to_thread(management.delete_connection, ConnectionId=connection_id)
         await eventually(lambda: client.connections == 2 and client.ready)
-        # getState went out again after the reconnect, and the state came back by user.
-        assert len(states) == 2
+        # getState went out again after the reconnect, and the state came back by user (more
+        # than once if a reply took longer than the request timeout: the client asks again).
+        assert len(states) >= 2
         assert states[-1]["state"]["lastBid"]["amount"] == 42
         assert states[-1]["auction"]["highest"] == 42
         # One backoff after a healthy connection: random(0, base).
