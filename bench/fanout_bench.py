@@ -711,7 +711,7 @@ async def measure_replay(world: Any, runs: int) -> dict[str, Any]:
 
 
 def _replay_max() -> int:
-    from streamfleet.wsapi.handlers import DEFAULT_REPLAY_MAX_MESSAGES
+    from streamfleet.wsapi.handlers.config import DEFAULT_REPLAY_MAX_MESSAGES
 
     return DEFAULT_REPLAY_MAX_MESSAGES
 

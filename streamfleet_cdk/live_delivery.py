@@ -39,8 +39,8 @@ from constructs import Construct
 
 from streamfleet import model
 from streamfleet.wsapi import fanout as fanout_runtime
-from streamfleet.wsapi import handlers as handlers_runtime
 from streamfleet.wsapi import stream_lookup as lookup_runtime
+from streamfleet.wsapi.handlers import config as handlers_config
 from streamfleet_cdk import at_rest
 from streamfleet_cdk.functions import (
     ALARM_PERIOD,
@@ -123,26 +123,26 @@ class LiveDeliveryTables:
     streams_table: dynamodb.ITableV2
     messages_table: dynamodb.ITableV2
     subscriptions_table: dynamodb.ITableV2
-    newest_messages: int = handlers_runtime.DEFAULT_SUBSCRIBE_NEWEST
-    replay_max_messages: int = handlers_runtime.DEFAULT_REPLAY_MAX_MESSAGES
+    newest_messages: int = handlers_config.DEFAULT_SUBSCRIBE_NEWEST
+    replay_max_messages: int = handlers_config.DEFAULT_REPLAY_MAX_MESSAGES
     max_subscribers_per_stream: int = model.DEFAULT_MAX_SUBSCRIBERS_PER_STREAM
     max_user_connections_per_stream: int = model.DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM
 
     def __post_init__(self) -> None:
-        maximum = handlers_runtime.MAX_REPLAY_MESSAGES
+        maximum = handlers_config.MAX_REPLAY_MESSAGES
         _check_whole("replay_max_messages", self.replay_max_messages, 1, maximum)
         _check_whole("newest_messages", self.newest_messages, 1, self.replay_max_messages)
         _check_whole(
             "max_subscribers_per_stream",
             self.max_subscribers_per_stream,
             1,
-            handlers_runtime.MAX_SUBSCRIBERS_PER_STREAM,
+            handlers_config.MAX_SUBSCRIBERS_PER_STREAM,
         )
         _check_whole(
             "max_user_connections_per_stream",
             self.max_user_connections_per_stream,
             1,
-            handlers_runtime.MAX_USER_CONNECTIONS_PER_STREAM,
+            handlers_config.MAX_USER_CONNECTIONS_PER_STREAM,
         )
 
     def environment(self) -> dict[str, str]:

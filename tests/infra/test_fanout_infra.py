@@ -17,7 +17,7 @@ from cdk_nag import AwsSolutionsChecks
 from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import fanout as fanout_runtime
-from streamfleet.wsapi import handlers as handlers_runtime
+from streamfleet.wsapi.handlers import config as handlers_config
 from streamfleet_cdk import live_delivery
 from streamfleet_cdk.config import AppConfig, context_key
 from streamfleet_cdk.live_delivery import (
@@ -72,7 +72,7 @@ def test_the_handler_serves_subscribe_with_exactly_the_live_grants(built):
         variables = variables_of(handler)
         assert variables[model.ENV_STREAMS_TABLE_NAME] == model.DEFAULT_LEASE_TABLE_NAME
         assert variables[model.ENV_MESSAGES_TABLE_NAME] == model.DEFAULT_MESSAGES_TABLE_NAME
-        config = handlers_runtime.HandlerConfig.from_env(
+        config = handlers_config.HandlerConfig.from_env(
             {
                 **{k: str(v) for k, v in variables.items() if isinstance(v, str)},
                 # References to tables declared in this stack, as CloudFormation resolves them.

@@ -35,7 +35,7 @@ from stacks.regional import Role
 from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import canary as canary_runtime
-from streamfleet.wsapi import handlers as handlers_runtime
+from streamfleet.wsapi.handlers import config as handlers_config
 from streamfleet_cdk import assets, live_delivery, websocket_api
 from streamfleet_cdk import canary as canary_construct
 from streamfleet_cdk.canary import (
@@ -363,7 +363,7 @@ def test_handler_runs_the_runtime_entry_with_its_config(built):
         connections = deployed(
             variables[model.ENV_CONNECTIONS_TABLE_NAME], model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
         )
-        config = handlers_runtime.HandlerConfig.from_env(
+        config = handlers_config.HandlerConfig.from_env(
             {
                 model.ENV_STATE_TABLE_NAME: state,
                 model.ENV_CONNECTIONS_TABLE_NAME: connections,

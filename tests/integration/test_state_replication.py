@@ -12,7 +12,7 @@ import pytest
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import from_item, to_item
-from streamfleet.wsapi.handlers import make_dynamodb_client
+from streamfleet.wsapi.handlers.config import make_dynamodb_client
 from streamfleet_dev.wsapi.replication import (
     ChangeFeed,
     ReplicaTable,

@@ -21,18 +21,20 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from streamfleet import model
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.handlers import (
-    BadMessage,
-    GetState,
+from streamfleet.wsapi.handlers import WsApiHandlers
+from streamfleet.wsapi.handlers.config import (
     HandlerConfig,
     HandlerConfigError,
+    make_dynamodb_client,
+)
+from streamfleet.wsapi.handlers.messages import (
+    BadMessage,
+    GetState,
     Heartbeat,
     PlaceBid,
-    WsApiHandlers,
-    make_dynamodb_client,
-    management_endpoint,
     parse_message,
 )
+from streamfleet.wsapi.handlers.replier import management_endpoint
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
@@ -533,7 +535,7 @@ def test_state_versions_increase_even_when_clocks_go_backwards(tables: tuple[str
     stamps = []
     for ms in (1_000_000, 1_000_000, 999_000):  # same millisecond, then a clock stepped back
         clock.ms = ms
-        outcome = handlers.write_state(model.user_pk("dave"), sets={}, adds={model.BIDS_REFUSED: 1})
+        outcome = handlers.state.write(model.user_pk("dave"), sets={}, adds={model.BIDS_REFUSED: 1})
         stamps.append(outcome.timestamp_ms)
     assert stamps == [1_000_000, 1_000_001, 1_000_002]
     item = scan(state)[model.user_pk("dave")]

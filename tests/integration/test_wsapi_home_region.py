@@ -23,14 +23,14 @@ from botocore.exceptions import ReadTimeoutError
 
 from streamfleet import model
 from streamfleet.lease.dynamo import from_item
-from streamfleet.wsapi.handlers import (
+from streamfleet.wsapi.handlers import WsApiHandlers
+from streamfleet.wsapi.handlers.config import (
     HOME_CALL_MAX_MS,
     HandlerConfig,
     HandlerConfigError,
-    StateReplica,
-    WsApiHandlers,
     make_dynamodb_client,
 )
+from streamfleet.wsapi.handlers.state_store import StateReplica
 from streamfleet_dev.local.aws_proxy import AwsProxy
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
@@ -89,14 +89,14 @@ def test_a_lower_bid_in_the_other_region_never_replaces_an_acknowledged_one(
 ) -> None:
     state, _ = replicas
     home, other = handlers_in(HOME, replicas), handlers_in(OTHER, replicas)
-    assert home.place_bid("alice", "a1", 100)["accepted"]
+    assert home.auctions.place_bid("alice", "a1", 100)["accepted"]
     # Not replicated yet: the secondary's replica has never seen Alice's bid.
     assert model.auction_pk("a1") not in items(OTHER, state)
-    bob = other.place_bid("bob", "a1", 90)
+    bob = other.auctions.place_bid("bob", "a1", 90)
     assert (bob["accepted"], bob["highest"], bob["highestIsYou"]) == (False, 100, False)
-    equal = other.place_bid("bob", "a1", 100)
+    equal = other.auctions.place_bid("bob", "a1", 100)
     assert not equal["accepted"]
-    higher = other.place_bid("bob", "a1", 101)
+    higher = other.auctions.place_bid("bob", "a1", 101)
     assert higher["accepted"]
     # Every accepted bid, and its record, is in the home's replica; the other Region's replica
     # receives them only through replication (the user's own counters stay where they were).
@@ -115,10 +115,10 @@ def test_a_lower_bid_in_the_other_region_never_replaces_an_acknowledged_one(
 
 def test_a_state_read_says_when_it_may_lag_the_home(replicas: tuple[str, str]) -> None:
     home, other = handlers_in(HOME, replicas), handlers_in(OTHER, replicas)
-    home.place_bid("alice", "a1", 100)
-    at_home = home.get_state("alice", "a1")["auction"]
+    home.auctions.place_bid("alice", "a1", 100)
+    at_home = home.auctions.get_state("alice", "a1")["auction"]
     assert (at_home["highest"], at_home["homeRegion"], at_home["stale"]) == (100, HOME, False)
-    elsewhere = other.get_state("alice", "a1")["auction"]
+    elsewhere = other.auctions.get_state("alice", "a1")["auction"]
     assert (elsewhere["highest"], elsewhere["homeRegion"], elsewhere["stale"]) == (0, HOME, True)
 
 
@@ -216,7 +216,7 @@ def test_a_bid_whose_answer_was_lost_is_acknowledged_when_retried(
     assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 1
     assert model.bid_pk("a1", 100) in at_home
     # Someone else's equal bid is still refused.
-    assert not handlers.place_bid("bob", "a1", 100)["accepted"]
+    assert not handlers.auctions.place_bid("bob", "a1", 100)["accepted"]
     # The bidder's own counters moved once, however often the bid was acknowledged.
     handlers(bid_event("alice", 100))
     alice = items(region, state)[model.user_pk("alice")]
@@ -238,7 +238,7 @@ def test_an_answer_lost_inside_the_sdks_own_retry_is_acknowledged(
             config=Config(retries={"max_attempts": 2, "mode": "standard"}),
         )
         other = handlers_in(OTHER, replicas, home=StateReplica(HOME, state, client))
-        reply = other.place_bid("alice", "a1", 100)
+        reply = other.auctions.place_bid("alice", "a1", 100)
         assert proxy.lose_first_answers(None) == 1  # the first answer really was lost
     assert (reply["accepted"], reply["highestIsYou"]) == (True, True)
     at_home = items(HOME, state)

@@ -20,13 +20,12 @@ from streamfleet import model
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
-from streamfleet.wsapi.handlers import (
+from streamfleet.wsapi.handlers import WsApiHandlers
+from streamfleet.wsapi.handlers.config import HandlerConfig, HandlerConfigError
+from streamfleet.wsapi.handlers.messages import (
     BadMessage,
-    HandlerConfig,
-    HandlerConfigError,
     Subscribe,
     Unsubscribe,
-    WsApiHandlers,
     parse_message,
 )
 from tests import wsapi_live_support

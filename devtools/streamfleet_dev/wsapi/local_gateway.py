@@ -793,8 +793,9 @@ def wsapi_gateway(
 ) -> LocalGateway:
     """A (not yet started) gateway serving the real handlers, which reply through its own
     Management API with the same boto3 code as in AWS. ``live``: the handlers'
-    :class:`~streamfleet.wsapi.handlers.LiveTables` (subscribe), if any."""
-    from streamfleet.wsapi.handlers import HandlerConfig, WsApiHandlers
+    :class:`~streamfleet.wsapi.handlers.config.LiveTables` (subscribe), if any."""
+    from streamfleet.wsapi.handlers import WsApiHandlers
+    from streamfleet.wsapi.handlers.config import HandlerConfig
 
     def factory(endpoint: str) -> LambdaFunction:
         config = HandlerConfig(state_table, connections_table, settings.region, endpoint, live=live)

@@ -87,13 +87,10 @@ from streamfleet.wsapi.canary import (
     TokenSource,
 )
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
-from streamfleet.wsapi.handlers import (
-    HandlerConfig,
-    LiveTables,
-    ManagementApiReplier,
-    StateReplica,
-    WsApiHandlers,
-)
+from streamfleet.wsapi.handlers import WsApiHandlers
+from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
+from streamfleet.wsapi.handlers.replier import ManagementApiReplier
+from streamfleet.wsapi.handlers.state_store import StateReplica
 from streamfleet_dev.wsapi.event_source import (
     EventSourceSettings,
     OnFailureDestination,

@@ -32,7 +32,7 @@ class Sdk:
     read_timeout: float
 
 
-# As the deployed code configures its clients (handlers._BOTO_CONFIG, fanout's configs).
+# As the deployed code configures its clients (handlers.config.BOTO_CONFIG, fanout's configs).
 HANDLER_SDK = Sdk(attempts=4, read_timeout=3.0)
 FANOUT_DYNAMODB_SDK = Sdk(attempts=6, read_timeout=3.0)
 FANOUT_MANAGEMENT_SDK = Sdk(attempts=1, read_timeout=2.0)

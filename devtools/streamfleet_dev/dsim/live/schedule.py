@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from streamfleet.wsapi import handlers
+from streamfleet.wsapi.handlers import config as handlers_config
 
 GROUPS = ("team:red", "team:blue")  # the claim tags readers name
 
@@ -75,7 +75,7 @@ class Schedule:
                 begins = rng.uniform(2.0, duration)
                 ends = begins + rng.uniform(0.5, 8.0) if rng.random() < 0.7 else None
                 revocations.append((rng.choice(streams), rng.choice(GROUPS), begins, ends))
-        replay_max = rng.choice((3, 7, 50, handlers.DEFAULT_REPLAY_MAX_MESSAGES))
+        replay_max = rng.choice((3, 7, 50, handlers_config.DEFAULT_REPLAY_MAX_MESSAGES))
         return cls(
             seed=seed,
             streams=streams,
@@ -90,7 +90,7 @@ class Schedule:
             throttles=rng.choice((0.0, 0.02, 0.1)),
             crash_share=rng.choice((0.0, 0.1, 0.3)),
             max_batch=rng.choice((1, 3, 10, 100)),
-            newest=rng.randint(1, min(replay_max, handlers.DEFAULT_SUBSCRIBE_NEWEST)),
+            newest=rng.randint(1, min(replay_max, handlers_config.DEFAULT_SUBSCRIBE_NEWEST)),
             replay_max=replay_max,
             revocations=tuple(revocations),
             racing_changes=rng.choice((0.0, 0.0, 0.1, 0.3)),

@@ -16,13 +16,10 @@ from streamfleet import model
 from streamfleet.lease.dynamo import to_attr
 from streamfleet.worker.sink import MessageSink
 from streamfleet.wsapi import fanout as fanout_module
-from streamfleet.wsapi import handlers as handlers_module
-from streamfleet.wsapi.handlers import (
-    HandlerConfig,
-    LiveTables,
-    ManagementApiReplier,
-    WsApiHandlers,
-)
+from streamfleet.wsapi.handlers import WsApiHandlers
+from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
+from streamfleet.wsapi.handlers.replier import ManagementApiReplier
+from streamfleet.wsapi.handlers.subscribe import REPLAY_MAX_BYTES
 from streamfleet_dev.dsim.dynamo import InProcessDynamoDB
 from streamfleet_dev.dsim.greenlets import Killed, Scheduler, Task, TaskPool
 from streamfleet_dev.dsim.live.aws import (
@@ -48,7 +45,7 @@ TABLES = {
 SETTLE_S = 400.0  # the quiet period: the quiet watch (20 s, doubling to 320 s) finds lost tails
 # What one handler invocation may post: a subscribe's replay budget, one message past it (at
 # most 400 KB, DynamoDB's item limit), and each frame's envelope.
-SUBSCRIBE_POST_BOUND = handlers_module.REPLAY_MAX_BYTES * 3 // 2 + 400 * 1024
+SUBSCRIBE_POST_BOUND = REPLAY_MAX_BYTES * 3 // 2 + 400 * 1024
 
 
 # --- The world ----------------------------------------------------------------------------------
