@@ -42,6 +42,8 @@ from constructs import Construct
 from streamfleet import model
 from streamfleet.client.reconnecting import TokenTransport
 from streamfleet.wsapi import canary as canary_runtime
+from streamfleet.wsapi.canary import config as canary_config
+from streamfleet.wsapi.canary import sweeper as canary_sweeper
 from streamfleet_cdk import at_rest
 from streamfleet_cdk.functions import (
     DEFAULT_LOG_LEVEL,
@@ -134,9 +136,9 @@ class WebSocketCanaryProps:
     public_keys: str | None = None
     disconnect_when_unhealthy: bool = True
     token_transport: str = TokenTransport.SUBPROTOCOL.value
-    healthy_runs_to_recover: int = canary_runtime.DEFAULT_HEALTHY_RUNS_TO_RECOVER
+    healthy_runs_to_recover: int = canary_config.DEFAULT_HEALTHY_RUNS_TO_RECOVER
     probe_timeout: Duration = field(
-        default_factory=lambda: Duration.seconds(canary_runtime.DEFAULT_TIMEOUT_SECONDS)
+        default_factory=lambda: Duration.seconds(canary_config.DEFAULT_TIMEOUT_SECONDS)
     )
     reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL
@@ -313,7 +315,7 @@ class WebSocketCanary(Construct):
     def _build_function(self) -> lambda_.Function:
         props = self._props
         # Token, probe, state, metric, and (while unhealthy) the sweep's own budget.
-        sweep = canary_runtime.DEFAULT_DISCONNECT_BUDGET_SECONDS
+        sweep = canary_sweeper.DEFAULT_DISCONNECT_BUDGET_SECONDS
         timeout = props.probe_timeout.to_seconds() * 2 + 10 + sweep
         return python_function(
             self,

@@ -83,7 +83,7 @@ def test_a_change_to_a_module_changes_exactly_the_assets_that_import_it(tmp_path
     package = checkout / "runtime" / "streamfleet"
     before = asset_references(synthesize(checkout, tmp_path / "before"))
     # A leaf (the canary's handler module), and a module two artifacts share.
-    for relative in ("wsapi/canary.py", "worker/ecs_metadata.py"):
+    for relative in ("wsapi/canary/__init__.py", "worker/ecs_metadata.py"):
         module = package / relative
         module.write_text(module.read_text() + "\n# A comment: nothing else changes.\n")
     after = asset_references(synthesize(checkout, tmp_path / "after"))
@@ -101,7 +101,8 @@ def test_each_artifact_carries_the_modules_it_imports_and_no_other() -> None:
     worker = assets.module_closure((assets.WORKER_ENTRY,))
     router = assets.module_closure((ROUTER.rpartition(".")[0],))
     canary = assets.module_closure((CANARY.rpartition(".")[0],))
-    assert "wsapi/canary.py" in canary and "wsapi/canary.py" not in worker | router
+    entry = "wsapi/canary/__init__.py"  # the canary's entry module
+    assert entry in canary and entry not in worker | router
     # Operator tools and the client ship with no deployed artifact that does not use them.
     for tool in ("cli.py", "preflight.py", "client/reconnecting.py"):
         assert tool not in worker | router, tool

@@ -34,7 +34,8 @@ from stacks import (
 from stacks.regional import Role
 from streamfleet import model
 from streamfleet.wsapi import authorizer as authorizer_runtime
-from streamfleet.wsapi import canary as canary_runtime
+from streamfleet.wsapi.canary import config as canary_config
+from streamfleet.wsapi.canary import tokens as canary_tokens
 from streamfleet.wsapi.handlers import config as handlers_config
 from streamfleet_cdk import assets, live_delivery, websocket_api
 from streamfleet_cdk import canary as canary_construct
@@ -441,15 +442,15 @@ def test_canary_environment_is_what_the_canary_accepts(with_domain):
             "CANARY_STATE_TABLE_NAME": model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME,
             model.ENV_CANARY_ALARM_NAME: "streamfleet-health",
         }
-        config = canary_runtime.CanaryConfig.from_env(env)
+        config = canary_config.CanaryConfig.from_env(env)
         assert config.alarm_name == "streamfleet-health"
         assert config.connect_host == f"d-abc123.execute-api.{stack.region}.amazonaws.com"
         assert config.management_url().startswith(f"https://{DEPLOYED_API_ID}.execute-api.")
         assert config.healthy_runs_to_recover == 7  # K, from streamfleet:canary_...recover
         assert config.failures_to_trip == ALARM_DATAPOINTS
         assert config.state_table == model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
-        source = canary_runtime.token_source_from_env(env, secrets=object())
-        assert isinstance(source, canary_runtime.SecretToken)
+        source = canary_tokens.token_source_from_env(env, secrets=object())
+        assert isinstance(source, canary_tokens.SecretToken)
         assert variables["CANARY_SIGNING_KEY_SECRET_ARN"] == SECRET_NAME
         assert variables["JWT_AUDIENCE"] == "auction-clients"
         # The keys its authorizer accepts, the same text: a key of its own outside them pages
@@ -478,12 +479,12 @@ def test_canary_without_a_signing_key_connects_without_a_token(built):
     for stack, template in stacks_of(built):
         variables = variables_of(function_of(template, stack, stack.canary.function))
         assert "CANARY_SIGNING_KEY_SECRET_ARN" not in variables
-        source = canary_runtime.token_source_from_env(
+        source = canary_tokens.token_source_from_env(
             {key: value for key, value in variables.items() if isinstance(value, str)}
         )
-        assert source == canary_runtime.StaticToken(None)
+        assert source == canary_tokens.StaticToken(None)
         assert variables["CANARY_HEALTHY_RUNS_TO_RECOVER"] == str(
-            canary_runtime.DEFAULT_HEALTHY_RUNS_TO_RECOVER
+            canary_config.DEFAULT_HEALTHY_RUNS_TO_RECOVER
         )
 
 

@@ -25,20 +25,23 @@ from streamfleet.client import Endpoint
 from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer
-from streamfleet.wsapi.canary import (
-    Canary,
-    CanaryConfig,
-    CanaryConfigError,
-    CloudWatchAlarmState,
-    CloudWatchPublisher,
-    ConnectionSweeper,
+from streamfleet.wsapi.canary.config import CanaryConfig, CanaryConfigError
+from streamfleet.wsapi.canary.health import (
     DynamoHealthStateStore,
     FailbackHysteresis,
     HealthState,
     MemoryHealthStateStore,
+)
+from streamfleet.wsapi.canary.metrics import CloudWatchAlarmState, CloudWatchPublisher
+from streamfleet.wsapi.canary.probe import probe
+from streamfleet.wsapi.canary.run import Canary, CanaryFault
+from streamfleet.wsapi.canary.sweeper import ConnectionSweeper
+from streamfleet.wsapi.canary.tokens import (
+    KEY_REFRESH_SECONDS,
+    KEY_RELOAD_MIN_SECONDS,
     MintedToken,
+    SecretToken,
     StaticToken,
-    probe,
     token_source_from_env,
 )
 from streamfleet_dev.wsapi.local_gateway import (
@@ -294,7 +297,7 @@ async def test_a_fault_of_the_canarys_own_pages_as_such_and_moves_no_traffic() -
             publishers=[published],
             disconnector=sweeps,  # type: ignore[arg-type]
         )
-        with pytest.raises(canary_module.CanaryFault, match="signing key"):
+        with pytest.raises(CanaryFault, match="signing key"):
             await canary.run_once(2 * MINUTE_MS)
         assert published.published == [(published_value, None, 2 * MINUTE_MS)]
         assert sweeps.count == 0
@@ -311,7 +314,7 @@ async def test_a_fault_of_the_canarys_own_pages_as_such_and_moves_no_traffic() -
         store=Unreadable(),
         publishers=[published],
     )
-    with pytest.raises(canary_module.CanaryFault):
+    with pytest.raises(CanaryFault):
         await canary.run_once(2 * MINUTE_MS)
     assert published.published == []  # its standing unknown: no guess either way
 
@@ -326,7 +329,7 @@ async def test_a_rotated_key_is_used_within_the_refresh_bound() -> None:
         async def call(self, operation, **params):
             return {"SecretString": json.dumps(jwt.public_jwk(keys[0]))}
 
-    source = canary_module.SecretToken(
+    source = SecretToken(
         Secrets(),  # type: ignore[arg-type]
         "arn:secret",
         audience=AUDIENCE,
@@ -338,13 +341,13 @@ async def test_a_rotated_key_is_used_within_the_refresh_bound() -> None:
 
     assert await kid() == "old"
     keys.reverse()  # rotated
-    now[0] = canary_module.KEY_REFRESH_SECONDS - 1
+    now[0] = KEY_REFRESH_SECONDS - 1
     assert await kid() == "old"
-    now[0] = canary_module.KEY_REFRESH_SECONDS
+    now[0] = KEY_REFRESH_SECONDS
     assert await kid() == "new"
     # A refresh that fails keeps signing with the key it has: no fault, no page.
     keys[0] = None  # type: ignore[call-overload]
-    now[0] = 2 * canary_module.KEY_REFRESH_SECONDS
+    now[0] = 2 * KEY_REFRESH_SECONDS
     assert await kid() == "new"
 
 
@@ -386,7 +389,7 @@ def secret_canary(
     gateway: LocalGateway, arn: str, now: list[float], **config: object
 ) -> tuple[Canary, CountedSecrets]:
     secrets = CountedSecrets()
-    tokens = canary_module.SecretToken(
+    tokens = SecretToken(
         secrets,  # type: ignore[arg-type]
         arn,
         audience=AUDIENCE,
@@ -416,7 +419,7 @@ async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
         assert (await canary.run_once(0)).value == 1
         manager.put_secret_value(SecretId=arn, SecretString=json.dumps(jwt.public_jwk(new)))
         gateway.authorizer = canary_authorizer(new)  # enforced at once
-        now[0] = canary_module.KEY_RELOAD_MIN_SECONDS  # long before the refresh is due
+        now[0] = KEY_RELOAD_MIN_SECONDS  # long before the refresh is due
         for minute in (1, 2):
             run = await canary.run_once(minute * MINUTE_MS)
             assert (run.probe.healthy, run.value) == (True, 1), run.probe.error
@@ -425,7 +428,7 @@ async def test_a_rotation_the_authorizer_enforced_first_is_used_by_the_next_run(
         # refused too: the Region's refusal stands, and the secret is read again at most every
         # KEY_RELOAD_MIN_SECONDS however often the canary runs.
         gateway.authorizer = canary_authorizer(jwt.generate_signing_key(jwt.HS256, kid="x"))
-        for minute, elapsed in ((3, canary_module.KEY_RELOAD_MIN_SECONDS), (4, 1.0)):
+        for minute, elapsed in ((3, KEY_RELOAD_MIN_SECONDS), (4, 1.0)):
             now[0] += elapsed
             run = await canary.run_once(minute * MINUTE_MS)
             assert (run.probe.healthy, run.probe.refused_status) == (False, 403)
@@ -480,7 +483,7 @@ async def test_a_key_the_authorizer_does_not_accept_is_the_canarys_own_fault(
     try:
         for minute in (0, 1, 2):
             now[0] = minute * 60.0
-            with pytest.raises(canary_module.CanaryFault, match="JWT_CANARY_KEYS"):
+            with pytest.raises(CanaryFault, match="JWT_CANARY_KEYS"):
                 await canary.run_once(minute * MINUTE_MS)
         assert [value for value, _, _ in published.published] == [1, 1, 1]  # never 0
     finally:
@@ -515,7 +518,7 @@ async def test_a_slow_secret_keeps_the_key_held_and_never_stands_for_the_region(
     on its own and a held key goes on signing."""
     key = jwt.generate_signing_key(jwt.HS256, kid="k")
     secret, now = StandInSecret(key), [0.0]
-    source = canary_module.SecretToken(
+    source = SecretToken(
         secret,  # type: ignore[arg-type]
         "arn:secret",
         audience=AUDIENCE,
@@ -524,9 +527,9 @@ async def test_a_slow_secret_keeps_the_key_held_and_never_stands_for_the_region(
     )
     assert jwt.split_token(await source.token()).kid == "k"
     secret.delay = 1.0
-    now[0] = canary_module.KEY_REFRESH_SECONDS  # the refresh is due, and slow
+    now[0] = KEY_REFRESH_SECONDS  # the refresh is due, and slow
     assert jwt.split_token(await source.token()).kid == "k"
-    cold = canary_module.SecretToken(
+    cold = SecretToken(
         secret,  # type: ignore[arg-type]
         "arn:secret",
         audience=AUDIENCE,
@@ -539,7 +542,7 @@ async def test_a_slow_secret_keeps_the_key_held_and_never_stands_for_the_region(
 async def test_a_refused_run_starts_the_next_from_its_own_key_and_a_rewrite_keeps_the_other():
     old, new = (jwt.generate_signing_key(jwt.HS256, kid=kid) for kid in ("old", "new"))
     secret, now = StandInSecret(old), [0.0]
-    source = canary_module.SecretToken(
+    source = SecretToken(
         secret,  # type: ignore[arg-type]
         "arn:secret",
         audience=AUDIENCE,
@@ -547,12 +550,12 @@ async def test_a_refused_run_starts_the_next_from_its_own_key_and_a_rewrite_keep
     )
     await source.token()
     secret.text = json.dumps(jwt.public_jwk(new))
-    now[0] = canary_module.KEY_REFRESH_SECONDS
+    now[0] = KEY_REFRESH_SECONDS
     await source.token()  # refreshed: the new key signs, the old one is kept
     assert source.signing_key.kid == "new"
     # The same key written again in another form changes nothing: the old one stays the other.
     secret.text = json.dumps(jwt.public_jwk(new)) + "\n"
-    now[0] += canary_module.KEY_RELOAD_MIN_SECONDS
+    now[0] += KEY_RELOAD_MIN_SECONDS
     assert jwt.split_token(await source.refused()).kid == "old"
     # Both refused (a Region refusing every handshake): nothing left, and the next run starts
     # from the key this one began with, not from the one refused last.

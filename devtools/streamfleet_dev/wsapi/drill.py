@@ -74,7 +74,7 @@ from streamfleet.client.reconnecting import (
 )
 from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.canary import SecretToken
+from streamfleet.wsapi.canary.tokens import SecretToken
 from streamfleet_dev import pages
 from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
 from streamfleet_dev.wsapi.local_gateway import FailureMode

@@ -9,7 +9,7 @@ real runtime code (the contract with the browser client: docs/protocol.md):
   with its own state and connections tables on a local DynamoDB (dynalite unless given one);
 * a :class:`~.replication.StateReplication` between the two state tables (a global table:
   asynchronous, the last writer by the replicator's own clock wins, deletes replicated);
-* the real :class:`~streamfleet.wsapi.canary.Canary` per region, with its own identity (a key
+* the real :class:`~streamfleet.wsapi.canary.run.Canary` per region, with its own identity (a key
   the user tokens never use), its fail-back hysteresis in the connections table, publishing to
   a :class:`~.failover.HealthAlarm` (and to CloudWatch when an endpoint is given), and closing
   every client connection of its region while the region reports unhealthy;
@@ -70,18 +70,16 @@ from botocore.config import Config
 from streamfleet import model
 from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.validation import ID_CHARSET_DOC, ID_PATTERN
-from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
-from streamfleet.wsapi.canary import (
-    Canary,
-    CanaryConfig,
-    CanaryFault,
-    CanaryRun,
-    CloudWatchPublisher,
-    ConnectionSweeper,
-    DynamoHealthStateStore,
-    MetricPublisher,
+from streamfleet.wsapi.canary.config import MINUTE_MS, CanaryConfig
+from streamfleet.wsapi.canary.health import DynamoHealthStateStore
+from streamfleet.wsapi.canary.metrics import CloudWatchPublisher, MetricPublisher
+from streamfleet.wsapi.canary.run import Canary, CanaryFault, CanaryRun
+from streamfleet.wsapi.canary.sweeper import ConnectionSweeper
+from streamfleet.wsapi.canary.tokens import (
+    KEY_REFRESH_SECONDS,
+    KEY_RELOAD_MIN_SECONDS,
     MintedToken,
     SecretToken,
     TokenSource,
@@ -637,14 +635,14 @@ class LocalRegions:
         """A cold token source for the canary of ``name`` (a new Lambda environment's), with
         the deployed refresh and reload intervals in canary periods (one a minute there)."""
         s = self.settings
-        runs = s.canary_period / (canary_module.MINUTE_MS / 1000)
+        runs = s.canary_period / (MINUTE_MS / 1000)
         return SecretToken(
             self._canary_secret_clients[name],
             self._canary_secrets[name][1],
             audience=s.audience,
             subject=f"canary-{name}",
-            refresh_seconds=canary_module.KEY_REFRESH_SECONDS * runs,
-            reload_min_seconds=canary_module.KEY_RELOAD_MIN_SECONDS * runs,
+            refresh_seconds=KEY_REFRESH_SECONDS * runs,
+            reload_min_seconds=KEY_RELOAD_MIN_SECONDS * runs,
             # Not scaled: moto answers in milliseconds, not in a 300th of 2 s.
             read_timeout_seconds=s.canary_timeout,
         )

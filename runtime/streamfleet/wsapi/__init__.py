@@ -14,7 +14,10 @@ Module map:
   subprotocol), users' and the canary's identities kept apart;
 * :mod:`.jwt` — the token policy around PyJWT (RS256/ES256/HS256);
 * :mod:`.canary` — the health probe that publishes ``App/WebSocketHealth`` with fail-back
-  hysteresis, and closes its region's connections while the region is unhealthy;
+  hysteresis, and closes its region's connections while the region is unhealthy. A package:
+  ``config``, ``probe``, ``tokens`` (its identity), ``health`` (hysteresis and its state),
+  ``metrics`` (metric, alarm state), ``sweeper``, ``run`` (one run); the package itself is the
+  Lambda entry point;
 * :mod:`.logs` — structured log records for all three.
 
 Distributions each Lambda needs besides the standard library and the Lambda runtime's boto3:
