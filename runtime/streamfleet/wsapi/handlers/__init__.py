@@ -41,7 +41,8 @@ that reconnects, to this region or to the other one after a failover, finds its 
 **The canary is confined**: a connection whose authorizer context says ``principalKind`` is
 ``canary`` (a token signed by the canary's own key, see :mod:`streamfleet.wsapi.authorizer`)
 may send ``heartbeat`` only; any other message gets an error reply and nothing is read or
-written, and its ``$connect`` writes no connection record.
+written. Its ``$connect`` writes a connection record as every user's does, and its heartbeat
+reads it, so a Region whose state store fails answers the canary as it answers its users.
 
 Every JSON reply is one object with ``type``, the ``region`` that served it and the request's
 ``requestId`` echoed (when it had a valid one). No reply frame is larger than API Gateway's
