@@ -27,7 +27,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,6 +35,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from streamfleet_dev.local import lifeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSEMBLY_ENV = "STREAMFLEET_ASSEMBLY"  # use this assembly directory instead of synthesizing
@@ -180,7 +181,7 @@ def synthesize(
     }
     for name in ("CDK_DEFAULT_ACCOUNT", "CDK_DEFAULT_REGION"):
         env.pop(name, None)  # the account is pinned in context; regions come from context
-    result = subprocess.run(
+    result = lifeline.run(
         command,
         cwd=repo_root,
         env=env,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from streamfleet_dev.assembly import ContainerSpec
 from streamfleet_dev.cache import download_cache
+from streamfleet_dev.local import lifeline
 from streamfleet_dev.local.servers import RUN_MARKS
 
 IMAGE_ENV_DIR_NAME = "streamfleet-image-python"
@@ -58,7 +58,7 @@ def image_python(image_dir: Path, cache_root: Path | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
     try:
-        subprocess.run(
+        lifeline.run(
             [sys.executable, "-m", "venv", "--without-pip", str(partial)],
             check=True,
             capture_output=True,
@@ -68,7 +68,7 @@ def image_python(image_dir: Path, cache_root: Path | None = None) -> Path:
             sysconfig.get_path("purelib", vars={"base": str(partial), "platbase": str(partial)})
         )
         if text.strip():
-            result = subprocess.run(
+            result = lifeline.run(
                 [
                     sys.executable,
                     "-m",

@@ -34,6 +34,7 @@ from streamfleet_dev.assembly import (
     reference_of,
 )
 from streamfleet_dev.checks import connection_rows, log_problems, stored_log
+from streamfleet_dev.local import lifeline
 from streamfleet_dev.local.container import container_launch, image_python
 from streamfleet_dev.tables import create_tables
 from streamfleet_dev.upstream.fake import FakeUpstream, message_data, stores
@@ -152,8 +153,8 @@ class Fleet:
     hostile: dict[str, frozenset[str]] = field(default_factory=dict)
     # Workers in sessions of their own, as in a task: no terminal's signal (a Ctrl-C, a closed
     # window's SIGHUP) reaches them, and the fleet's owner stops them in order. Only for an
-    # owner that also guarantees they end (local mode's reaper); otherwise the terminal's
-    # signals are what ends them when their owner is killed.
+    # owner that does (local mode). Either way a worker dies with its owner's process if that
+    # is killed (the parent-death signal, lifeline.py; on Linux).
     own_sessions: bool = False
 
     def __post_init__(self) -> None:
@@ -236,7 +237,7 @@ class Fleet:
             },
         )
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(
+            process = lifeline.popen(
                 list(launch.argv),
                 env=dict(launch.env),
                 cwd=launch.cwd,

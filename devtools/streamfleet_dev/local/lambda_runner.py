@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamfleet_dev.cache import download_cache
+from streamfleet_dev.local import lifeline
 from streamfleet_dev.local.servers import RUN_MARKS
 
 if TYPE_CHECKING:
@@ -296,7 +297,7 @@ def lambda_sdk_dir(version: str | None = None, cache_root: Path | None = None) -
         str(partial),
         f"boto3=={version}",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    result = lifeline.run(command, capture_output=True, text=True, check=False, timeout=600)
     if result.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise RuntimeError(f"boto3=={version}: pip install failed:\n{result.stderr[-2000:]}")
@@ -424,7 +425,7 @@ def host_twin(asset_dir: Path, cache_root: Path | None = None) -> Path:
             str(fetched),
             *(f"{name}=={version}" for name, version, _ in native),
         ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+        result = lifeline.run(command, capture_output=True, text=True, check=False, timeout=600)
         if result.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             shutil.rmtree(fetched, ignore_errors=True)
@@ -491,7 +492,7 @@ class LambdaProcess:
         response_read, response_write = os.pipe()
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         try:
-            self._process = subprocess.Popen(
+            self._process = lifeline.popen(
                 [
                     sys.executable,
                     "-I",

@@ -720,8 +720,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
     event_api: EventApi | None = None
     regions: RegionsProcess | None = None
     # Ctrl-C, SIGTERM and a closed terminal or tmux window (SIGHUP) all stop everything this
-    # started: its servers run in sessions of their own (so a Ctrl-C reaches only this
-    # process) and would outlive it otherwise. During start-up a signal stops it between two
+    # started, in order: its servers run in sessions of their own (so a Ctrl-C reaches only
+    # this process, and no terminal's signal cuts a worker's handover short). What this cannot
+    # stop (kill -9, a crash) dies with it all the same: every child gets SIGKILL from the
+    # kernel when this process ends (lifeline.py), and the reaper stops whatever carries this
+    # run's mark after that (reaper.py). During start-up a signal stops it between two
     # steps (a step runs in a thread, which cancelling could not stop: what it started would
     # be lost to the clean-up); during the live view it ends the view.
     stopping = asyncio.Event()
@@ -768,7 +771,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
             tmp=workdir,
             extra_env=DEMO_TIMING,
             task_events=not args.no_task_events,
-            own_sessions=True,  # the reaper ends them if this process cannot
+            own_sessions=True,  # they die with this process all the same (lifeline.py)
         )
         go_on()
         stream_ids = tuple(f"s{n:02d}" for n in range(args.streams))

@@ -1,8 +1,10 @@
 """Nothing local mode started outlives it, however it ends.
 
 Local mode's servers, workers and functions run in sessions of their own (so that a Ctrl-C
-reaches local mode, which stops them in order), so nothing ties their life to local mode's: a
-``kill -9`` of local mode, or a crash, would leave them running. Every process local mode starts
+reaches local mode, which stops them in order), so no terminal's signal ends them. Each of them
+gets SIGKILL from the kernel when its parent ends (lifeline.py: the parent-death signal); the
+reaper is the second line, for what that does not reach: the children of third-party tools
+(``cdk synth``'s app, pip's) and anything started otherwise. Every process local mode starts
 inherits a mark, ``STREAMFLEET_LOCAL_RUN=<token>`` in its environment, a token of its own run
 (the launchers of workers and Lambda functions pass it through). The reaper is a small process
 of its own that local mode starts first and holds a pipe to; when the pipe ends (local mode has

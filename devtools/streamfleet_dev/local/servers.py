@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import lifeline
+
 # Credentials and region for local servers: they accept any, but botocore insists on some.
 LOCAL_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "local",
@@ -103,7 +105,7 @@ class LocalServer:
             self.log_path, self._temporary_log = Path(name), True
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            self.process = lifeline.popen(
                 [*self.command, *self._port_args()],
                 stdout=log,
                 stderr=subprocess.STDOUT,

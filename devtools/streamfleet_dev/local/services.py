@@ -25,7 +25,7 @@ from streamfleet import model
 from streamfleet_dev.assembly import default_assembly, local_environment, reference_of
 from streamfleet_dev.wsapi.regions import LiveSettings, format_fault_rates
 
-from . import http_adapter
+from . import http_adapter, lifeline
 from .fleet import WORKER_STACK, Fleet
 from .lambda_runner import LambdaProcess, LambdaSpec, host_twin, native_mismatches
 
@@ -78,7 +78,7 @@ class RegionsProcess:
     def start(self) -> RegionsProcess:
         command = self.command()
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            self.process = lifeline.popen(
                 command,
                 stdout=subprocess.PIPE,
                 stderr=log,

@@ -19,6 +19,7 @@ from typing import Any, Self
 
 import streamfleet
 import streamfleet_dev
+from streamfleet_dev.local import lifeline
 from streamfleet_dev.upstream.fake import stream_url
 
 START_TIMEOUT_SECONDS = 20.0
@@ -49,7 +50,7 @@ class UpstreamProcess:
 
     def start(self) -> Self:
         stderr = open(self._log_path, "a") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
+        self.process = lifeline.popen(
             [sys.executable, "-m", "streamfleet_dev.upstream.fake", *self._args],
             env={**os.environ, "PYTHONPATH": _TOOLS_PATH},
             stdout=subprocess.PIPE,
