@@ -913,6 +913,8 @@ async def _live(
                 wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), FRAME_EVERY)
+    except OSError:  # the terminal is gone (closed, its tmux session killed): EIO on a write
+        return
     finally:
         keyboard.restore()
         stopping.set()
@@ -920,16 +922,17 @@ async def _live(
     # After the alternate screen: the last frame, in full, for the scrollback (off a terminal,
     # Live printed it already).
     if mode.latest is not None and console.is_terminal:
-        console.print(
-            render(
-                mode.latest,
-                mode.events,
-                header=header,
-                typed="",
-                last_result=mode.last_result,
-                height=max(console.size.height, 12 + len(mode.latest.streams)),
+        with contextlib.suppress(OSError):
+            console.print(
+                render(
+                    mode.latest,
+                    mode.events,
+                    header=header,
+                    typed="",
+                    last_result=mode.last_result,
+                    height=max(console.size.height, 12 + len(mode.latest.streams)),
+                )
             )
-        )
 
 
 def _print_summary(mode: LocalMode) -> None:
