@@ -57,7 +57,6 @@ def _call(
     operation: str,
     apply: Callable[[], dict[str, Any]],
     throttled: str,
-    service: str,
 ) -> dict[str, Any]:
     """One SDK call: each attempt's request and answer take seeded times; an attempt may be
     throttled (nothing done) or have its answer lost after it was applied (a duplicated write
@@ -68,7 +67,6 @@ def _call(
             world.scheduler.sleep(full_jitter(attempt, 0.05, 1.0, world.rng))
         world.scheduler.sleep(world.latency())
         world.requests += 1
-        world.calls[(owner, service)] += 1
         if world.throttle():
             world.scheduler.sleep(world.latency())
             error = _refused(
@@ -121,7 +119,6 @@ class SimDynamoDB:
             operation,
             apply,
             "ProvisionedThroughputExceededException",
-            "dynamodb",
         )
 
 
@@ -133,34 +130,24 @@ class Management:
         self._owner = owner
         self._sdk = sdk
 
-    def _count(self, connection_id: str) -> None:
-        if self._owner == "fanout":  # one invocation at a time: the checker bounds each
-            self._world.fanout_calls[connection_id] += 1
-
     def post_to_connection(self, ConnectionId: str, Data: bytes) -> dict[str, Any]:
-        self._count(ConnectionId)
         gateway = self._world.gateway
-        return _call(
-            self._world,
-            self._owner,
-            self._sdk,
-            "post",
-            lambda: gateway.post(ConnectionId, Data, self._owner),
-            "LimitExceededException",
-            "management",
+        return self._call(
+            "post", ConnectionId, lambda: gateway.post(ConnectionId, Data, self._owner)
         )
 
     def delete_connection(self, ConnectionId: str) -> dict[str, Any]:
-        self._count(ConnectionId)
         gateway = self._world.gateway
+        why = f"closed by {self._owner}"
+        return self._call("delete", ConnectionId, lambda: gateway.delete(ConnectionId, why))
+
+    def _call(
+        self, operation: str, connection_id: str, apply: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        if self._owner == "fanout":  # one invocation at a time: the checker bounds each
+            self._world.fanout_calls[connection_id] += 1
         return _call(
-            self._world,
-            self._owner,
-            self._sdk,
-            "delete",
-            lambda: gateway.delete(ConnectionId, f"closed by {self._owner}"),
-            "LimitExceededException",
-            "management",
+            self._world, self._owner, self._sdk, operation, apply, "LimitExceededException"
         )
 
 

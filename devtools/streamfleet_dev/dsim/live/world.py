@@ -81,7 +81,6 @@ class World:
         self.trace: list[str] = []
         self.problems: list[str] = []
         self.requests = 0
-        self.calls: dict[tuple[str, str], int] = defaultdict(int)  # by function and service
         self.fanout_calls: Counter[str] = Counter()  # this invocation's, by connection
         self.posted_bytes: dict[Task, int] = defaultdict(int)  # by handler invocation
         self.faults = 0
