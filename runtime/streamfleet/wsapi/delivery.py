@@ -111,23 +111,39 @@ def _entry(message: StoredMessage, data: str, part: tuple[int, int] | None = Non
     return entry
 
 
+def _escaped_size(text: str) -> int:
+    """The bytes ``text`` takes inside a JSON string as :func:`_dumps` writes it. JSON escapes
+    each character on its own, so the size of a concatenation is the sum of the sizes."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2
+
+
+# The most bytes one character can take in :func:`_dumps`'s output (``\u001f``).
+_WIDEST_CHARACTER = 6
+
+
 def _slices(message: StoredMessage, room: int) -> list[str]:
-    """``message.data`` cut into the fewest slices whose entries each fit in ``room`` bytes
-    (each slice as long as fits: found by bisection, the JSON escapes vary)."""
+    """``message.data`` cut into the fewest slices whose entries each fit in ``room`` bytes:
+    each slice as long as fits.
+
+    The data's escapes vary, so a slice's size is measured, not computed from its length; the
+    sizes are additive, so each slice grows by pieces that surely fit (a sixth of the room
+    left, in characters) until not even one more character does: about one encoding of the
+    slice in all, where a bisection would encode it once per halving."""
     data = message.data
+    budget = room - len(_dumps(_entry(message, "", (99999, 99999))))
     slices: list[str] = []
     start = 0
     while start < len(data):
-        low, high = 1, len(data) - start
-        while low < high:  # the longest slice whose entry fits
-            middle = (low + high + 1) // 2
-            size = len(_dumps(_entry(message, data[start : start + middle], (99999, 99999))))
-            if size <= room:
-                low = middle
-            else:
-                high = middle - 1
-        slices.append(data[start : start + low])
-        start += low
+        end, left = start, budget
+        while end < len(data):
+            step = max(1, left // _WIDEST_CHARACTER)
+            size = _escaped_size(data[end : end + step])
+            if size > left:
+                break  # only when step is one character: the slice is full
+            end, left = min(end + step, len(data)), left - size
+        end = max(end, start + 1)  # a slice holds at least one character, whatever its size
+        slices.append(data[start:end])
+        start = end
     return slices or [""]
 
 

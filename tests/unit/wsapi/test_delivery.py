@@ -4,6 +4,7 @@ the fan-out pack it, read by the Python client's cursor."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -93,3 +94,23 @@ def test_an_incomplete_part_set_is_dropped_when_the_subscribe_is_answered():
     cursor.on_subscribed({"after": 6}, now=1)  # after a reconnect: the replay brings it whole
 
     assert not cursor.parts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_message_in_parts_fills_each_frame_and_none_exceeds_the_limit(seed):
+    """Escapes and multi-byte characters make a part's size differ from its length: every
+    frame stays within the limit, the parts join to the message, and every frame but the last
+    is full (short of the limit by no more than the widest envelope's extra room, the part
+    numbers' digits and one character that did not fit: under 64 bytes)."""
+    rng = random.Random(seed)
+    alphabet = 'ab"\\\u00e9\u20ac\U0001f600 \n\x01'[: rng.randint(1, 10)]
+    data = "".join(rng.choices(alphabet, k=rng.randint(20_000, 90_000)))
+    message = StoredMessage(seq=3, data=data, received_at_ms=1, json=seed % 2 == 0)
+    limit = rng.choice([4_096, 32_768])
+
+    frames = pack_frames("s", [message], region="r", source=SOURCE_REPLAY, limit=limit)
+
+    assert all(len(frame) <= limit for frame in frames)
+    assert all(len(frame) > limit - 64 for frame in frames[:-1])
+    parts = [json.loads(frame)["messages"][0] for frame in frames]
+    assert "".join(part["data"] for part in parts) == data
