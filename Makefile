@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest local cli synth worker upstream bench sim lease-sim live-sim chaos drill clean
+.PHONY: help setup test lint format pytest local cli synth worker upstream bench sim sim-realtime chaos drill clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -166,15 +166,13 @@ bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 
 	$(PYTHON) -m bench.hold_off_bench
 	$(PYTHON) -m bench.fanout_bench
 	$(PYTHON) -m bench.fanout_stall_bench
+	$(PYTHON) -m bench.sim_bench
 
-sim: setup ## Fault simulation: 2,000 seeded schedules (~55 min); SIM_SEED=<n> replays one
+sim: setup ## Both simulations on a virtual clock: 10,000 fresh seeded schedules of each; SIM_SEED=<n> [SIM_SYSTEM=lease|live] replays one, the same bytes every time
+	$(PYTHON) -m streamfleet_dev.dsim --system $${SIM_SYSTEM:-all} --schedules $${SIM_SCHEDULES:-10000} --jobs $$(nproc)
+
+sim-realtime: setup ## The fault simulation in real time: real workers on dynalite, 2,000 seeded schedules (~55 min); SIM_SEED=<n> reruns one
 	$(PYTHON) -m streamfleet_dev.sim --schedules $${SIM_SCHEDULES:-2000}
-
-lease-sim: setup ## The lease core on a virtual clock: 200 seeded schedules (~3 min); SIM_SEED=<n> prints one's trace, the same bytes on any machine
-	$(PYTHON) -m streamfleet_dev.dsim --schedules $${SIM_SCHEDULES:-200}
-
-live-sim: setup ## Live delivery on a virtual clock: 200 seeded schedules (~4 min); SIM_SEED=<n> prints one's trace, the same bytes on any machine
-	$(PYTHON) -m streamfleet_dev.dsim --system live --schedules $${SIM_SCHEDULES:-200}
 
 chaos: setup ## Chaos soak: 3 minutes of kill -9, SIGTERM, SIGSTOP, restarts, churn, DynamoDB outages
 	$(PYTHON) -m streamfleet_dev.local.chaos --duration 180 --workers 5 --streams 60

@@ -7,9 +7,9 @@ loopback, outcome assertions only), ``e2e`` (real worker fleets, the fault harne
 mode, Chromium, chaos) and ``sim`` (seeded simulations). The session fails if a process the suite
 started is still running at its end.
 
-The lease conformance suite runs against every backend in ``BACKENDS``: moto's server mode and
-dynalite always; real DynamoDB too when ``STREAMFLEET_TEST_AWS=1`` (using the ambient AWS
-credentials and region). Code under test reaches a backend only through
+The lease conformance suite runs against every backend in ``BACKENDS``: moto's server mode,
+dynalite and the simulations' store always; real DynamoDB too when ``STREAMFLEET_TEST_AWS=1``
+(using the ambient AWS credentials and region). Code under test reaches a backend only through
 ``AWS_ENDPOINT_URL_DYNAMODB``, as it would reach AWS.
 """
 

@@ -17,12 +17,16 @@ from streamfleet_dev.local.servers import (
     LocalServer,
     dynalite_server,
     moto_server,
+    sim_dynamodb_server,
 )
 
-# The lease conformance suite runs against each: moto's server and dynalite always, real DynamoDB
-# too with STREAMFLEET_TEST_AWS=1 (the ambient AWS credentials and region).
+# The lease conformance suite runs against each: moto's server, dynalite and the simulations'
+# in-process store (behind the wire protocol) always, real DynamoDB too with
+# STREAMFLEET_TEST_AWS=1 (the ambient AWS credentials and region). What the simulations find
+# holds only as far as their store answers as these do.
 USE_AWS = os.environ.get("STREAMFLEET_TEST_AWS") == "1"
-BACKENDS = ["moto", "dynalite", *(["aws"] if USE_AWS else [])]
+SIM_STORE = "sim-store"
+BACKENDS = ["moto", "dynalite", SIM_STORE, *(["aws"] if USE_AWS else [])]
 # dynalite behind the recording proxy, whose index answers lag as DynamoDB's may (neither server
 # lags on its own): the lease contract must hold with a stale index too.
 LAGGING = "dynalite-lagging-index"
@@ -65,8 +69,8 @@ class CountingClient(AsyncClient):
 
 @contextlib.contextmanager
 def servers_on_demand(logs: Path) -> Iterator[dict[str, LocalServer]]:
-    """``servers["moto"]`` or ``servers["dynalite"]`` started on first use; all stopped at the
-    end, whatever a test did to them."""
+    """``servers["moto"]``, ``servers["dynalite"]`` or ``servers[SIM_STORE]`` started on first
+    use; all stopped at the end, whatever a test did to them."""
     started: dict[str, LocalServer] = {}
 
     class Lazy(dict):
@@ -82,7 +86,11 @@ def servers_on_demand(logs: Path) -> Iterator[dict[str, LocalServer]]:
                 started[kind] = server
                 self[kind] = server
                 return server
-            factory = {"moto": moto_server, "dynalite": dynalite_server}[kind]
+            factory = {
+                "moto": moto_server,
+                "dynalite": dynalite_server,
+                SIM_STORE: sim_dynamodb_server,
+            }[kind]
             server = factory(log_path=logs / f"{kind}.log").start()
             started[kind] = server
             self[kind] = server

@@ -2,7 +2,8 @@
 an in-process DynamoDB through the fault layer, holders crashed, paused and started by seeded
 schedules; one owner, fencing and liveness checked; a seed replays byte for byte.
 
-``make lease-sim`` runs 200 fresh seeds; ``SIM_SEED=<n> make lease-sim`` prints one trace."""
+``make sim`` runs 10,000 fresh seeds; ``SIM_SEED=<n> SIM_SYSTEM=lease make sim`` prints one
+trace."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import pytest
 from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
 from streamfleet_dev.dsim.lease_core import TABLE, FencingWitness, Schedule, run_schedule
+from streamfleet_dev.dsim.runner import run_many
 
-# A fixed list, so the gate is the same on every run; make lease-sim draws fresh ones.
-SEEDS = range(1, 26)
+# A fixed list, so the gate is the same on every run; make sim draws fresh ones.
+SEEDS = range(1, 201)
 
 
 def test_every_fixed_schedule_keeps_one_owner_and_comes_back() -> None:
-    outcomes = [run_schedule(Schedule.generate(seed)) for seed in SEEDS]
+    outcomes = list(run_many("lease", SEEDS))
     failed = [f"SIM_SEED={o.schedule.seed}: {o.problems}" for o in outcomes if not o.ok]
     assert failed == []
     # The schedules did what they are for: faults injected, crashes and pauses played, rows
@@ -43,7 +45,7 @@ def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
     def printed(hash_seed: str) -> str:
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "SIM_SEED": "7"}
         done = subprocess.run(
-            [sys.executable, "-m", "streamfleet_dev.dsim"],
+            [sys.executable, "-m", "streamfleet_dev.dsim", "--system", "lease"],
             env=env,
             capture_output=True,
             text=True,

@@ -3,8 +3,9 @@
 Each schedule runs real workers (the deployed ``Worker``, ``LeaseStore`` and ``Connection``
 code) against dynalite behind the fault layer, with START/STOP/kill/SIGTERM/pause/outages and
 random lost answers, late and duplicated deliveries, refusals, timeouts and stale index views,
-then checks one owner, liveness and exactly-once (``streamfleet_dev.sim``). ``make sim`` runs
-2,000; ``SIM_SEED=<n>`` replays one, ``SIM_SCHEDULES`` sets how many run here.
+then checks one owner, liveness and exactly-once (``streamfleet_dev.sim``).
+``make sim-realtime`` runs 2,000; ``SIM_SEED=<n>`` replays one, ``SIM_SCHEDULES`` sets how many
+run here.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pytest
 from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.__main__ import run_many, summary
 
-# Real time on 2 shared cores: 2 schedules at a time, 24 in all (make sim runs 2,000). At 4 at a
-# time a busy machine made some recoveries late past 3 x the liveness bound.
+# Real time on 2 shared cores: 2 schedules at a time, 24 in all (make sim-realtime runs
+# 2,000). At 4 at a time a busy machine made some recoveries late past 3 x the liveness bound.
 SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "24"))
 PARALLEL = 2
 

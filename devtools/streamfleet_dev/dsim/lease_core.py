@@ -2,7 +2,7 @@
 
 Each schedule runs holders that use the deployed lease code (``LeaseStore``: the session
 keeper's renewals, the orphan finder with its fencing of dead sessions, ``claim``, fenced
-``checkpoint``) against :class:`~.dynamo.InProcessDynamoDB` through the fault layer of
+``checkpoint``) against :class:`~.dynamodb_model.DynamoDBModel` through the fault layer of
 :mod:`streamfleet_dev.sim.faults` (delays, lost answers, late and duplicated deliveries,
 throttling, server errors, timeouts, stale index views), with each holder's wall clock skewed
 within the allowance. The schedule crashes holders (their tasks end at once; what they sent is
@@ -46,7 +46,8 @@ from streamfleet.lease import LeaseLost, LeaseStore, LeaseTiming, SessionLost
 from streamfleet.lease import sessions as sessions_module
 from streamfleet.lease.connections import Lease
 from streamfleet_dev.dsim import loop as virtual
-from streamfleet_dev.dsim.dynamo import InProcessClient, InProcessDynamoDB
+from streamfleet_dev.dsim.async_client import InProcessClient
+from streamfleet_dev.dsim.dynamodb_model import DynamoDBModel
 from streamfleet_dev.dsim.network import VirtualNetwork
 from streamfleet_dev.sim.faults import FaultyClient, RandomFaults, Sent
 from streamfleet_dev.sim.observed import observe_session
@@ -471,7 +472,7 @@ async def _run(schedule: Schedule) -> Outcome:
         world.close()
 
 
-class FencingWitness(InProcessDynamoDB):
+class FencingWitness(DynamoDBModel):
     """The store, watching every fenced write it applies to a connection row (one that names
     its sender and lease version): it must land only on that lease, and never move the
     checkpoint back."""

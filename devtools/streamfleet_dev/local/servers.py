@@ -1,4 +1,4 @@
-"""Real local servers on loopback: moto in server mode and dynalite.
+"""Real local servers on loopback: moto in server mode, dynalite, and the simulations' store.
 
 Each is a separate process on a port it binds itself (port 0) and reports, reached only through
 the standard endpoint variables, exactly as the code would reach AWS. Tests, the local mode and
@@ -168,6 +168,13 @@ def dynalite_server(log_path: Path | None = None, data_dir: Path | None = None) 
     ``data_dir`` so that a stop and a start (an outage) keep the data."""
     command = dynalite_command() + (["--path", str(data_dir)] if data_dir else [])
     return LocalServer("dynalite", command, log_path=log_path)
+
+
+def sim_dynamodb_server(log_path: Path | None = None) -> LocalServer:
+    """The simulations' in-process DynamoDB behind the wire protocol
+    (:mod:`streamfleet_dev.dsim.dynamodb_server`): held to the same conformance tests."""
+    command = [sys.executable, "-m", "streamfleet_dev.dsim.dynamodb_server"]
+    return LocalServer("sim", command, log_path=log_path)
 
 
 @contextlib.contextmanager

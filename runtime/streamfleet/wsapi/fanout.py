@@ -62,6 +62,7 @@ Environment: ``SUBSCRIPTIONS_TABLE_NAME``, ``STREAMS_TABLE_NAME``, ``APIGW_MANAG
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -256,11 +257,12 @@ class Fanout:
         """``pool``, ``sleep`` and ``rng`` run the posts, their backoff's pauses and its draws:
         threads, real time and an unseeded generator unless a simulation brings its own."""
         self.config = config
-        session = boto3.session.Session()
-        self.dynamodb = dynamodb or session.client(
+        # A session costs milliseconds to build: only once a client is to be made here.
+        session = functools.cache(boto3.session.Session)
+        self.dynamodb = dynamodb or session().client(
             "dynamodb", region_name=config.region, config=_DYNAMODB_CONFIG
         )
-        self.management = management or session.client(
+        self.management = management or session().client(
             "apigatewaymanagementapi",
             endpoint_url=config.management_endpoint,
             region_name=config.region,
@@ -268,7 +270,7 @@ class Fanout:
         )
         # Forgetting a gone subscriber is a courtesy (its subscription has a TTL): one attempt,
         # so that it fits the time a subscriber may hold its shard.
-        self._forget_dynamodb = dynamodb or session.client(
+        self._forget_dynamodb = dynamodb or session().client(
             "dynamodb", region_name=config.region, config=_ONE_ATTEMPT_DYNAMODB_CONFIG
         )
         self.clock = clock

@@ -5,8 +5,8 @@ One schedule runs, in one Region, for one seed:
 
 * **the stores**: the messages, lease (a stream's readers and origin), subscriptions,
   connections and state tables in
-  :class:`~streamfleet_dev.dsim.dynamo.InProcessDynamoDB`, created as the synthesized
-  template declares them; the messages table's change stream is moto's;
+  :class:`~streamfleet_dev.dsim.dynamodb_model.DynamoDBModel`, created as the synthesized
+  template declares them, with the messages table's change stream;
 * **upstreams and the sink**: each stream's messages stored as the worker's
   :meth:`~streamfleet.worker.sink.MessageSink.item` writes them: strings and JSON values,
   some too big for one frame (sent in parts), an upstream that restarts its numbering (a new

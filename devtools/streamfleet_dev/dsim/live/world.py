@@ -20,7 +20,7 @@ from streamfleet.wsapi.handlers import WsApiHandlers
 from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
 from streamfleet.wsapi.handlers.replier import ManagementApiReplier
 from streamfleet.wsapi.handlers.subscribe import REPLAY_MAX_BYTES
-from streamfleet_dev.dsim.dynamo import InProcessDynamoDB
+from streamfleet_dev.dsim.dynamodb_model import DynamoDBModel
 from streamfleet_dev.dsim.greenlets import Killed, Scheduler, Task, TaskPool
 from streamfleet_dev.dsim.live.aws import (
     FANOUT_DYNAMODB_SDK,
@@ -85,7 +85,7 @@ class World:
         self.posted_bytes: dict[Task, int] = defaultdict(int)  # by handler invocation
         self.faults = 0
         self.faults_on = True
-        self.store = InProcessDynamoDB(REGION)
+        self.store = DynamoDBModel(REGION)
         self.names = {key: name for key, (_, name) in TABLES.items()}
         for spec, name in TABLES.values():
             self.store.create_table(spec, name)

@@ -1,6 +1,7 @@
-"""DynamoDB in process: moto's own request handlers, called directly, without HTTP or botocore.
+"""DynamoDB in process through moto's own request handlers, called directly, without HTTP or
+botocore: the reference the simulations' store (:mod:`.dynamodb_model`) is compared with.
 
-:class:`InProcessDynamoDB` answers the data-plane calls the runtime makes (``put_item``,
+:class:`MotoDynamoDB` answers the data-plane calls the runtime makes (``put_item``,
 ``update_item``, ``query``, ``batch_write_item``...) with the parameters botocore takes, which
 are exactly the JSON body DynamoDB's protocol sends, and evaluates key, condition, update and
 filter expressions with moto's parser: the same evaluator as the moto server the conformance
@@ -9,21 +10,18 @@ tests run against, without the server's threads. Errors come back as botocore's
 ``ReturnValuesOnConditionCheckFailure`` asks for it), as the runtime's error handling expects.
 
 Each instance has an account of its own, so simulations that run one after another (or side by
-side) never see each other's tables; :meth:`InProcessDynamoDB.close` drops it.
+side) never see each other's tables; :meth:`MotoDynamoDB.close` drops it.
 
-:class:`InProcessClient` stands where :class:`streamfleet.aws.AsyncClient` stands: ``await
-client.call(operation, guard=..., **params)`` runs the guard at the send, as the real client
-does, then answers on the caller's own event loop, so a virtual-time loop stays deterministic.
+It is several milliseconds a request (moto parses every expression again), too slow to run the
+simulations on; the differential tests and the store's benchmark run it beside the model.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
 import json
 import threading
-from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -33,13 +31,11 @@ from moto.core.exceptions import JsonRESTError
 from moto.dynamodb.models import dynamodb_backends
 from moto.dynamodb.responses import DynamoHandler
 
-from streamfleet.aws import ClientSettings
-
 _ACCOUNTS = itertools.count(900_000_000_000)
 _ACCOUNTS_LOCK = threading.Lock()
 
 
-class InProcessDynamoDB:
+class MotoDynamoDB:
     """One DynamoDB "Region" of its own, answered synchronously in the caller's thread."""
 
     def __init__(self, region: str = "us-east-1"):
@@ -152,37 +148,3 @@ def _client_error(operation: str, exc: JsonRESTError) -> ClientError:
 
 def _operation_name(operation: str) -> str:
     return "".join(part.capitalize() for part in operation.split("_"))
-
-
-class InProcessClient:
-    """An :class:`~streamfleet.aws.AsyncClient` look-alike over :class:`InProcessDynamoDB`.
-
-    ``latency``: seconds each request takes (called once per request; a seeded draw keeps a
-    simulation deterministic), slept on the caller's loop before the request is applied.
-    """
-
-    def __init__(
-        self,
-        store: InProcessDynamoDB,
-        *,
-        settings: ClientSettings | None = None,
-        latency: Callable[[], float] | None = None,
-    ):
-        self.client = store
-        self.settings = settings or ClientSettings()
-        self.requests: Counter[str] = Counter()
-        self._latency = latency
-
-    async def call(
-        self, operation: str, *, guard: Callable[[], object] | None = None, **params: Any
-    ) -> dict[str, Any]:
-        if guard is not None:
-            guard()
-        self.requests[operation] += 1
-        delay = self._latency() if self._latency is not None else 0.0
-        # Always yield, as a real request does: another task may run before the answer.
-        await asyncio.sleep(max(0.0, delay))
-        return self.client.call(operation, params)
-
-    def close(self) -> None:
-        pass
