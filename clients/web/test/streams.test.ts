@@ -64,6 +64,24 @@ describe('StreamCursor', () => {
     expect(first.takeSkip()).toBeNull();
   });
 
+  it("tells the new epoch's seqs the log no longer holds after the epoch change", () => {
+    // A reply into a newer epoch past its first seqs (TTL deleted them) told the change only.
+    const cursor = new StreamCursor('s', 5);
+    cursor.onSubscribed(
+      { type: 'subscribed', stream: 's', after: 9, afterEpoch: 1, replayed: 0, upTo: 9, upToEpoch: 1, more: false },
+      0,
+    );
+    expect(cursor.takeEpochChange()).toEqual({ stream: 's', epoch: 1, previous: 0 });
+    expect(cursor.takeSkip()).toEqual({ stream: 's', epoch: 1, after: 0, to: 9 });
+    const entered = new StreamCursor('t', 5);
+    entered.onSubscribed(
+      { type: 'subscribed', stream: 't', after: 0, afterEpoch: 1, replayed: 0, upTo: 0, upToEpoch: 1, more: false },
+      0,
+    );
+    expect(entered.takeEpochChange()).not.toBeNull();
+    expect(entered.takeSkip()).toBeNull();
+  });
+
   it('drops what it held of the old epoch when moved to a newer one', () => {
     // The application's own position in a newer epoch kept the old buffer: its next seq was
     // delivered as the new epoch's.

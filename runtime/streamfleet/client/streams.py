@@ -156,6 +156,10 @@ class StreamCursor:
             # ended): nothing to wait for.
             if after.epoch != self.epoch and self.position is not None:
                 self._epoch_change = EpochChange(self.stream, after.epoch, self.epoch)
+                if after.seq > 0:
+                    # The new epoch's first seqs are not in the log either (expired, or before
+                    # the stream's origin): told as a jump within it.
+                    self._skip = Skip(self.stream, after.epoch, 0, after.seq)
             elif self.position is not None:
                 self._skip = Skip(self.stream, self.epoch, self.position, after.seq)
             self.move_to(after)
@@ -174,7 +178,8 @@ class StreamCursor:
         self.position = position.seq
 
     def take_skip(self) -> Skip | None:
-        """The forward jump the last reply made within the epoch, once (``None``: none)."""
+        """The forward jump the last reply made within an epoch (the new one's, after an epoch
+        change: told after it), once (``None``: none)."""
         skip, self._skip = self._skip, None
         return skip
 

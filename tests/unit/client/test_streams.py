@@ -164,6 +164,30 @@ def test_a_forward_jump_is_told_to_the_application_once():
     assert first.take_skip() is None
 
 
+def test_the_new_epochs_seqs_the_log_no_longer_holds_are_told_after_the_epoch_change():
+    """A reply that moved the cursor into a newer epoch past its first seqs (TTL deleted them
+    before the client caught up) told the epoch change only: the application never learnt
+    that seqs 1 to 9 of the new epoch were lost."""
+    cursor = StreamCursor("s", position=5)
+    cursor.acknowledged = True
+    cursor.on_subscribed(
+        {"type": "subscribed", "after": 9, "afterEpoch": 1, "upTo": 9, "upToEpoch": 1,
+         "more": False, "replayed": 0},
+        0,
+    )  # fmt: skip
+    change, skip = cursor.take_epoch_change(), cursor.take_skip()
+    assert (change.epoch, change.previous) == (1, 0)
+    assert (skip.epoch, skip.after, skip.to) == (1, 0, 9)
+    entered = StreamCursor("t", position=5)  # into the new epoch at its start: nothing lost
+    entered.acknowledged = True
+    entered.on_subscribed(
+        {"type": "subscribed", "after": 0, "afterEpoch": 1, "upTo": 0, "upToEpoch": 1,
+         "more": False, "replayed": 0},
+        0,
+    )  # fmt: skip
+    assert entered.take_epoch_change() is not None and entered.take_skip() is None
+
+
 def test_a_quiet_stream_asks_where_its_log_ends_ever_more_patiently():
     """A live post lost with its connection open (a fan-out out of time, a batch given up) was
     found only by a later message: after a stream's last one, never. A quiet stream now asks,

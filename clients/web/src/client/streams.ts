@@ -178,6 +178,9 @@ export class StreamCursor {
       // between (before the stream's origin, expired, or the rest of an epoch that ended).
       if (after.epoch !== this.epoch && at !== null) {
         this.epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
+        // The new epoch's first seqs are not in the log either (expired, or before the
+        // stream's origin): told as a jump within it.
+        if (after.seq > 0) this.skip = { stream: this.stream, epoch: after.epoch, after: 0, to: after.seq };
       } else if (at !== null) {
         this.skip = { stream: this.stream, epoch: this.epoch, after: at.seq, to: after.seq };
       }

@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from streamfleet_dev.dsim.live.actors import Upstream, run_control, run_event_source
+from streamfleet_dev.dsim.live.actors import Upstream, run_control, run_event_source, run_ttl
 from streamfleet_dev.dsim.live.checker import check
 from streamfleet_dev.dsim.live.client import Client, run_client
 from streamfleet_dev.dsim.live.schedule import ClientPlan, Schedule
@@ -89,6 +89,8 @@ def run_schedule(schedule: Schedule) -> Outcome:
             world.upstreams[stream] = upstream = Upstream(world, stream)
             scheduler.spawn(upstream.run, name=f"upstream-{stream}", delay=0.5)
         scheduler.spawn(run_event_source, world, name="event-source")
+        if schedule.retention_s is not None:
+            scheduler.spawn(run_ttl, world, name="ttl")
         clients = [Client(world, plan) for plan in schedule.clients]
         for client in clients:
             scheduler.spawn(run_client, world, client, name=f"plan-{client.plan.user}")

@@ -31,6 +31,7 @@ class Upstream:
         self._rng = random.Random(f"upstream-{world.schedule.seed}-{stream}")
         self._pk = model.connection_pk(stream)
         self._epoch, self._seq, self._prev = 0, 0, None
+        self._prev_expires_at: int | None = None  # when the message before the next expires
         self._last: dict[str, Any] | None = None
 
     def run(self) -> None:
@@ -66,8 +67,10 @@ class Upstream:
         position = model.log_position(self._epoch, self._seq)
         share = schedule.large_share if large_share is None else large_share
         message = UpstreamMessage(position, *_payload(rng, share, self._seq))
-        plain = self._world.sink.item(self._pk, message, self._world.now_ms, self._prev)
-        self._prev = position
+        plain = self._world.sink.item(
+            self._pk, message, self._world.now_ms, self._prev, self._prev_expires_at
+        )
+        self._prev, self._prev_expires_at = position, plain.get(model.MESSAGE_EXPIRES_AT)
         return {name: to_attr(value) for name, value in plain.items()}
 
     def _store(self, item: dict[str, Any]) -> None:
@@ -109,6 +112,16 @@ def run_control(world: World) -> None:
     for when, stream, group, exclude in changes:
         world.scheduler.sleep(max(0.0, when - world.scheduler.now))
         world.readers.change(stream, group, exclude=exclude)
+
+
+def run_ttl(world: World) -> None:
+    """DynamoDB's TTL: now and then, the items whose time has passed are deleted (each a
+    ``REMOVE`` record in the change stream); an expired item stays readable until then, as in
+    DynamoDB, where the deletion comes some time after the expiry."""
+    rng = random.Random(f"ttl-{world.schedule.seed}")
+    while world.scheduler.now < world.schedule.duration + SETTLE_S:
+        world.scheduler.sleep(rng.uniform(0.2, 3.0))
+        world.expire(world.now_ms / 1000 - rng.uniform(0.0, 2.0))
 
 
 def run_event_source(world: World) -> None:

@@ -47,14 +47,32 @@ def _check_app(world: World, client: Client, stream: str, app: AppLog) -> None:
             world.problem(f"{who}: delivered before its subscribe point was known")
             return
         if event[0] == "epoch":
+            # What TTL deleted of the older epoch is passed over: the change is what the
+            # application is told (a skip counts seqs within one epoch).
+            while index < len(log) and model.epoch_of(log[index].position) < event[1]:
+                if not log[index].expired:
+                    break
+                index += 1
             if index >= len(log) or model.epoch_of(log[index].position) != event[1]:
                 world.problem(f"{who}: epoch change to {event[1]} out of place")
                 return
             epoch = event[1]
             continue
         if event[0] == "skip":
-            world.problem(f"{who}: skipped {event[1:]} though the log holds every seq")
-            return
+            # Only what TTL deleted may be skipped: a seq the log holds (or will hold: a hole
+            # still being filled) must be delivered.
+            _, skip_epoch, after, to = event
+            end = model.log_position(skip_epoch, to)
+            kept = [e for e in log[index:] if e.position <= end and not e.expired]
+            if kept:
+                held = kept[0].position
+                world.problem(
+                    f"{who}: skipped {skip_epoch}/{after + 1}..{to} though the log holds "
+                    f"{model.epoch_of(held)}/{model.seq_of(held)}"
+                )
+                return
+            index = bisect.bisect_right(positions, end)
+            continue
         _, got_epoch, seq, data, is_json = event
         if index >= len(log):
             world.problem(f"{who}: delivered {got_epoch}/{seq} past the end of the log")
@@ -75,11 +93,12 @@ def _check_app(world: World, client: Client, stream: str, app: AppLog) -> None:
         last = want.position
         index += 1
     still_reading = stream in client.subscriptions and stream not in client.refused
-    if still_reading and index is not None and index < len(log):
-        missing = log[index]
+    # What TTL deleted may be missing: at the end of the log nothing follows it to tell.
+    missing = [e for e in log[index:] if not e.expired] if index is not None else []
+    if still_reading and missing:
         world.problem(
-            f"{who}: {len(log) - index} stored messages never delivered, from "
-            f"{model.epoch_of(missing.position)}/{model.seq_of(missing.position)}"
+            f"{who}: {len(missing)} stored messages never delivered, from "
+            f"{model.epoch_of(missing[0].position)}/{model.seq_of(missing[0].position)}"
         )
 
 

@@ -230,6 +230,10 @@ class Client:
             app.events.append(("epoch", change.epoch))
         if skip is not None:
             app.events.append(("skip", skip.epoch, skip.after, skip.to))
+            self.world.note(
+                f"{self.plan.user} told {cursor.stream} {skip.epoch}/{skip.after + 1}.."
+                f"{skip.to} skipped"
+            )
         for message in messages:
             self.positions[message.stream] = message.position
             app.events.append(("message", message.epoch, message.seq, message.data, message.json))

@@ -42,6 +42,9 @@ class Schedule:
     revocations: tuple[tuple[str, str, float, float | None], ...]
     racing_changes: float  # the share of subscribes raced by a readers change of their group
     racing_writes: float  # the share of subscribes raced by a message in parts
+    # How long stored messages live (their TTL), or None: for ever. A short one makes TTL
+    # delete messages while clients replay them.
+    retention_s: int | None
 
     @classmethod
     def generate(cls, seed: int) -> Schedule:
@@ -76,6 +79,8 @@ class Schedule:
                 ends = begins + rng.uniform(0.5, 8.0) if rng.random() < 0.7 else None
                 revocations.append((rng.choice(streams), rng.choice(GROUPS), begins, ends))
         replay_max = rng.choice((3, 7, 50, handlers_config.DEFAULT_REPLAY_MAX_MESSAGES))
+        # Drawn apart, so the other draws of a seed are the same whether it has a TTL or not.
+        retention_s = random.Random(f"retention-{seed}").choice((None, None, None, 3, 6, 12))
         return cls(
             seed=seed,
             streams=streams,
@@ -95,6 +100,7 @@ class Schedule:
             revocations=tuple(revocations),
             racing_changes=rng.choice((0.0, 0.0, 0.1, 0.3)),
             racing_writes=rng.choice((0.0, 0.0, 0.1, 0.3)),
+            retention_s=retention_s,
         )
 
     def describe(self) -> str:
@@ -123,6 +129,7 @@ class Schedule:
         return (
             f"seed {self.seed}: {len(self.streams)} streams, {self.duration:.1f} s, a message "
             f"every {self.message_every:g} s, {settings}, batches <= {self.max_batch}, newest "
-            f"{self.newest}, replay <= {self.replay_max}, readers changes {changes}; "
+            f"{self.newest}, replay <= {self.replay_max}, readers changes {changes}, "
+            f"retention {f'{self.retention_s} s' if self.retention_s else 'none'}; "
             f"clients: {clients}"
         )

@@ -59,6 +59,7 @@ class Stored:
     data: str
     json: bool
     stored_at_ms: int
+    expired: bool = False  # deleted by TTL at some point of the run
 
 
 @dataclass
@@ -138,11 +139,14 @@ class World:
             worker_id="w1",
             session=None,  # type: ignore[arg-type]
             flush_every=1.0,
+            retention_seconds=schedule.retention_s,
         )
         self.worker_db = SimDynamoDB(self, "worker", FLEET_SDK)
         self.control_db = SimDynamoDB(self, "control", FLEET_SDK)
         self.readers = Readers(self)
         self.upstreams: dict[str, Any] = {}  # by stream: each one's Upstream (actors)
+        self._removals = self.store.stream_records(self.names["messages"])
+        self._removals_read = 0
 
     # Lambda ----------------------------------------------------------------------------------
 
@@ -262,6 +266,24 @@ class World:
                 self.problem(f"{stream}: position {position} stored with different data")
             return
         self.log[stream][position] = Stored(position, data, is_json, self.now_ms)
+
+    def expire(self, now_s: float) -> None:
+        """TTL deletes what expired before ``now_s``; the log marks what it deleted, from the
+        change stream's ``REMOVE`` records (as a reader of the stream would learn it)."""
+        deleted = self.store.expire(now_s)
+        if not deleted:
+            return
+        records = self._removals()
+        for record in records[self._removals_read :]:
+            keys = record["dynamodb"]["Keys"]
+            if record["eventName"] != "REMOVE" or model.SEQ not in keys:
+                continue
+            stream = model.connection_id_of(keys[model.PK]["S"])
+            stored = self.log[stream].get(int(keys[model.SEQ]["N"]))
+            if stored is not None:
+                stored.expired = True
+        self._removals_read = len(records)
+        self.note(f"TTL deleted {deleted} items")
 
     def connected(self, connection_id: str, user: str, token_expires_at: int) -> None:
         self.posted[connection_id] = Posted(user, token_expires_at)
