@@ -580,7 +580,7 @@ AUTHORIZER_ENV = (
     ENV_JWT_READER_CLAIMS,
 )
 
-# Environment of the handlers (runtime/streamfleet/wsapi/handlers.py), besides AWS_REGION.
+# Environment of the handlers (the package runtime/streamfleet/wsapi/handlers), besides AWS_REGION.
 ENV_CONNECTION_TTL_SECONDS = "CONNECTION_TTL_SECONDS"
 # Live delivery (optional: without them subscribe answers "not_supported").
 ENV_STREAMS_TABLE_NAME = "STREAMS_TABLE_NAME"  # the fleet's lease table: readers, origin_seq
@@ -609,7 +609,7 @@ HANDLERS_ENV = (
     ENV_MAX_USER_CONNECTIONS_PER_STREAM,
 )
 
-# Environment of the canary (runtime/streamfleet/wsapi/canary.py).
+# Environment of the canary (the package runtime/streamfleet/wsapi/canary).
 ENV_CANARY_ENDPOINT_URL = "CANARY_ENDPOINT_URL"
 ENV_CANARY_API_ID = "CANARY_API_ID"
 ENV_CANARY_TIMEOUT_SECONDS = "CANARY_TIMEOUT_SECONDS"
