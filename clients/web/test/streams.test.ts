@@ -68,14 +68,32 @@ describe('StreamCursor', () => {
     // A reply into a newer epoch past its first seqs (TTL deleted them) told the change only.
     const cursor = new StreamCursor('s', 5);
     cursor.onSubscribed(
-      { type: 'subscribed', stream: 's', after: 9, afterEpoch: 1, replayed: 0, upTo: 9, upToEpoch: 1, more: false },
+      {
+        type: 'subscribed',
+        stream: 's',
+        after: 9,
+        afterEpoch: 1,
+        replayed: 0,
+        upTo: 9,
+        upToEpoch: 1,
+        more: false,
+      },
       0,
     );
     expect(cursor.takeEpochChange()).toEqual({ stream: 's', epoch: 1, previous: 0 });
     expect(cursor.takeSkip()).toEqual({ stream: 's', epoch: 1, after: 0, to: 9 });
     const entered = new StreamCursor('t', 5);
     entered.onSubscribed(
-      { type: 'subscribed', stream: 't', after: 0, afterEpoch: 1, replayed: 0, upTo: 0, upToEpoch: 1, more: false },
+      {
+        type: 'subscribed',
+        stream: 't',
+        after: 0,
+        afterEpoch: 1,
+        replayed: 0,
+        upTo: 0,
+        upToEpoch: 1,
+        more: false,
+      },
       0,
     );
     expect(entered.takeEpochChange()).not.toBeNull();
