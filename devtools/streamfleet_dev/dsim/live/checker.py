@@ -112,13 +112,18 @@ def _check_revocations(world: World, plans: dict[str, ClientPlan]) -> None:
             for begun, until in world.excluded.get((stream, group), ()):
                 if stored.stored_at_ms > begun and (until is None or posted_ms < until):
                     world.problem(
-                        f"{connection_id} ({posted.user}): {stream} {position}, stored after "
-                        "its readers excluded the user, was posted to it while they did"
+                        f"{connection_id} ({posted.user}): {stream} {_wire(position)}, stored "
+                        "after its readers excluded the user, was posted to it while they did"
                     )
                     return
             if stored.stored_at_ms >= posted.token_expires_at * 1000:
                 world.problem(
-                    f"{connection_id} ({posted.user}): {stream} {position} stored after its "
-                    "token expired was posted to it"
+                    f"{connection_id} ({posted.user}): {stream} {_wire(position)} stored after "
+                    "its token expired was posted to it"
                 )
                 return
+
+
+def _wire(position: int) -> str:
+    """A log position as the trace writes them: ``epoch/seq``."""
+    return f"{model.epoch_of(position)}/{model.seq_of(position)}"

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TypeVar
 
 from streamfleet.wsapi.handlers import config as handlers_config
 
+T = TypeVar("T")
 GROUPS = ("team:red", "team:blue")  # the claim tags readers name
+
+
+def _unless(heavy: bool, heavy_value: T, drawn: T) -> T:
+    """``heavy_value`` in a heavy schedule, else ``drawn`` (drawn either way, so that every
+    later draw of the seed is the same)."""
+    return heavy_value if heavy else drawn
 
 
 @dataclass(frozen=True)
@@ -81,13 +89,17 @@ class Schedule:
         replay_max = rng.choice((3, 7, 50, handlers_config.DEFAULT_REPLAY_MAX_MESSAGES))
         # Drawn apart, so the other draws of a seed are the same whether it has a TTL or not.
         retention_s = random.Random(f"retention-{seed}").choice((None, None, None, 3, 6, 12))
+        # One schedule in ten is heavy: a fast stream of large messages and no message limit
+        # on a replay, so that a client subscribing from the origin late has a log longer
+        # than a replay's byte budget (the other draws stay as they were).
+        heavy = random.Random(f"heavy-{seed}").random() < 0.1
         return cls(
             seed=seed,
             streams=streams,
             clients=tuple(clients),
             duration=duration,
-            message_every=rng.choice((0.1, 0.3, 1.0)),
-            large_share=rng.choice((0.0, 0.02, 0.1)),
+            message_every=_unless(heavy, 0.1, rng.choice((0.1, 0.3, 1.0))),
+            large_share=_unless(heavy, 0.3, rng.choice((0.0, 0.02, 0.1))),
             restart_share=rng.choice((0.0, 0.01, 0.03)),
             rewrite_share=rng.choice((0.0, 0.05)),
             hole_share=rng.choice((0.0, 0.05, 0.2)),
@@ -96,7 +108,7 @@ class Schedule:
             crash_share=rng.choice((0.0, 0.1, 0.3)),
             max_batch=rng.choice((1, 3, 10, 100)),
             newest=rng.randint(1, min(replay_max, handlers_config.DEFAULT_SUBSCRIBE_NEWEST)),
-            replay_max=replay_max,
+            replay_max=_unless(heavy, handlers_config.DEFAULT_REPLAY_MAX_MESSAGES, replay_max),
             revocations=tuple(revocations),
             racing_changes=rng.choice((0.0, 0.0, 0.1, 0.3)),
             racing_writes=rng.choice((0.0, 0.0, 0.1, 0.3)),
