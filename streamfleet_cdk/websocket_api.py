@@ -41,6 +41,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from streamfleet import model
+from streamfleet.env import ConfigError
 from streamfleet.validation import REGION_PATTERN
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
@@ -144,7 +145,7 @@ class JwtSettings:
             raise ValueError("jwt: reader_claims: expected a tuple of claim names, got a string")
         try:
             authorizer_runtime.AuthorizerConfig.from_env(self.environment())
-        except authorizer_runtime.AuthorizerConfigError as exc:
+        except ConfigError as exc:
             raise ValueError(f"jwt: {exc}") from None
         if self.jwks_url is not None and urlsplit(self.jwks_url).scheme != "https":
             raise ValueError("jwt: JWT_JWKS_URL: must be an https URL in a deployment")

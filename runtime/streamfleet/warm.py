@@ -2,19 +2,18 @@
 
 A synchronous handler runs its asyncio code on one event loop that lives as long as the
 environment, with clients created once (their connection pools stay warm) and a value built
-from the environment, rebuilt only when one of the variables it reads changes: Lambda's
-environment never does, a test's does.
+from the environment (:class:`~streamfleet.env.EnvironmentCache`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from streamfleet.aws import AsyncClient, ClientSettings
+from streamfleet.env import EnvironmentCache
 
 T = TypeVar("T")
 
@@ -34,20 +33,15 @@ class WarmContainer(Generic[T]):
         settings: ClientSettings,
     ) -> None:
         self.lock = threading.Lock()
-        self._env_names = env_names
         self._services = services
-        self._build = build
         self._settings = settings
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clients: tuple[AsyncClient, ...] | None = None
-        self._value: tuple[tuple[str, ...], T] | None = None
+        self._value: EnvironmentCache[T] = EnvironmentCache(env_names, lambda: build(self.clients))
 
     def get(self) -> T:
         """The value for the current environment (built, with the clients, on first use)."""
-        key = tuple(os.environ.get(name, "") for name in self._env_names)
-        if self._value is None or self._value[0] != key:
-            self._value = (key, self._build(self.clients))
-        return self._value[1]
+        return self._value.get()
 
     def clients(self) -> tuple[AsyncClient, ...]:
         """The clients, in the order of ``services`` (created on first use)."""
@@ -67,4 +61,5 @@ class WarmContainer(Generic[T]):
             client.close()
         if self._loop is not None:
             self._loop.close()
-        self._loop, self._clients, self._value = None, None, None
+        self._loop, self._clients = None, None
+        self._value.clear()

@@ -22,13 +22,13 @@ from websockets.exceptions import ConnectionClosed
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet.env import ConfigError
 from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi.fanout import (
     INVOCATION_MARGIN_MS,
     POST_TIMEOUT_S,
     Fanout,
     FanoutConfig,
-    FanoutConfigError,
     messages_by_stream,
 )
 from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
@@ -99,7 +99,7 @@ def test_the_configuration_names_what_is_missing() -> None:
         ("FANOUT_SUBSCRIBER_BUDGET_MS", "0"),
         ("FANOUT_SUBSCRIBER_BUDGET_MS", "1.5"),
     ):
-        with pytest.raises(FanoutConfigError, match=name):
+        with pytest.raises(ConfigError, match=name):
             FanoutConfig.from_env({**env, name: value})
 
 

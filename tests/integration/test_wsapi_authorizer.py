@@ -19,11 +19,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from streamfleet import model
+from streamfleet.env import ConfigError
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import (
     Authorizer,
     AuthorizerConfig,
-    AuthorizerConfigError,
     JwksCache,
     KeysUnavailable,
     StaticKeys,
@@ -474,19 +474,19 @@ def test_multi_value_headers_are_read() -> None:
 
 
 def test_configuration_errors_name_the_variable() -> None:
-    with pytest.raises(AuthorizerConfigError, match="JWT_ISSUER"):
+    with pytest.raises(ConfigError, match="JWT_ISSUER"):
         AuthorizerConfig.from_env({"JWT_AUDIENCE": "a", "JWT_KEYS": "{}"})
-    with pytest.raises(AuthorizerConfigError, match="exactly one"):
+    with pytest.raises(ConfigError, match="exactly one"):
         AuthorizerConfig.from_env({"JWT_ISSUER": "i", "JWT_AUDIENCE": "a"})
-    with pytest.raises(AuthorizerConfigError, match="JWT_JWKS_URL"):
+    with pytest.raises(ConfigError, match="JWT_JWKS_URL"):
         AuthorizerConfig.from_env(
             {"JWT_ISSUER": "i", "JWT_AUDIENCE": "a", "JWT_JWKS_URL": "http://example.com/k"}
         )
-    with pytest.raises(AuthorizerConfigError, match="JWT_LEEWAY_SECONDS"):
+    with pytest.raises(ConfigError, match="JWT_LEEWAY_SECONDS"):
         AuthorizerConfig.from_env(
             {"JWT_ISSUER": "i", "JWT_AUDIENCE": "a", "JWT_KEYS": "{}", "JWT_LEEWAY_SECONDS": "x"}
         )
-    with pytest.raises(AuthorizerConfigError, match="JWT_KEYS"):
+    with pytest.raises(ConfigError, match="JWT_KEYS"):
         StaticKeys.parse("garbage")
     base = {"JWT_ISSUER": "i", "JWT_AUDIENCE": "a", "JWT_KEYS": "{}"}
     for name, value in (
@@ -494,9 +494,9 @@ def test_configuration_errors_name_the_variable() -> None:
         ("JWT_MAX_LIFETIME_SECONDS", "0"),
         ("JWT_MAX_LIFETIME_SECONDS", "soon"),
     ):
-        with pytest.raises(AuthorizerConfigError, match=name):
+        with pytest.raises(ConfigError, match=name):
             AuthorizerConfig.from_env({**base, name: value})
-    with pytest.raises(AuthorizerConfigError, match=r"JWT_ISSUER.*reserved"):
+    with pytest.raises(ConfigError, match=r"JWT_ISSUER.*reserved"):
         AuthorizerConfig.from_env({**base, "JWT_ISSUER": model.CANARY_TOKEN_ISSUER})
     configured = AuthorizerConfig.from_env(
         {
@@ -517,7 +517,7 @@ def test_configuration_errors_name_the_variable() -> None:
         authorized_parties=("web", "ios"),
         algorithms=("ES256",),
     )
-    with pytest.raises(AuthorizerConfigError, match="JWT_CANARY_KEYS"):
+    with pytest.raises(ConfigError, match="JWT_CANARY_KEYS"):
         StaticKeys.parse("garbage", "JWT_CANARY_KEYS")
 
 
@@ -580,7 +580,7 @@ def test_no_token_crosses_between_the_two_identities(case: str) -> None:
 
 def test_the_canary_key_must_not_be_a_user_key() -> None:
     shared = json.dumps(jwt.jwks_document([RSA_KEY]))
-    with pytest.raises(AuthorizerConfigError, match="JWT_CANARY_KEYS"):
+    with pytest.raises(ConfigError, match="JWT_CANARY_KEYS"):
         Authorizer(AuthorizerConfig(ISSUER, AUDIENCE, keys=shared, canary_keys=shared))
 
 

@@ -22,10 +22,11 @@ from websockets.exceptions import ConnectionClosed
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.client import Endpoint
+from streamfleet.env import ConfigError
 from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer
-from streamfleet.wsapi.canary.config import CanaryConfig, CanaryConfigError
+from streamfleet.wsapi.canary.config import CanaryConfig
 from streamfleet.wsapi.canary.health import (
     DynamoHealthStateStore,
     FailbackHysteresis,
@@ -496,7 +497,7 @@ def test_the_canary_reads_the_keys_its_authorizer_accepts() -> None:
     keys = json.dumps(jwt.jwks_document([CANARY_KEY]))
     accepted = CanaryConfig.from_env({**env, "JWT_CANARY_KEYS": keys}).accepted_keys
     assert accepted is not None and jwt.same_key(accepted[0], CANARY_KEY.public())
-    with pytest.raises(CanaryConfigError, match="JWT_CANARY_KEYS"):
+    with pytest.raises(ConfigError, match="JWT_CANARY_KEYS"):
         CanaryConfig.from_env({**env, "JWT_CANARY_KEYS": "garbage"})
 
 
@@ -590,7 +591,7 @@ async def test_a_custom_domain_is_probed_through_the_regional_name_given(
     assert (await probe(endpoint, timeout=2, connect_host="127.0.0.1")).healthy
     unresolved = await probe(endpoint, timeout=2)
     assert not unresolved.healthy
-    with pytest.raises(CanaryConfigError, match="CANARY_CONNECT_HOST"):
+    with pytest.raises(ConfigError, match="CANARY_CONNECT_HOST"):
         CanaryConfig(endpoint_url=domain_url, api_id="a", connect_host="bad host/")
 
 
@@ -736,20 +737,20 @@ async def test_the_lambda_entry_point_reads_its_environment(
 def test_configuration_errors_name_the_variable() -> None:
     base = {"CANARY_ENDPOINT_URL": "wss://x.test/prod", "CANARY_API_ID": "abc"}
     assert CanaryConfig.from_env(base).healthy_runs_to_recover == 5
-    with pytest.raises(CanaryConfigError, match="CANARY_ENDPOINT_URL"):
+    with pytest.raises(ConfigError, match="CANARY_ENDPOINT_URL"):
         CanaryConfig.from_env({**base, "CANARY_ENDPOINT_URL": "https://x.test"})
-    with pytest.raises(CanaryConfigError, match="CANARY_HEALTHY_RUNS_TO_RECOVER"):
+    with pytest.raises(ConfigError, match="CANARY_HEALTHY_RUNS_TO_RECOVER"):
         CanaryConfig.from_env({**base, "CANARY_HEALTHY_RUNS_TO_RECOVER": "many"})
-    with pytest.raises(CanaryConfigError, match="CANARY_TOKEN_TRANSPORT"):
+    with pytest.raises(ConfigError, match="CANARY_TOKEN_TRANSPORT"):
         CanaryConfig.from_env({**base, "CANARY_TOKEN_TRANSPORT": "header"})
     assert isinstance(token_source_from_env({"CANARY_TOKEN": "t"}), StaticToken)
-    with pytest.raises(CanaryConfigError, match="at most one"):
+    with pytest.raises(ConfigError, match="at most one"):
         token_source_from_env({"CANARY_TOKEN": "t", "CANARY_SIGNING_KEY": "k"})
-    with pytest.raises(CanaryConfigError, match="JWT_AUDIENCE"):
+    with pytest.raises(ConfigError, match="JWT_AUDIENCE"):
         token_source_from_env({"CANARY_SIGNING_KEY": json.dumps(jwt.public_jwk(KEY))})
-    with pytest.raises(CanaryConfigError, match="CANARY_DISCONNECT_WHEN_UNHEALTHY"):
+    with pytest.raises(ConfigError, match="CANARY_DISCONNECT_WHEN_UNHEALTHY"):
         CanaryConfig.from_env({**base, "CANARY_DISCONNECT_WHEN_UNHEALTHY": "maybe"})
-    with pytest.raises(CanaryConfigError, match="CANARY_MANAGEMENT_ENDPOINT"):
+    with pytest.raises(ConfigError, match="CANARY_MANAGEMENT_ENDPOINT"):
         CanaryConfig.from_env({**base, "CANARY_MANAGEMENT_ENDPOINT": "wss://x.test"})
     assert CanaryConfig.from_env({**base, "CANARY_DISCONNECT_WHEN_UNHEALTHY": "false"}) == (
         CanaryConfig("wss://x.test/prod", "abc", disconnect_when_unhealthy=False)

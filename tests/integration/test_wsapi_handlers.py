@@ -19,12 +19,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamfleet import model
+from streamfleet.env import ConfigError
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.handlers import WsApiHandlers
 from streamfleet.wsapi.handlers.config import (
     HandlerConfig,
-    HandlerConfigError,
     make_dynamodb_client,
 )
 from streamfleet.wsapi.handlers.messages import (
@@ -578,7 +578,7 @@ def test_configuration_comes_from_the_environment() -> None:
     config = HandlerConfig.from_env(env)
     assert (config.state_table, config.connections_table, config.region) == ("s", "c", "eu-west-1")
     assert config.management_endpoint == "http://127.0.0.1:9/local"
-    with pytest.raises(HandlerConfigError, match="STATE_TABLE_NAME"):
+    with pytest.raises(ConfigError, match="STATE_TABLE_NAME"):
         HandlerConfig.from_env({k: v for k, v in env.items() if k != "STATE_TABLE_NAME"})
-    with pytest.raises(HandlerConfigError, match="CONNECTION_TTL_SECONDS"):
+    with pytest.raises(ConfigError, match="CONNECTION_TTL_SECONDS"):
         HandlerConfig.from_env({**env, "CONNECTION_TTL_SECONDS": "-1"})

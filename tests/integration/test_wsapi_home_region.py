@@ -22,12 +22,12 @@ from botocore.config import Config
 from botocore.exceptions import ReadTimeoutError
 
 from streamfleet import model
+from streamfleet.env import ConfigError
 from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi.handlers import WsApiHandlers
 from streamfleet.wsapi.handlers.config import (
     HOME_CALL_MAX_MS,
     HandlerConfig,
-    HandlerConfigError,
     make_dynamodb_client,
 )
 from streamfleet.wsapi.handlers.state_store import StateReplica
@@ -258,5 +258,5 @@ def test_the_home_region_is_read_from_the_environment() -> None:
     assert (config.home_region, config.auction_home) == (HOME, HOME)
     del env[model.ENV_STATE_HOME_REGION]
     assert HandlerConfig.from_env(env).auction_home == OTHER
-    with pytest.raises(HandlerConfigError, match=f"^{model.ENV_STATE_HOME_REGION}: 'east'"):
+    with pytest.raises(ConfigError, match=f"^{model.ENV_STATE_HOME_REGION}: 'east'"):
         HandlerConfig.from_env({**env, model.ENV_STATE_HOME_REGION: "east"})

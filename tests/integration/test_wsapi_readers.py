@@ -12,9 +12,10 @@ import json
 import pytest
 
 from streamfleet import model, readers
+from streamfleet.env import ConfigError
 from streamfleet.event_router import BadRequest, StartEvent, parse_event
 from streamfleet.wsapi import jwt
-from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig, AuthorizerConfigError
+from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from tests.router_support import POLICY, URL, Router
 from tests.wsapi_support import AUDIENCE, ISSUER, KEY, user_token
 
@@ -155,7 +156,7 @@ def test_reader_claims_are_validated_and_user_is_reserved() -> None:
         "tenant",
     )
     for bad in ("user", "user:x", "gro ups", "a" * 65):
-        with pytest.raises(AuthorizerConfigError, match="JWT_READER_CLAIMS"):
+        with pytest.raises(ConfigError, match="JWT_READER_CLAIMS"):
             AuthorizerConfig.from_env({**env, "JWT_READER_CLAIMS": bad})
 
 

@@ -17,11 +17,12 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from streamfleet import model
+from streamfleet.env import ConfigError
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.handlers import WsApiHandlers
-from streamfleet.wsapi.handlers.config import HandlerConfig, HandlerConfigError
+from streamfleet.wsapi.handlers.config import HandlerConfig
 from streamfleet.wsapi.handlers.messages import (
     BadMessage,
     Subscribe,
@@ -140,7 +141,7 @@ def test_subscribe_and_unsubscribe_messages_are_validated_field_by_field() -> No
 def test_live_delivery_configuration_names_the_missing_variable() -> None:
     env = {"STATE_TABLE_NAME": "s", "CONNECTIONS_TABLE_NAME": "c", "AWS_REGION": "us-east-1"}
     assert HandlerConfig.from_env(env).live is None
-    with pytest.raises(HandlerConfigError, match="MESSAGES_TABLE_NAME: required with"):
+    with pytest.raises(ConfigError, match="MESSAGES_TABLE_NAME: required with"):
         HandlerConfig.from_env({**env, "STREAMS_TABLE_NAME": "l", "SUBSCRIPTIONS_TABLE_NAME": "x"})
     full = {
         **env,
@@ -152,7 +153,7 @@ def test_live_delivery_configuration_names_the_missing_variable() -> None:
     assert live is not None and (live.newest, live.replay_max) == (50, 2000)
     assert HandlerConfig.from_env({**full, "REPLAY_MAX_MESSAGES": "20"}).live.newest == 20
     for name, value in (("REPLAY_MAX_MESSAGES", "0"), ("SUBSCRIBE_NEWEST_MESSAGES", "x")):
-        with pytest.raises(HandlerConfigError, match=name):
+        with pytest.raises(ConfigError, match=name):
             HandlerConfig.from_env({**full, name: value})
 
 

@@ -73,6 +73,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from .. import emf, model, readers
+from ..env import ConfigError, EnvironmentCache
 from . import jwt
 from .logs import log_event
 
@@ -97,10 +98,6 @@ class Unauthorized(Exception):
 
     def __init__(self) -> None:
         super().__init__("Unauthorized")
-
-
-class AuthorizerConfigError(ValueError):
-    """A missing or invalid environment variable; names the variable."""
 
 
 class KeysUnavailable(RuntimeError):
@@ -142,34 +139,40 @@ class AuthorizerConfig:
 
     def __post_init__(self) -> None:
         if not self.issuer:
-            raise AuthorizerConfigError("JWT_ISSUER: required")
+            raise ConfigError(model.ENV_JWT_ISSUER, "required")
         if self.issuer == model.CANARY_TOKEN_ISSUER:
-            raise AuthorizerConfigError(
-                f"JWT_ISSUER: {model.CANARY_TOKEN_ISSUER!r} is reserved for the canary"
+            raise ConfigError(
+                model.ENV_JWT_ISSUER, f"{model.CANARY_TOKEN_ISSUER!r} is reserved for the canary"
             )
         if not self.audience:
-            raise AuthorizerConfigError("JWT_AUDIENCE: required")
+            raise ConfigError(model.ENV_JWT_AUDIENCE, "required")
         if (self.keys is None) == (self.jwks_url is None):
-            raise AuthorizerConfigError("JWT_KEYS, JWT_JWKS_URL: set exactly one of them")
+            raise ConfigError(
+                f"{model.ENV_JWT_KEYS}, {model.ENV_JWT_JWKS_URL}", "set exactly one of them"
+            )
         if self.jwks_url is not None:
             check_jwks_url(self.jwks_url)
         if not 0 <= self.leeway_seconds <= MAX_LEEWAY_SECONDS:
-            raise AuthorizerConfigError(
-                f"JWT_LEEWAY_SECONDS: must be between 0 and {MAX_LEEWAY_SECONDS:g}"
+            raise ConfigError(
+                model.ENV_JWT_LEEWAY_SECONDS, f"must be between 0 and {MAX_LEEWAY_SECONDS:g}"
             )
         bad = [alg for alg in self.algorithms if alg not in jwt.ALGORITHMS]
         if bad or not self.algorithms:
-            raise AuthorizerConfigError(
-                f"JWT_ALGORITHMS: {', '.join(bad) or 'empty'}; only "
-                f"{', '.join(jwt.ALGORITHMS)} are accepted (never none)"
+            raise ConfigError(
+                model.ENV_JWT_ALGORITHMS,
+                f"{', '.join(bad) or 'empty'}; only {', '.join(jwt.ALGORITHMS)} are accepted "
+                "(never none)",
             )
         if not self.max_lifetime_seconds > 0:
-            raise AuthorizerConfigError("JWT_MAX_LIFETIME_SECONDS: must be above zero")
+            raise ConfigError(model.ENV_JWT_MAX_LIFETIME_SECONDS, "must be above zero")
         for claim in self.reader_claims:
             try:
                 readers.check_claim_name(model.ENV_JWT_READER_CLAIMS, claim)
             except ValueError as exc:
-                raise AuthorizerConfigError(str(exc)) from None
+                # check_claim_name's message starts with the variable it was given
+                raise ConfigError(
+                    model.ENV_JWT_READER_CLAIMS, str(exc).partition(": ")[2]
+                ) from None
 
     def policy(self) -> jwt.TokenPolicy:
         """What a user's token must be."""
@@ -208,9 +211,9 @@ class AuthorizerConfig:
             try:
                 value = float(raw)
             except ValueError:
-                raise AuthorizerConfigError(f"{name}: {raw!r} is not a number") from None
+                raise ConfigError(name, f"{raw!r} is not a number") from None
             if not value >= 0 or value == float("inf"):
-                raise AuthorizerConfigError(f"{name}: must be a finite number, zero or more")
+                raise ConfigError(name, "must be a finite number, zero or more")
             return value
 
         def listed(name: str) -> tuple[str, ...]:
@@ -252,7 +255,7 @@ def check_jwks_url(url: str) -> str:
         return url
     if parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS:
         return url
-    raise AuthorizerConfigError("JWT_JWKS_URL: must be an https URL (http only on loopback)")
+    raise ConfigError(model.ENV_JWT_JWKS_URL, "must be an https URL (http only on loopback)")
 
 
 # --- Key sources --------------------------------------------------------------------------------
@@ -276,7 +279,7 @@ class StaticKeys:
         try:
             return cls(jwt.parse_key_material(text, allow_symmetric=True))
         except jwt.KeyMaterialError as exc:
-            raise AuthorizerConfigError(f"{variable}: {exc}") from None
+            raise ConfigError(variable, str(exc)) from None
 
     def keys_for(self, token: jwt.UnverifiedToken) -> Sequence[jwt.VerificationKey]:
         return jwt.candidate_keys(token, self.keys)
@@ -513,9 +516,9 @@ class Authorizer:
                 if any(jwt.same_key(key, user_key) for user_key in self.keys.keys)
             ]
             if shared:
-                raise AuthorizerConfigError(
-                    f"{model.ENV_JWT_CANARY_KEYS}: shares a key with {model.ENV_JWT_KEYS}; the "
-                    "canary needs a key of its own"
+                raise ConfigError(
+                    model.ENV_JWT_CANARY_KEYS,
+                    f"shares a key with {model.ENV_JWT_KEYS}; the canary needs a key of its own",
                 )
         self._policy = config.policy()
         self._canary_policy = config.canary_policy()
@@ -665,9 +668,9 @@ def _log_decision(
 
 # --- Lambda entry point -------------------------------------------------------------------------
 
-_ENV_NAMES = model.AUTHORIZER_ENV
-_cached: tuple[tuple[str, ...], Authorizer] | None = None
-_cached_lock = threading.Lock()
+_AUTHORIZER = EnvironmentCache(
+    model.AUTHORIZER_ENV, lambda: Authorizer(AuthorizerConfig.from_env())
+)
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -676,10 +679,4 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     The authorizer (and its JWKS cache) lives as long as the container; it is rebuilt only if the
     environment changes (tests).
     """
-    global _cached
-    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
-    with _cached_lock:
-        if _cached is None or _cached[0] != key:
-            _cached = (key, Authorizer(AuthorizerConfig.from_env()))
-        authorizer = _cached[1]
-    return authorizer(event, context)
+    return _AUTHORIZER.get()(event, context)

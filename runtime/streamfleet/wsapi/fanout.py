@@ -68,7 +68,6 @@ import logging
 import math
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -82,6 +81,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import emf, model, readers
 from ..backoff import full_jitter
 from ..clock import SYSTEM_CLOCK, Clock
+from ..env import ConfigError, EnvironmentCache, required
 from ..lease.dynamo import error_code, from_item, to_attr
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
 from .logs import log_event
@@ -140,10 +140,6 @@ _DYNAMODB_CONFIG = Config(
 )
 
 
-class FanoutConfigError(ValueError):
-    """A missing or invalid environment variable; names the variable."""
-
-
 @dataclass(frozen=True)
 class FanoutConfig:
     """The fan-out's settings, immutable once read."""
@@ -163,17 +159,10 @@ class FanoutConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> FanoutConfig:
         env = os.environ if env is None else env
-
-        def required(name: str) -> str:
-            value = env.get(name, "").strip()
-            if not value:
-                raise FanoutConfigError(f"{name}: required but not set")
-            return value
-
-        endpoint = required(model.ENV_APIGW_MANAGEMENT_ENDPOINT)
+        endpoint = required(env, model.ENV_APIGW_MANAGEMENT_ENDPOINT)
         if not endpoint.startswith(("https://", "http://")):
-            raise FanoutConfigError(
-                f"{model.ENV_APIGW_MANAGEMENT_ENDPOINT}: expected the stage's https endpoint"
+            raise ConfigError(
+                model.ENV_APIGW_MANAGEMENT_ENDPOINT, "expected the stage's https endpoint"
             )
 
         def whole(name: str, default: int, low: int, high: int) -> int:
@@ -181,14 +170,14 @@ class FanoutConfig:
             if not raw:
                 return default
             if not raw.isdigit() or not low <= int(raw) <= high:
-                raise FanoutConfigError(f"{name}: {raw!r} is not {low} to {high}")
+                raise ConfigError(name, f"{raw!r} is not {low} to {high}")
             return int(raw)
 
         return cls(
-            subscriptions_table=required(model.ENV_SUBSCRIPTIONS_TABLE_NAME),
+            subscriptions_table=required(env, model.ENV_SUBSCRIPTIONS_TABLE_NAME),
             management_endpoint=endpoint,
-            region=required("AWS_REGION"),
-            streams_table=required(model.ENV_STREAMS_TABLE_NAME),
+            region=required(env, "AWS_REGION"),
+            streams_table=required(env, model.ENV_STREAMS_TABLE_NAME),
             post_threads=whole(
                 model.ENV_FANOUT_POST_THREADS, DEFAULT_POST_THREADS, 1, MAX_POST_THREADS
             ),
@@ -547,20 +536,15 @@ def _count_messages(frames: list[bytes]) -> int:
 
 # --- Lambda entry point -------------------------------------------------------------------------
 
-_ENV_NAMES = (*model.FANOUT_ENV, "AWS_REGION")
-_cached: tuple[tuple[str, ...], Fanout] | None = None
-_cached_lock = threading.Lock()
+_FANOUT = EnvironmentCache(
+    (*model.FANOUT_ENV, "AWS_REGION"), lambda: Fanout(FanoutConfig.from_env())
+)
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (``streamfleet.wsapi.fanout.handler``), for a DynamoDB stream event
     source mapping with ``ReportBatchItemFailures``."""
-    global _cached
-    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
-    with _cached_lock:
-        if _cached is None or _cached[0] != key:
-            _cached = (key, Fanout(FanoutConfig.from_env()))
-        fanout = _cached[1]
+    fanout = _FANOUT.get()
     started = time.monotonic()
     result = fanout(event, context)
     log_event(

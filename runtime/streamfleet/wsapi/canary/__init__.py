@@ -74,22 +74,18 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from ... import model
 from ...aws import AsyncClient
+from ...env import EnvironmentCache
 from .config import CLIENT_SETTINGS, CanaryConfig
 from .health import DynamoHealthStateStore
 from .metrics import CloudWatchAlarmState, CloudWatchPublisher
 from .run import Canary
 from .sweeper import MANAGEMENT_CLIENT_SETTINGS, ConnectionSweeper
 from .tokens import token_source_from_env
-
-_cached: tuple[tuple[str, ...], Canary] | None = None
-_cached_lock = threading.Lock()
-_ENV_NAMES = model.CANARY_ENV
 
 
 def canary_from_env(env: Mapping[str, str] | None = None) -> Canary:
@@ -142,15 +138,12 @@ def schedule_tick_ms(event: Mapping[str, Any]) -> int | None:
     return int(tick.timestamp() * 1000)
 
 
+_CANARY = EnvironmentCache(model.CANARY_ENV, canary_from_env)
+
+
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (``streamfleet.wsapi.canary.handler``), one probe per invocation."""
-    global _cached
-    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
-    with _cached_lock:
-        if _cached is None or _cached[0] != key:
-            _cached = (key, canary_from_env())
-        canary = _cached[1]
-    run = asyncio.run(canary.run_once(schedule_tick_ms(event)))
+    run = asyncio.run(_CANARY.get().run_once(schedule_tick_ms(event)))
     return {
         "healthy": run.probe.healthy,
         "value": run.value,

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ... import model
 from ...aws import ClientSettings
 from ...client.reconnecting import TokenTransport
+from ...env import ConfigError
 from .. import jwt
 from .sweeper import DEFAULT_DISCONNECT_BUDGET_SECONDS
 
@@ -21,10 +22,6 @@ MINUTE_MS = 60_000  # the schedule's period and the alarm's
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 DEFAULT_FAILURES_TO_TRIP = 2  # = the alarm's datapoints to alarm
 CLIENT_SETTINGS = ClientSettings(threads=2)
-
-
-class CanaryConfigError(ValueError):
-    """A missing or invalid environment variable; names the variable."""
 
 
 @dataclass(frozen=True)
@@ -50,29 +47,21 @@ class CanaryConfig:
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.startswith(("ws://", "wss://")):
-            raise CanaryConfigError(
-                f"{model.ENV_CANARY_ENDPOINT_URL}: must be a ws:// or wss:// URL"
-            )
+            raise ConfigError(model.ENV_CANARY_ENDPOINT_URL, "must be a ws:// or wss:// URL")
         if self.management_endpoint is not None and not self.management_endpoint.startswith(
             ("http://", "https://")
         ):
-            raise CanaryConfigError(
-                f"{model.ENV_CANARY_MANAGEMENT_ENDPOINT}: must be an http(s):// URL"
-            )
+            raise ConfigError(model.ENV_CANARY_MANAGEMENT_ENDPOINT, "must be an http(s):// URL")
         if not self.api_id:
-            raise CanaryConfigError(f"{model.ENV_CANARY_API_ID}: required")
+            raise ConfigError(model.ENV_CANARY_API_ID, "required")
         if not (math.isfinite(self.timeout_seconds) and self.timeout_seconds > 0):
-            raise CanaryConfigError(
-                f"{model.ENV_CANARY_TIMEOUT_SECONDS}: must be a number above zero"
-            )
+            raise ConfigError(model.ENV_CANARY_TIMEOUT_SECONDS, "must be a number above zero")
         if self.healthy_runs_to_recover < 1:
-            raise CanaryConfigError(
-                f"{model.ENV_CANARY_HEALTHY_RUNS_TO_RECOVER}: must be at least 1"
-            )
+            raise ConfigError(model.ENV_CANARY_HEALTHY_RUNS_TO_RECOVER, "must be at least 1")
         if self.failures_to_trip < 1:
-            raise CanaryConfigError(f"{model.ENV_CANARY_FAILURES_TO_TRIP}: must be at least 1")
+            raise ConfigError(model.ENV_CANARY_FAILURES_TO_TRIP, "must be at least 1")
         if self.connect_host is not None and not _HOST_NAME.fullmatch(self.connect_host):
-            raise CanaryConfigError(f"{model.ENV_CANARY_CONNECT_HOST}: not a host name")
+            raise ConfigError(model.ENV_CANARY_CONNECT_HOST, "not a host name")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CanaryConfig:
@@ -83,29 +72,27 @@ class CanaryConfig:
                 env.get(model.ENV_CANARY_TIMEOUT_SECONDS, "") or DEFAULT_TIMEOUT_SECONDS
             )
         except ValueError:
-            raise CanaryConfigError(f"{model.ENV_CANARY_TIMEOUT_SECONDS}: not a number") from None
+            raise ConfigError(model.ENV_CANARY_TIMEOUT_SECONDS, "not a number") from None
 
         def whole(name: str, default: int) -> int:
             raw = env.get(name, "").strip()
             if raw and not raw.isdigit():
-                raise CanaryConfigError(f"{name}: not a whole number")
+                raise ConfigError(name, "not a whole number")
             return int(raw) if raw else default
 
         transport = (
             env.get(model.ENV_CANARY_TOKEN_TRANSPORT, "").strip() or TokenTransport.SUBPROTOCOL
         )
         if transport not in tuple(TokenTransport):
-            raise CanaryConfigError(
-                f"{model.ENV_CANARY_TOKEN_TRANSPORT}: must be subprotocol or query"
-            )
+            raise ConfigError(model.ENV_CANARY_TOKEN_TRANSPORT, "must be subprotocol or query")
         accepted_text = env.get(model.ENV_JWT_CANARY_KEYS, "").strip()
         try:
             accepted = jwt.parse_key_material(accepted_text) if accepted_text else None
         except jwt.KeyMaterialError as exc:
-            raise CanaryConfigError(f"{model.ENV_JWT_CANARY_KEYS}: {exc}") from None
+            raise ConfigError(model.ENV_JWT_CANARY_KEYS, str(exc)) from None
         raw_disconnect = env.get(model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY, "").strip().lower()
         if raw_disconnect not in ("", "true", "false"):
-            raise CanaryConfigError(f"{model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY}: true or false")
+            raise ConfigError(model.ENV_CANARY_DISCONNECT_WHEN_UNHEALTHY, "true or false")
         return cls(
             endpoint_url=env.get(model.ENV_CANARY_ENDPOINT_URL, "").strip(),
             api_id=env.get(model.ENV_CANARY_API_ID, "").strip(),

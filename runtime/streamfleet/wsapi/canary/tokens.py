@@ -13,9 +13,10 @@ from typing import Protocol
 
 from ... import model
 from ...aws import AsyncClient
+from ...env import ConfigError
 from .. import jwt
 from ..logs import log_event
-from .config import CLIENT_SETTINGS, CanaryConfigError
+from .config import CLIENT_SETTINGS
 
 # The package's logger: the canary's log lines keep one name whichever module writes them.
 logger = logging.getLogger(__package__)
@@ -220,9 +221,10 @@ def token_source_from_env(
     key_text = env.get(model.ENV_CANARY_SIGNING_KEY, "").strip()
     secret_arn = env.get(model.ENV_CANARY_SIGNING_KEY_SECRET_ARN, "").strip()
     if sum(bool(v) for v in (static, key_text, secret_arn)) > 1:
-        raise CanaryConfigError(
+        raise ConfigError(
             f"{model.ENV_CANARY_TOKEN}, {model.ENV_CANARY_SIGNING_KEY}, "
-            f"{model.ENV_CANARY_SIGNING_KEY_SECRET_ARN}: set at most one"
+            f"{model.ENV_CANARY_SIGNING_KEY_SECRET_ARN}",
+            "set at most one",
         )
     if static:
         return StaticToken(static)
@@ -230,13 +232,13 @@ def token_source_from_env(
         return StaticToken(None)
     audience = env.get(model.ENV_JWT_AUDIENCE, "").strip()
     if not audience:
-        raise CanaryConfigError(f"{model.ENV_JWT_AUDIENCE}: required to mint the canary's token")
+        raise ConfigError(model.ENV_JWT_AUDIENCE, "required to mint the canary's token")
     subject = env.get(model.ENV_CANARY_SUBJECT, "").strip() or DEFAULT_SUBJECT
     if key_text:
         try:
             key = jwt.signing_key_from_text(key_text)
         except jwt.KeyMaterialError as exc:
-            raise CanaryConfigError(f"CANARY_SIGNING_KEY: {exc}") from None
+            raise ConfigError(model.ENV_CANARY_SIGNING_KEY, str(exc)) from None
         return MintedToken(key, audience, subject)
     return SecretToken(
         secrets or AsyncClient("secretsmanager", CLIENT_SETTINGS),

@@ -79,8 +79,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -89,6 +87,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ... import model
 from ...clock import SYSTEM_CLOCK, Clock
+from ...env import EnvironmentCache
 from ..logs import log_event
 from .auction import Auctions
 from .config import HandlerConfig, make_dynamodb_client
@@ -376,9 +375,9 @@ def _error(
 
 # --- Lambda entry point -------------------------------------------------------------------------
 
-_ENV_NAMES = (*model.HANDLERS_ENV, "AWS_REGION")
-_cached: tuple[tuple[str, ...], WsApiHandlers] | None = None
-_cached_lock = threading.Lock()
+_HANDLERS = EnvironmentCache(
+    (*model.HANDLERS_ENV, "AWS_REGION"), lambda: WsApiHandlers(HandlerConfig.from_env())
+)
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -387,12 +386,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     The clients live as long as the container; a configuration error fails every invocation
     with a log line naming the variable.
     """
-    global _cached
-    key = tuple(os.environ.get(name, "") for name in _ENV_NAMES)
-    with _cached_lock:
-        if _cached is None or _cached[0] != key:
-            _cached = (key, WsApiHandlers(HandlerConfig.from_env()))
-        handlers = _cached[1]
+    handlers = _HANDLERS.get()
     started = time.monotonic()
     result = handlers(event, context)
     request_context = event.get("requestContext") or {}

@@ -12,6 +12,7 @@ import boto3
 from botocore.config import Config
 
 from ... import model
+from ...env import ConfigError, required
 from ...validation import REGION_PATTERN
 
 DEFAULT_CONNECTION_TTL_SECONDS = model.WS_MAX_CONNECTION_SECONDS + 10 * 60
@@ -43,10 +44,6 @@ HOME_BOTO_CONFIG = Config(
 )
 
 
-class HandlerConfigError(ValueError):
-    """A missing or invalid environment variable; names the variable."""
-
-
 @dataclass(frozen=True)
 class HandlerConfig:
     """The handlers' settings, immutable once read."""
@@ -65,8 +62,8 @@ class HandlerConfig:
 
     def __post_init__(self) -> None:
         if self.home_region is not None and not REGION_PATTERN.fullmatch(self.home_region):
-            raise HandlerConfigError(
-                f"{model.ENV_STATE_HOME_REGION}: {self.home_region!r} is not a Region name"
+            raise ConfigError(
+                model.ENV_STATE_HOME_REGION, f"{self.home_region!r} is not a Region name"
             )
 
     @property
@@ -79,18 +76,12 @@ class HandlerConfig:
         """Read and validate the environment (see :mod:`streamfleet.wsapi.handlers`)."""
         env = os.environ if env is None else env
 
-        def required(name: str) -> str:
-            value = env.get(name, "").strip()
-            if not value:
-                raise HandlerConfigError(f"{name}: required but not set")
-            return value
-
         def whole(name: str, default: int, maximum: int) -> int:
             raw = env.get(name, "").strip()
             if not raw:
                 return default
             if not raw.isdigit() or not 0 < int(raw) <= maximum:
-                raise HandlerConfigError(f"{name}: {raw!r} is not a whole number 1 to {maximum}")
+                raise ConfigError(name, f"{raw!r} is not a whole number 1 to {maximum}")
             return int(raw)
 
         ttl = whole(model.ENV_CONNECTION_TTL_SECONDS, DEFAULT_CONNECTION_TTL_SECONDS, 10**9)
@@ -104,17 +95,18 @@ class HandlerConfig:
         if given:
             missing = [name for name in live_names if name not in given]
             if missing:
-                raise HandlerConfigError(
-                    f"{missing[0]}: required with {given[0]} (live delivery needs all of "
-                    f"{', '.join(live_names)})"
+                raise ConfigError(
+                    missing[0],
+                    f"required with {given[0]} (live delivery needs all of "
+                    f"{', '.join(live_names)})",
                 )
             replay_max = whole(
                 model.ENV_REPLAY_MAX_MESSAGES, DEFAULT_REPLAY_MAX_MESSAGES, MAX_REPLAY_MESSAGES
             )
             live = LiveTables(
-                streams_table=required(model.ENV_STREAMS_TABLE_NAME),
-                messages_table=required(model.ENV_MESSAGES_TABLE_NAME),
-                subscriptions_table=required(model.ENV_SUBSCRIPTIONS_TABLE_NAME),
+                streams_table=required(env, model.ENV_STREAMS_TABLE_NAME),
+                messages_table=required(env, model.ENV_MESSAGES_TABLE_NAME),
+                subscriptions_table=required(env, model.ENV_SUBSCRIPTIONS_TABLE_NAME),
                 newest=whole(
                     model.ENV_SUBSCRIBE_NEWEST_MESSAGES,
                     min(DEFAULT_SUBSCRIBE_NEWEST, replay_max),
@@ -133,9 +125,9 @@ class HandlerConfig:
                 ),
             )
         return cls(
-            state_table=required(model.ENV_STATE_TABLE_NAME),
-            connections_table=required(model.ENV_CONNECTIONS_TABLE_NAME),
-            region=required("AWS_REGION"),
+            state_table=required(env, model.ENV_STATE_TABLE_NAME),
+            connections_table=required(env, model.ENV_CONNECTIONS_TABLE_NAME),
+            region=required(env, "AWS_REGION"),
             management_endpoint=env.get(model.ENV_APIGW_MANAGEMENT_ENDPOINT, "").strip() or None,
             connection_ttl_seconds=ttl,
             live=live,
@@ -158,9 +150,9 @@ class LiveTables:
 
     def __post_init__(self) -> None:
         if not 1 <= self.newest <= self.replay_max:
-            raise HandlerConfigError(
-                f"{model.ENV_SUBSCRIBE_NEWEST_MESSAGES}: must be from 1 to "
-                f"{model.ENV_REPLAY_MAX_MESSAGES} ({self.replay_max})"
+            raise ConfigError(
+                model.ENV_SUBSCRIBE_NEWEST_MESSAGES,
+                f"must be from 1 to {model.ENV_REPLAY_MAX_MESSAGES} ({self.replay_max})",
             )
 
 
