@@ -16,7 +16,14 @@ import pytest
 
 from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
-from streamfleet_dev.dsim.lease_core import TABLE, FencingWitness, Schedule, run_schedule
+from streamfleet_dev.dsim.lease_core import (
+    TABLE,
+    FencingWitness,
+    Schedule,
+    Window,
+    one_owner_problems,
+    run_schedule,
+)
 from streamfleet_dev.dsim.runner import run_many
 
 # A fixed list, so the gate is the same on every run; make sim draws fresh ones.
@@ -73,6 +80,21 @@ def test_a_taker_that_claims_3_s_before_a_session_expires_is_caught(
     for seed in (7, 11, 19):
         problems = run_schedule(Schedule.generate(seed)).problems
         assert any("could act until" in problem for problem in problems), (seed, problems)
+
+
+def test_a_claim_answered_after_its_sessions_deadline_is_no_window_at_all() -> None:
+    """A holder paused between sending a claim and hearing its answer learns it holds the row
+    after its session's deadline: the lease code then sends nothing for it, so it overlaps
+    nobody (found by make sim, SIM_SEED=951568231 SIM_SYSTEM=lease, where the newer lease
+    was already held). Its window is flagged once it could still act."""
+    newer = Window("h2", "CONN#s", lease_version=3, session_version=2, began=32.9)
+    late = Window("h0", "CONN#s", lease_version=2, session_version=1, began=38.9, stopped=38.9)
+    world = SimpleNamespace(windows=[newer, late], deadlines={("h0", 1): [29.0], ("h2", 2): [79.2]})
+    assert one_owner_problems(world) == []  # type: ignore[arg-type]
+
+    world.deadlines[("h0", 1)] = [40.0]  # its deadline not passed yet: it could act
+    late.stopped = None
+    assert [p.split(":")[0] for p in one_owner_problems(world)] == ["CONN#s"]  # type: ignore[arg-type]
 
 
 def test_the_store_flags_a_write_applied_to_a_lease_its_sender_does_not_hold() -> None:

@@ -557,6 +557,10 @@ def one_owner_problems(world: World) -> list[str]:
                 window.stopped if window.stopped is not None else float("inf"),
                 _deadline_end(world, window),
             )
+            if end <= window.began:
+                # Its deadline had passed when it learnt it held the row (a claim answered
+                # after a pause longer than the lease): it could never act on it.
+                continue
             if (
                 previous is not None
                 and previous.holder != window.holder
