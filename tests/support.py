@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -51,6 +51,24 @@ class ShiftableClock:
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
+
+
+@dataclass
+class StoppedClock(ShiftableClock):
+    """A clock that moves only when a test advances it.
+
+    For a test whose outcome hangs on a deadline not having passed yet (a hold-off of half a
+    second): on a loaded machine the steps between two calls can take longer than that.
+    """
+
+    monotonic_at_start: float = field(default_factory=time.monotonic)
+    wall_ms_at_start: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+
+    def monotonic(self) -> float:
+        return self.monotonic_at_start + self.offset
+
+    def wall_ms(self) -> int:
+        return self.wall_ms_at_start + round(self.offset * 1000)
 
 
 class CountingClient(AsyncClient):

@@ -131,9 +131,10 @@ async def test_head_keeps_time_for_idle_streams_without_background_tasks() -> No
 
 async def test_resume_older_than_the_replay_buffer_starts_at_the_oldest_and_counts_a_gap() -> None:
     clock = ShiftableClock()
-    async with FakeUpstream(rate=RATE, replay_capacity=10, clock=clock.monotonic) as upstream:
+    # One seq a second: a second gap would need the sender kept from its socket for 10 s.
+    async with FakeUpstream(rate=1.0, replay_capacity=10, clock=clock.monotonic) as upstream:
         upstream.ensure_stream("old")
-        clock.advance(5.0)  # 500 seqs produced, only the last 10 retained
+        clock.advance(500.0)  # 500 seqs produced, only the last 10 retained
         head = upstream.head("old")
         async with connect(f"{upstream.url_for('old')}?last_seq=1") as ws:
             seqs = await recv_seqs(ws, 10, "old")

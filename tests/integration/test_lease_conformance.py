@@ -26,7 +26,13 @@ from streamfleet.lease import (
 )
 from streamfleet.lease.connections import Claimable
 from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS
-from tests.support import LEASE_BACKENDS, CountingClient, ShiftableClock, use_backend
+from tests.support import (
+    LEASE_BACKENDS,
+    CountingClient,
+    ShiftableClock,
+    StoppedClock,
+    use_backend,
+)
 
 TIMING = LeaseTiming(
     lease_seconds=10.0, heartbeat_seconds=2.0, max_clock_skew_seconds=1.0, safety_margin_seconds=0.5
@@ -239,7 +245,7 @@ async def test_a_stream_released_after_a_failure_is_held_off_for_the_whole_fleet
     """A stream that fails at once (a URL no worker can dial) went round the fleet as fast as
     claims could be written. The hold-off is in the row: no worker claims it before it ends,
     a worker that found it held asks nothing more until then, and progress clears it."""
-    clock = ShiftableClock()
+    clock = StoppedClock()  # the first hold is half a second or more: longer than a slow step
     [pk] = await started(writer, "broken")
     first, second = make_store("first", clock), make_store("second", clock)
     await first.session.open()

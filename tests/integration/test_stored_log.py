@@ -354,9 +354,11 @@ async def test_an_owner_whose_upstream_went_past_a_hole_records_the_gap_before_w
     reader waited for 4..5 until 3 expired. The message after the hole now says so itself."""
     await store(sink, Owner(), (1, 0), (2, 1), (3, 2), (6, 5), (7, 6), (8, 7))
     clock = ShiftableClock()
-    async with FakeUpstream(rate=20, replay_capacity=10, clock=clock.monotonic) as upstream:
+    # Slow enough that no later seq is due while the test runs: at 20 a second, a loaded
+    # machine that kept the sender from the socket for half a second made a second, real hole.
+    async with FakeUpstream(rate=0.1, replay_capacity=10, clock=clock.monotonic) as upstream:
         upstream.ensure_stream("s")
-        clock.advance(5)  # head 100: it keeps 91..100
+        clock.advance(1000)  # head 100: it keeps 91..100
         flusher = asyncio.create_task(sink.run())
         worker, _, _ = start_streaming(sink, upstream.url_for("s"), 3)
         await wait_for_stored(table_names[1], 95)
