@@ -82,6 +82,7 @@ class Scheduler:
         self._hub = greenlet.getcurrent()
         self._running: Task | None = None
         self.failures: list[tuple[str, BaseException]] = []  # unjoined tasks that raised
+        self._tasks: list[Task] = []  # every task spawned, for close()
 
     # Tasks -----------------------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class Scheduler:
                 task.joiners.clear()
 
         task.glet = greenlet.greenlet(body, parent=self._hub_greenlet())
+        self._tasks.append(task)
         self._wake(task, delay)
         return task
 
@@ -172,6 +174,23 @@ class Scheduler:
             task.glet.switch()
             self._running = None
         self.now = max(self.now, until)
+
+    def close(self) -> None:
+        """End every task that has not: each waiting one killed at its wait, so its frames
+        unwind. A suspended greenlet keeps its frames, and through them the whole run, alive
+        after the run: ten thousand runs in one process held 12 GB."""
+        if greenlet.getcurrent() is not self._hub:
+            raise RuntimeError("close() belongs to the greenlet that made the scheduler")
+        self._queue.clear()
+        for task in self._tasks:
+            if task.done or task.glet is None or not task.glet:
+                continue  # ended, or never started: no frames to unwind
+            task.killed = True
+            self._running = task
+            task.glet.switch()
+            self._running = None
+        self._tasks.clear()
+        self._queue.clear()
 
     def idle(self) -> bool:
         return not any(not task.done and turns == task.turns for _, _, task, turns in self._queue)

@@ -110,6 +110,7 @@ def run_schedule(schedule: Schedule) -> Outcome:
             delivered,
         )
     finally:
+        world.scheduler.close()
         world.store.close()
         quiet.setLevel(level)
 
