@@ -71,6 +71,7 @@ from streamfleet_dev.dsim.expressions import (
     parse_projection,
     parse_update,
 )
+from streamfleet_dev.dsim.store_calls import StoreCalls
 
 ACCOUNT = "123456789012"
 _INSTANCES = itertools.count(1)
@@ -79,7 +80,7 @@ MAX_BATCH_GET_KEYS = 100
 MAX_BATCH_WRITE_REQUESTS = 25
 
 
-class DynamoDBModel:
+class DynamoDBModel(StoreCalls):
     """One DynamoDB Region of its own, answered synchronously in the caller's thread."""
 
     def __init__(self, region: str = "us-east-1"):
@@ -124,28 +125,6 @@ class DynamoDBModel:
             return answer(params)
         except DynamoDBError as error:
             raise _client_error(operation, error) from None
-
-    def __getattr__(self, operation: str) -> Callable[..., dict[str, Any]]:
-        """``client.put_item(**params)``, as a boto3 client is called."""
-        if operation.startswith("_"):
-            raise AttributeError(operation)
-        return lambda **params: self.call(operation, params)
-
-    def create_table(self, table: Any, table_name: str) -> None:
-        """``table_name`` as the synthesized template declares ``table`` (a model spec or a
-        definition from the assembly), its TTL included."""
-        from streamfleet_dev.tables import create_table_request, table_definition
-
-        self.call("create_table", create_table_request(table, table_name))
-        ttl = table_definition(table).ttl_attribute
-        if ttl:
-            self.call(
-                "update_time_to_live",
-                {
-                    "TableName": table_name,
-                    "TimeToLiveSpecification": {"Enabled": True, "AttributeName": ttl},
-                },
-            )
 
     def stream_records(self, table_name: str) -> Callable[[], list[dict[str, Any]]]:
         """A reader of ``table_name``'s change stream: every record so far, in order, as

@@ -31,11 +31,13 @@ from moto.core.exceptions import JsonRESTError
 from moto.dynamodb.models import dynamodb_backends
 from moto.dynamodb.responses import DynamoHandler
 
+from streamfleet_dev.dsim.store_calls import StoreCalls
+
 _ACCOUNTS = itertools.count(900_000_000_000)
 _ACCOUNTS_LOCK = threading.Lock()
 
 
-class MotoDynamoDB:
+class MotoDynamoDB(StoreCalls):
     """One DynamoDB "Region" of its own, answered synchronously in the caller's thread."""
 
     def __init__(self, region: str = "us-east-1"):
@@ -69,28 +71,6 @@ class MotoDynamoDB:
         if isinstance(answer, (str, bytes)):
             answer = json.loads(answer) if answer else {}
         return copy.deepcopy(answer)
-
-    def __getattr__(self, operation: str) -> Callable[..., dict[str, Any]]:
-        """``client.put_item(**params)``, as a boto3 client is called (late deliveries)."""
-        if operation.startswith("_"):
-            raise AttributeError(operation)
-        return lambda **params: self.call(operation, params)
-
-    def create_table(self, table: Any, table_name: str) -> None:
-        """``table_name`` as the synthesized template declares ``table`` (a model spec or a
-        definition from the assembly), its TTL included."""
-        from streamfleet_dev.tables import create_table_request, table_definition
-
-        self.call("create_table", create_table_request(table, table_name))
-        ttl = table_definition(table).ttl_attribute
-        if ttl:
-            self.call(
-                "update_time_to_live",
-                {
-                    "TableName": table_name,
-                    "TimeToLiveSpecification": {"Enabled": True, "AttributeName": ttl},
-                },
-            )
 
     def stream_records(self, table_name: str) -> Callable[[], list[dict[str, Any]]]:
         """A reader of ``table_name``'s change stream: every record so far, in order, as
