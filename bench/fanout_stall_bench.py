@@ -34,7 +34,7 @@ from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi import fanout as fanout_runtime
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
 from streamfleet_dev import pages
-from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
+from streamfleet_dev.emulator.scripted_management import ScriptedManagementApi
 
 RESULTS = pages.PAGES / "fanout-stall.md"
 OUTPUTS = (RESULTS,)

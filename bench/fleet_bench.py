@@ -32,8 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from streamfleet_dev import pages
+from streamfleet_dev.emulator.servers import (
+    LOCAL_AWS_ENV,
+    LocalServer,
+    dynalite_server,
+    moto_server,
+)
 from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream
 
 PRODUCTION_TIMING = {

@@ -26,8 +26,8 @@ from typing import Any
 
 from streamfleet import model
 from streamfleet_dev import pages
+from streamfleet_dev.emulator.servers import fleet_servers
 from streamfleet_dev.local.fleet import Fleet, WorkerProcess, eventually
-from streamfleet_dev.local.servers import fleet_servers
 from streamfleet_dev.upstream.fake import FakeUpstream
 
 RESULTS = pages.PAGES / "hold-off.md"

@@ -35,9 +35,9 @@ from pathlib import Path
 from bench.fleet_bench import PRODUCTION_TIMING, busiest
 from streamfleet import model
 from streamfleet_dev import pages
-from streamfleet_dev.local.aws_proxy import ProxyProcess
+from streamfleet_dev.emulator.aws_proxy import ProxyProcess
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.local.fleet import HEARTBEAT_SECONDS, LEASE_SECONDS, Fleet, eventually
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.sim.__main__ import local_servers, run_many, summary
 from streamfleet_dev.sim.world import World
 from streamfleet_dev.upstream.process import UpstreamProcess

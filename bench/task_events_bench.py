@@ -36,8 +36,8 @@ from typing import Any
 
 from streamfleet import task_events
 from streamfleet_dev import pages
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.local.fleet import FAST_ENV, Fleet, WorkerProcess, eventually
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, dynalite_server, moto_server
 from streamfleet_dev.upstream.fake import FakeUpstream
 
 RESULTS = pages.PAGES / "task-events.md"

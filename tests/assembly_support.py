@@ -1,11 +1,11 @@
 """What the assembly-driven tests share: the synthesized app, its resources on local servers, its
 Lambda functions running from their assets, tokens the authorizer accepts, and the checks.
 
-The tests here never import the runtime from the repository to run it: every function runs from
-its asset directory in a clean interpreter (:mod:`streamfleet_dev.local.lambda_runner`), every
-worker from the task definition's command and environment (:mod:`streamfleet_dev.local.container`),
+The tests here never import the runtime from the repository to run it: every function runs from its
+asset directory in a clean interpreter (:mod:`streamfleet_dev.emulator.lambda_runner`), every worker
+from the task definition's command and environment (:mod:`streamfleet_dev.emulator.container`),
 against tables and queues created from the templates (:mod:`streamfleet_dev.local.resources`),
-through the recording proxy (:mod:`streamfleet_dev.local.aws_proxy`) with one access key id per
+through the recording proxy (:mod:`streamfleet_dev.emulator.aws_proxy`) with one access key id per
 component.
 
 The app is synthesized once per session with the context a real deployment of the canary needs
@@ -43,12 +43,12 @@ from streamfleet_dev.assembly import (
     load,
     synthesize,
 )
-from streamfleet_dev.local.aws_proxy import (
+from streamfleet_dev.emulator.aws_proxy import (
     DEFAULT_INDEX_LAG_SECONDS,
     DEFAULT_THROTTLE_RATE,
     AwsProxy,
 )
-from streamfleet_dev.local.lambda_runner import (
+from streamfleet_dev.emulator.lambda_runner import (
     RUNTIME_VARIABLES,
     LambdaProcess,
     LambdaSpec,
@@ -564,7 +564,7 @@ CANARY_ENTRY = "streamfleet.wsapi.canary.handler"
 async def websocket_region(world: World, role: str) -> AsyncIterator[WebSocketRegion]:
     """The Region's WebSocket API as deployed: its route keys and stage from the template, the
     handler replying through the Management API via the recording proxy."""
-    from streamfleet_dev.wsapi.local_gateway import (
+    from streamfleet_dev.emulator.websocket_gateway import (
         DEFAULT_MANAGEMENT_FAULT_RATES,
         GatewaySettings,
         LocalGateway,

@@ -26,8 +26,8 @@ from pathlib import Path
 import boto3
 import pytest
 
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV, TEST_RUN_VARIABLE, LocalServer
 from streamfleet_dev.local.reaper import process_stat
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, TEST_RUN_VARIABLE, LocalServer
 from tests.router_support import router  # noqa: F401 - the event router on moto
 from tests.support import BACKENDS, servers_on_demand, use_backend
 from tests.wsapi_live_support import moto_tables  # noqa: F401 - every live-delivery table on moto

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from streamfleet.aws import AsyncClient
-from streamfleet_dev.local.servers import (
+from streamfleet_dev.emulator.servers import (
     LOCAL_AWS_ENV,
     LocalServer,
     dynalite_server,
@@ -94,7 +94,7 @@ def servers_on_demand(logs: Path) -> Iterator[dict[str, LocalServer]]:
     class Lazy(dict):
         def __missing__(self, kind: str) -> LocalServer:
             if kind == LAGGING:
-                from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
+                from streamfleet_dev.emulator.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, AwsProxy
 
                 server = AwsProxy(
                     default_backend=self["dynalite"].endpoint,

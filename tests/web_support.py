@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamfleet_dev.local.servers import REPO_ROOT
+from streamfleet_dev.emulator.servers import REPO_ROOT
 
 WEB = REPO_ROOT / "clients" / "web"
 DIST = WEB / "dist"

@@ -17,9 +17,9 @@ from streamfleet import model
 from streamfleet.lease.dynamo import to_attr, to_item
 from streamfleet.wsapi.authorizer import Authorizer
 from streamfleet.wsapi.handlers.config import LiveTables
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.tables import create_tables
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 from tests.wsapi_support import REGION, authorizer
 

@@ -15,7 +15,7 @@ import pytest
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.handlers.config import make_dynamodb_client
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 REGION = "us-east-1"

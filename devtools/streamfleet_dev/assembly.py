@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamfleet_dev.local import lifeline
+from streamfleet_dev import lifeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSEMBLY_ENV = "STREAMFLEET_ASSEMBLY"  # use this assembly directory instead of synthesizing

@@ -1,6 +1,6 @@
 """Least privilege, checked against behaviour: the calls a component made vs. its role's policy.
 
-Input: the requests a component made (recorded by :mod:`streamfleet_dev.local.aws_proxy`, one
+Input: the requests a component made (recorded by :mod:`streamfleet_dev.emulator.aws_proxy`, one
 access key id per component) turned into :class:`Call` (IAM action, resource ARN, condition
 values), and the statements of the component's synthesized role with their resources resolved
 in the template's own terms (:meth:`streamfleet_dev.assembly.Stack.template_bindings`: a table's
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamfleet_dev.assembly import Bindings, Stack, resolve
-from streamfleet_dev.local.aws_proxy import RecordedRequest
+from streamfleet_dev.emulator.aws_proxy import RecordedRequest
 
 # Signing name -> IAM service prefix, where they differ.
 IAM_PREFIX = {"monitoring": "cloudwatch"}

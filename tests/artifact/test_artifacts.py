@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from streamfleet import model
-from streamfleet_dev.local.lambda_runner import (
+from streamfleet_dev.emulator.lambda_runner import (
     LambdaFunctionError,
     LambdaSpec,
     kept_by_log_filter,
@@ -423,7 +423,7 @@ def test_worker_launch_is_the_task_definitions_container():
     """What fleet processes run locally: the image's command in the image's code, with the
     image's ENV and the container's environment, ``python`` being the image's requirements."""
     from streamfleet_dev.assembly import local_environment, reference_of
-    from streamfleet_dev.local.container import container_launch
+    from streamfleet_dev.emulator.container import container_launch
 
     stack = artifact_assembly().stack(FLEET_STACKS["primary"])
     container = stack.container()

@@ -16,11 +16,11 @@ import pytest
 from streamfleet.aws import AsyncClient
 from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet_dev.assembly import default_assembly
-from streamfleet_dev.local.lambda_runner import LambdaProcess, LambdaSpec, reads_by
+from streamfleet_dev.emulator.event_source import StreamEventSource
+from streamfleet_dev.emulator.lambda_runner import LambdaProcess, LambdaSpec, reads_by
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, wsapi_gateway
 from streamfleet_dev.tables import create_table_request
-from streamfleet_dev.wsapi.event_source import StreamEventSource
 from streamfleet_dev.wsapi.live import FanoutArtifact, event_source_settings, fanout_process
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, wsapi_gateway
 from tests.assembly_support import CloudFormationResponses
 from tests.wsapi_support import REGION, authorizer, user_token
 

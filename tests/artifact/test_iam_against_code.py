@@ -3,8 +3,8 @@
 Each component runs as deployed and calls AWS through the recording proxy with an access key id
 of its own: the event router, the WebSocket handler, the authorizer, the canary, the live
 fan-out and the stream lookup from their asset directories
-(:mod:`streamfleet_dev.local.lambda_runner`), and real worker processes from the task
-definition's command and environment (:mod:`streamfleet_dev.local.container`), driven through
+(:mod:`streamfleet_dev.emulator.lambda_runner`), and real worker processes from the task
+definition's command and environment (:mod:`streamfleet_dev.emulator.container`), driven through
 what exercises every path that calls AWS: START notifications, messages and checkpoints, a
 STOP, a ``kill -9`` and the takeover of the dead worker's streams, a SIGTERM handoff and the
 claim of what it handed over; for the fan-out, a batch of stream records posted to a live
@@ -47,12 +47,12 @@ from websockets.asyncio.client import connect
 from streamfleet import model
 from streamfleet_dev.assembly import LOCAL_ACCOUNT, Bindings, Stack, reference_of, resolve
 from streamfleet_dev.checks import stored_log
+from streamfleet_dev.emulator.container import container_launch, image_python
+from streamfleet_dev.emulator.lambda_runner import rest_proxy_event, scheduled_event
+from streamfleet_dev.emulator.websocket_gateway import FailureMode
 from streamfleet_dev.iam import Call, NameMap, calls_of, check, statements_of
-from streamfleet_dev.local.container import container_launch, image_python
-from streamfleet_dev.local.lambda_runner import rest_proxy_event, scheduled_event
 from streamfleet_dev.tables import create_table
 from streamfleet_dev.upstream.process import UpstreamProcess
-from streamfleet_dev.wsapi.local_gateway import FailureMode
 from tests.assembly_support import (
     CANARY_ENTRY,
     ROUTER_ENTRY,

@@ -24,9 +24,7 @@ from streamfleet.aws import AsyncClient
 from streamfleet.desired_state import DesiredStateWriter
 from streamfleet.lease import LeaseStore, LeaseTiming
 from streamfleet_dev.assembly import Bindings
-from streamfleet_dev.iam import NameMap, calls_of, check, statements_of
-from streamfleet_dev.local.lambda_runner import LambdaFunctionError, LambdaProcess
-from streamfleet_dev.local.task_events import (
+from streamfleet_dev.emulator.ecs import (
     HANDLER,
     RuleTarget,
     local_cluster_arn,
@@ -36,6 +34,8 @@ from streamfleet_dev.local.task_events import (
     start_handler,
     task_state_change_event,
 )
+from streamfleet_dev.emulator.lambda_runner import LambdaFunctionError, LambdaProcess
+from streamfleet_dev.iam import NameMap, calls_of, check, statements_of
 from tests.assembly_support import (
     build_world,
     client,

@@ -14,8 +14,8 @@ import random
 
 import pytest
 
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.local.chaos import ChaosPlan, run_chaos
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV
 
 pytestmark = pytest.mark.slow
 

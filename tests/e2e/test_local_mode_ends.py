@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from streamfleet_dev.local import lifeline
+from streamfleet_dev import lifeline
 from streamfleet_dev.local.reaper import marked, process_stat, reap
 
 pytestmark = pytest.mark.skipif(not lifeline.AVAILABLE, reason="Linux's parent-death signal")

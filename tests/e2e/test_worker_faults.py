@@ -20,7 +20,7 @@ from streamfleet import model
 from streamfleet.lease.connections import Claimable
 from streamfleet.worker.fleet import FAIR_SHARE_SLACK
 from streamfleet_dev.checks import log_problems
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.faults import PASS, Decision, Fault, RandomFaults, Rule, Script, on
 from streamfleet_dev.sim.world import SimTiming, World, eventually
 from streamfleet_dev.upstream.fake import message_data

@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from streamfleet import model
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.wsapi.drill import (
     DrillConfig,
     DrillFailure,

@@ -26,8 +26,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, REPO_ROOT
-from streamfleet_dev.wsapi.local_gateway import FailureMode
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV, REPO_ROOT
+from streamfleet_dev.emulator.websocket_gateway import FailureMode
 from streamfleet_dev.wsapi.regions import LocalRegions, RegionsError, RegionsSettings
 
 PRIMARY, SECONDARY = "us-east-1", "us-west-2"

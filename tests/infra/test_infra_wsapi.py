@@ -63,7 +63,7 @@ from streamfleet_cdk.websocket_api import (
     WebSocketTables,
     WebSocketTablesProps,
 )
-from streamfleet_dev.wsapi.failover import FailoverResolver
+from streamfleet_dev.emulator.failover import FailoverResolver
 from tests.app_support import (
     TEST_ACCOUNT,
     arn_text,

@@ -11,7 +11,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
 
-from streamfleet_dev.local.aws_proxy import AwsProxy, parse_request, read_records
+from streamfleet_dev.emulator.aws_proxy import AwsProxy, parse_request, read_records
 
 
 def _client(service: str, endpoint: str, key: str = "caller-a", **config):

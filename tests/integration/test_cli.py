@@ -16,7 +16,7 @@ import pytest
 
 from streamfleet import model
 from streamfleet.cli import connection_rows
-from streamfleet_dev.local.servers import free_port
+from streamfleet_dev.emulator.servers import free_port
 from streamfleet_dev.tables import create_tables
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from streamfleet.event_router import BadRequest, StartEvent, parse_event
 from streamfleet.lease import Lease, LeaseStore, LeaseTiming
 from streamfleet.request_body import BodyRefused, decode_body
 from streamfleet.validation import check_id
-from streamfleet_dev.local.http_adapter import make_server, serve_in_thread
+from streamfleet_dev.emulator.http_adapter import make_server, serve_in_thread
 from tests.router_support import POLICY, URL, Router, proxy_event
 
 OTHER_URL = "ws://127.0.0.1:8765/b"

@@ -19,12 +19,12 @@ import pytest
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import to_attr
-from streamfleet_dev.tables import create_table
-from streamfleet_dev.wsapi.event_source import (
+from streamfleet_dev.emulator.event_source import (
     EventSourceSettings,
     OnFailureDestination,
     StreamEventSource,
 )
+from streamfleet_dev.tables import create_table
 
 REGION = "us-east-1"
 

@@ -31,9 +31,9 @@ from streamfleet.wsapi.fanout import (
     FanoutConfig,
     messages_by_stream,
 )
-from streamfleet_dev.wsapi.event_source import EventSourceSettings, StreamEventSource
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
-from streamfleet_dev.wsapi.scripted_management import ScriptedManagementApi
+from streamfleet_dev.emulator.event_source import EventSourceSettings, StreamEventSource
+from streamfleet_dev.emulator.scripted_management import ScriptedManagementApi
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from tests.wsapi_support import REGION, authorizer, user_token
 
 CONFIG = FanoutConfig(

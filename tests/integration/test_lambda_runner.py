@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamfleet_dev.local.lambda_runner import LambdaFunctionError, LambdaProcess, LambdaSpec
+from streamfleet_dev.emulator.lambda_runner import LambdaFunctionError, LambdaProcess, LambdaSpec
 
 HANDLER = """
 import time

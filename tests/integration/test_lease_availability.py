@@ -16,7 +16,7 @@ import pytest
 
 from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.lease import LeaseStore, LeaseTiming, StoreUnavailable
-from streamfleet_dev.local.servers import LocalServer
+from streamfleet_dev.emulator.servers import LocalServer
 from tests.support import servers_on_demand
 
 TIMING = LeaseTiming(

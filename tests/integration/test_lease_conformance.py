@@ -25,7 +25,7 @@ from streamfleet.lease import (
     orphans,
 )
 from streamfleet.lease.connections import Claimable
-from streamfleet_dev.local.aws_proxy import DEFAULT_INDEX_LAG_SECONDS
+from streamfleet_dev.emulator.aws_proxy import DEFAULT_INDEX_LAG_SECONDS
 from tests.support import (
     LEASE_BACKENDS,
     CountingClient,

@@ -1,4 +1,4 @@
-"""The parent-death signal (streamfleet_dev.local.lifeline): a child started through it dies
+"""The parent-death signal (streamfleet_dev.lifeline): a child started through it dies
 when its parent is killed with ``kill -9``, wherever in the parent it was started (the main
 thread, a thread that has since ended, a thread pool's), and so does its own child; a child
 started the plain way survives the same kill (what the mechanism changes). The wrapper that
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from streamfleet_dev.local import lifeline
+from streamfleet_dev import lifeline
 
 pytestmark = pytest.mark.skipif(not lifeline.AVAILABLE, reason="the parent-death signal is Linux's")
 
@@ -34,7 +34,7 @@ START_TIMEOUT = 60.0  # a few interpreters starting on a busy machine
 PARENT = textwrap.dedent(
     """
     import concurrent.futures, os, subprocess, sys, threading, time
-    from streamfleet_dev.local import lifeline
+    from streamfleet_dev import lifeline
 
     def echoes(child):
         try:
@@ -75,7 +75,7 @@ PARENT = textwrap.dedent(
 MIDDLE = textwrap.dedent(
     """
     import subprocess, time
-    from streamfleet_dev.local import lifeline
+    from streamfleet_dev import lifeline
 
     grandchild = lifeline.popen(["sleep", "600"], stdout=subprocess.DEVNULL)
     print(grandchild.pid, flush=True)
@@ -85,7 +85,7 @@ MIDDLE = textwrap.dedent(
 GRANDPARENT = textwrap.dedent(
     f"""
     import subprocess, sys, time
-    from streamfleet_dev.local import lifeline
+    from streamfleet_dev import lifeline
 
     middle = lifeline.popen([sys.executable, "-c", {MIDDLE!r}], stdout=subprocess.PIPE)
     print(middle.pid, middle.stdout.readline().decode().strip(), flush=True)

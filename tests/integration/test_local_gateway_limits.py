@@ -21,7 +21,7 @@ from streamfleet.client.reconnecting import (
     NotConnected,
     ReconnectingClient,
 )
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from tests.wsapi_support import REGION, authorizer, user_token
 
 DEADLINE = 10.0

@@ -11,8 +11,8 @@ import textwrap
 import time
 import uuid
 
+from streamfleet_dev.emulator.servers import LOCAL_RUN_VARIABLE
 from streamfleet_dev.local.reaper import marked, reap
-from streamfleet_dev.local.servers import LOCAL_RUN_VARIABLE
 
 DEADLINE = 30.0  # the reaper's grace (10 s) and then some
 

@@ -13,7 +13,7 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import from_item, to_item
 from streamfleet.wsapi.handlers.config import make_dynamodb_client
-from streamfleet_dev.wsapi.replication import (
+from streamfleet_dev.emulator.global_tables import (
     ChangeFeed,
     ReplicaTable,
     ScanFeed,

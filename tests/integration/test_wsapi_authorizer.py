@@ -31,7 +31,7 @@ from streamfleet.wsapi.authorizer import (
     extract_token,
     fetch_jwks,
 )
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "wsapi-test"

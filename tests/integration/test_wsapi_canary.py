@@ -45,7 +45,7 @@ from streamfleet.wsapi.canary.tokens import (
     StaticToken,
     token_source_from_env,
 )
-from streamfleet_dev.wsapi.local_gateway import (
+from streamfleet_dev.emulator.websocket_gateway import (
     FailureMode,
     GatewaySettings,
     LocalGateway,

@@ -33,7 +33,7 @@ from streamfleet.client import (
     backoff_delay,
 )
 from streamfleet.wsapi import jwt
-from streamfleet_dev.wsapi.local_gateway import (
+from streamfleet_dev.emulator.websocket_gateway import (
     FailureMode,
     LocalGateway,
 )

@@ -35,8 +35,8 @@ from streamfleet.wsapi.handlers.messages import (
     parse_message,
 )
 from streamfleet.wsapi.handlers.replier import management_endpoint
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV
-from streamfleet_dev.wsapi.local_gateway import GatewaySettings, LocalGateway, wsapi_gateway
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
+from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 from tests.wsapi_support import AUDIENCE, CANARY_KEY, REGION, authorizer, user_token
 

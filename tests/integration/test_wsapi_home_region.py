@@ -31,7 +31,7 @@ from streamfleet.wsapi.handlers.config import (
     make_dynamodb_client,
 )
 from streamfleet.wsapi.handlers.state_store import StateReplica
-from streamfleet_dev.local.aws_proxy import AwsProxy
+from streamfleet_dev.emulator.aws_proxy import AwsProxy
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 HOME, OTHER = "us-east-1", "us-west-2"

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.__main__ import run_many, summary
 
 # Real time on 2 shared cores: 2 schedules at a time, 24 in all (make sim-realtime runs

@@ -23,10 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamfleet import model
+from streamfleet_dev.emulator.servers import (
+    LOCAL_AWS_ENV,
+    LocalServer,
+    dynalite_server,
+    moto_server,
+)
 from streamfleet_dev.upstream.process import UpstreamProcess
 
 from .fleet import LEASE_SECONDS, Fleet, WorkerProcess, eventually
-from .servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 
 FAULTS = ("kill9", "sigterm", "pause", "churn", "dynamodb_outage")
 # Hostile modes that let a stream flow (oversize and close park it, which recovery would flag).

@@ -26,6 +26,7 @@ import boto3
 from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
+from streamfleet_dev import lifeline
 from streamfleet_dev.assembly import (
     ContainerSpec,
     Stack,
@@ -34,8 +35,7 @@ from streamfleet_dev.assembly import (
     reference_of,
 )
 from streamfleet_dev.checks import connection_rows, log_problems, stored_log
-from streamfleet_dev.local import lifeline
-from streamfleet_dev.local.container import container_launch, image_python
+from streamfleet_dev.emulator.container import container_launch, image_python
 from streamfleet_dev.tables import create_tables
 from streamfleet_dev.upstream.fake import FakeUpstream, message_data, stores
 from streamfleet_dev.upstream.process import UpstreamProcess
@@ -146,7 +146,7 @@ class Fleet:
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     # ECS's STOPPED events: each worker gets a task ARN (task_env) and, when its process exits,
-    # the synthesized task-events handler gets the event (streamfleet_dev.local.task_events).
+    # the synthesized task-events handler gets the event (streamfleet_dev.emulator.ecs).
     task_events: bool = False
     # Streams whose upstream is hostile, and how (fake.HOSTILE_MODES): their URL asks for it,
     # and their log is checked against what a correct worker stores of it.
@@ -178,7 +178,7 @@ class Fleet:
         self.writer = self.control.writer
         self.ecs = None
         if self.task_events:
-            from streamfleet_dev.local.task_events import LocalEcs
+            from streamfleet_dev.emulator.ecs import LocalEcs
 
             self.ecs = LocalEcs(
                 workers=self.workers,

@@ -9,7 +9,7 @@ What runs (each piece what ``cdk deploy`` would run, read from the cloud assembl
   fleet's tables created from the synthesized templates, and its queue;
 * the event REST API: the template's methods served on a local port, each request a REST proxy
   event for the event router running from its synthesized asset in a clean interpreter
-  (:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess`);
+  (:class:`~streamfleet_dev.emulator.lambda_runner.LambdaProcess`);
 * the fake upstream, and N worker processes started as ECS starts the task definition's
   container (its command, the image's code and interpreter, the container's environment), each
   in a local task: when one exits, ECS's ``STOPPED`` event goes to the task-events handler
@@ -60,15 +60,15 @@ from streamfleet.cli import checkpoint_of, connection_rows
 from streamfleet.lease import LeaseTiming, SessionDirectory
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet_dev.assembly import default_assembly
+from streamfleet_dev.emulator.aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE
+from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV, LOCAL_RUN_VARIABLE
+from streamfleet_dev.emulator.websocket_gateway import management_fault_rates
 from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.e2e import READER_CLAIM, READER_GROUP
-from streamfleet_dev.wsapi.local_gateway import management_fault_rates
 from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
 
-from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE
 from .fleet import Fleet, WorkerProcess, worker_container
 from .reaper import Reaper
-from .servers import LOCAL_AWS_ENV, LOCAL_RUN_VARIABLE
 from .services import EventApi, RegionsProcess, start_event_api
 from .stores import LocalStores, replica_name, start_stores
 from .terminal import Keyboard, LineEditor

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .servers import LOCAL_RUN_VARIABLE
+from streamfleet_dev.emulator.servers import LOCAL_RUN_VARIABLE
 
 GRACE_SECONDS = 10.0  # what an orderly stop (a worker's handoff) may take after SIGTERM
 

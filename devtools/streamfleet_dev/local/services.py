@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from streamfleet import model
+from streamfleet_dev import lifeline
 from streamfleet_dev.assembly import default_assembly, local_environment, reference_of
+from streamfleet_dev.emulator import http_adapter
+from streamfleet_dev.emulator.lambda_runner import (
+    LambdaProcess,
+    LambdaSpec,
+    host_twin,
+    native_mismatches,
+)
 from streamfleet_dev.wsapi.regions import LiveSettings, format_fault_rates
 
-from . import http_adapter, lifeline
 from .fleet import WORKER_STACK, Fleet
-from .lambda_runner import LambdaProcess, LambdaSpec, host_twin, native_mismatches
 
 ROUTER_HANDLER = "streamfleet.event_router.handler"
 REGIONS_START_TIMEOUT = 90.0

@@ -4,7 +4,7 @@
   not) and the WebSocket API's tables;
 * moto's server holds the messages tables, because live delivery reads their change streams
   (moto's server implements DynamoDB Streams; dynalite does not), and SQS;
-* a routing :class:`~streamfleet_dev.local.aws_proxy.AwsProxy` in front of both is the one
+* a routing :class:`~streamfleet_dev.emulator.aws_proxy.AwsProxy` in front of both is the one
   DynamoDB endpoint the workers, the event router, the task-events handler, the regions and the
   live view reach, as they would reach DynamoDB: it sends each request to the server that holds
   its table.
@@ -23,8 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .aws_proxy import DEFAULT_INDEX_LAG_SECONDS, DEFAULT_THROTTLE_RATE, AwsProxy, ParsedRequest
-from .servers import LocalServer, dynalite_server, moto_server
+from streamfleet_dev.emulator.aws_proxy import (
+    DEFAULT_INDEX_LAG_SECONDS,
+    DEFAULT_THROTTLE_RATE,
+    AwsProxy,
+    ParsedRequest,
+)
+from streamfleet_dev.emulator.servers import LocalServer, dynalite_server, moto_server
 
 # What the fleet harness names its messages tables (``Fleet``: ``messages-<8 hex>``), and the
 # secondary's replica named after it (``messages-<8 hex>-<region>``).

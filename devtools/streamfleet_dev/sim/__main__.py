@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from streamfleet_dev.local.servers import fleet_servers
+from streamfleet_dev.emulator.servers import fleet_servers
 from streamfleet_dev.sim.checker import LATE_FACTOR
 from streamfleet_dev.sim.schedule import Outcome, Schedule, run_schedule
 from streamfleet_dev.upstream.process import UpstreamProcess

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import streamfleet
 import streamfleet_dev
-from streamfleet_dev.local import lifeline
+from streamfleet_dev import lifeline
 from streamfleet_dev.upstream.fake import stream_url
 
 START_TIMEOUT_SECONDS = 20.0

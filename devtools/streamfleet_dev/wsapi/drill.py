@@ -2,15 +2,15 @@
 
 It runs on :class:`~.regions.LocalRegions`, everything the production design has, each piece
 standing in for its AWS counterpart and running the real runtime code: two "regions" (a
-:class:`~.local_gateway.LocalGateway` each, calling the real authorizer and handlers, with their
-own tables), a :class:`~.replication.StateReplication` between them (a global table:
+:class:`~streamfleet_dev.emulator.websocket_gateway.LocalGateway` each, calling the real authorizer
+and handlers, with their own tables), a
+:class:`~streamfleet_dev.emulator.global_tables.StateReplication` between them (a global table:
 asynchronous, the last writer by its own clock wins, deletes too), the real canary per region
-(fail-back hysteresis in its connections table; closing every client connection of its region
-while the region reports unhealthy), a
-:class:`~.failover.HealthAlarm` per region and the :class:`~.failover.FailoverResolver`
-(Route 53 failover routing). On top of that, N :class:`~streamfleet.client.ReconnectingClient`
-instances whose endpoint provider asks the resolver for the "failover name" and mints a fresh
-token on every attempt.
+(fail-back hysteresis in its connections table; closing every client connection of its region while
+the region reports unhealthy), a :class:`~streamfleet_dev.emulator.failover.HealthAlarm` per region
+and the :class:`~streamfleet_dev.emulator.failover.FailoverResolver` (Route 53 failover routing). On
+top of that, N :class:`~streamfleet.client.ReconnectingClient` instances whose endpoint provider
+asks the resolver for the "failover name" and mints a fresh token on every attempt.
 
 The scenario: connect every client, bid, take the primary's canary's signing key away for a
 few runs (a fault of the canary's own: it must page as such and move nobody), rotate the
@@ -76,16 +76,16 @@ from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.canary.tokens import SecretToken
 from streamfleet_dev import pages
-from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
-from streamfleet_dev.wsapi.local_gateway import FailureMode
-from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsError, RegionsSettings
-from streamfleet_dev.wsapi.replication import (
+from streamfleet_dev.emulator.failover import FailoverResolver, HealthAlarm
+from streamfleet_dev.emulator.global_tables import (
     ChangeFeed,
     ReplicationStats,
     ScanFeed,
     StateReplication,
     StreamFeed,
 )
+from streamfleet_dev.emulator.websocket_gateway import FailureMode
+from streamfleet_dev.wsapi.regions import LocalRegions, Region, RegionsError, RegionsSettings
 
 # Re-exported: the drill's building blocks live in their own modules now.
 __all__ = [
@@ -1065,7 +1065,7 @@ def _failover_main(
     args: argparse.Namespace, configs: list[DrillConfig], report: _Report | None = None
 ) -> bool:
     """One failover drill per config, on servers started once; whether all passed."""
-    from streamfleet_dev.local.servers import dynalite_server, moto_server
+    from streamfleet_dev.emulator.servers import dynalite_server, moto_server
 
     config = configs[0]
     passed = True

@@ -4,7 +4,7 @@
 
 * moto's server (SQS, and the messages tables with their DynamoDB Streams) and dynalite (the
   lease table, which must serialise conditional writes, and the WebSocket API's tables), behind
-  the recording proxy (:class:`~streamfleet_dev.local.aws_proxy.AwsProxy`), which routes each
+  the recording proxy (:class:`~streamfleet_dev.emulator.aws_proxy.AwsProxy`), which routes each
   DynamoDB request by table, so the workers reach both through one endpoint, as they would
   reach DynamoDB;
 * the fake upstream (its own process) and real worker processes (``python -m
@@ -43,13 +43,18 @@ from streamfleet import model
 from streamfleet.aws import AsyncClient
 from streamfleet.control import ControlPlane
 from streamfleet.lease.dynamo import from_item, to_attr
-from streamfleet_dev.local.aws_proxy import (
+from streamfleet_dev.emulator.aws_proxy import (
     DEFAULT_INDEX_LAG_SECONDS,
     DEFAULT_THROTTLE_RATE,
     AwsProxy,
 )
+from streamfleet_dev.emulator.servers import (
+    LOCAL_AWS_ENV,
+    LocalServer,
+    dynalite_server,
+    moto_server,
+)
 from streamfleet_dev.local.fleet import FAST_ENV
-from streamfleet_dev.local.servers import LOCAL_AWS_ENV, LocalServer, dynalite_server, moto_server
 from streamfleet_dev.tables import create_table
 from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.regions import LiveSettings, LocalRegions, RegionsSettings

@@ -1,6 +1,7 @@
-"""Live delivery on loopback, from the synthesized assembly: one Region's fan-out function run
-from its asset (:mod:`~streamfleet_dev.local.lambda_runner`), fed by the event source mapping
-stand-in (:mod:`.event_source`) reading that Region's messages table's real change stream.
+"""Live delivery on loopback, from the synthesized assembly: one Region's fan-out function run from
+its asset (:mod:`~streamfleet_dev.emulator.lambda_runner`), fed by the event source mapping stand-in
+(:mod:`~streamfleet_dev.emulator.event_source`) reading that Region's messages table's real change
+stream.
 
 What the template says is what runs: the function's handler, runtime and environment come from
 the WebSocket stack of the Region; the environment's references are made local (the
@@ -18,13 +19,13 @@ from typing import Any
 
 from streamfleet import model
 from streamfleet_dev.assembly import AssemblyError, Stack, local_environment, reference_of
-from streamfleet_dev.local.lambda_runner import (
+from streamfleet_dev.emulator.event_source import EventSourceSettings
+from streamfleet_dev.emulator.lambda_runner import (
     LambdaProcess,
     LambdaSpec,
     host_twin,
     native_mismatches,
 )
-from streamfleet_dev.wsapi.event_source import EventSourceSettings
 
 FANOUT_HANDLER = "streamfleet.wsapi.fanout.handler"
 

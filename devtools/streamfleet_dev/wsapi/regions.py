@@ -3,23 +3,26 @@
 What :class:`LocalRegions` runs, each piece standing in for its AWS counterpart and running the
 real runtime code (the contract with the browser client: docs/protocol.md):
 
-* a primary (``us-east-1``) and a secondary (``us-west-2``) region, each a
-  :class:`~.local_gateway.LocalGateway` (API Gateway's WebSocket routing and Management API)
-  calling the real :mod:`~streamfleet.wsapi.authorizer` and :mod:`~streamfleet.wsapi.handlers`,
-  with its own state and connections tables on a local DynamoDB (dynalite unless given one);
-* a :class:`~.replication.StateReplication` between the two state tables (a global table:
-  asynchronous, the last writer by the replicator's own clock wins, deletes replicated);
-* the real :class:`~streamfleet.wsapi.canary.run.Canary` per region, with its own identity (a key
-  the user tokens never use), its fail-back hysteresis in the connections table, publishing to
-  a :class:`~.failover.HealthAlarm` (and to CloudWatch when an endpoint is given), and closing
-  every client connection of its region while the region reports unhealthy;
-* a :class:`~.failover.FailoverResolver`: the failover name's answer;
-* with :class:`LiveSettings`, live delivery of the fleet's streams in both regions: a
+* * a primary (``us-east-1``) and a secondary (``us-west-2``) region, each a
+  :class:`~streamfleet_dev.emulator.websocket_gateway.LocalGateway` (API Gateway's WebSocket routing
+  and Management API) calling the real :mod:`~streamfleet.wsapi.authorizer` and
+  :mod:`~streamfleet.wsapi.handlers`, with its own state and connections tables on a local DynamoDB
+  (dynalite unless given one);
+* * a :class:`~streamfleet_dev.emulator.global_tables.StateReplication` between the two state tables
+  (a global table: asynchronous, the last writer by the replicator's own clock wins, deletes
+  replicated);
+* * the real :class:`~streamfleet.wsapi.canary.run.Canary` per region, with its own identity (a key
+  the user tokens never use), its fail-back hysteresis in the connections table, publishing to a
+  :class:`~streamfleet_dev.emulator.failover.HealthAlarm` (and to CloudWatch when an endpoint is
+  given), and closing every client connection of its region while the region reports unhealthy;
+* a :class:`~streamfleet_dev.emulator.failover.FailoverResolver`: the failover name's answer;
+* * with :class:`LiveSettings`, live delivery of the fleet's streams in both regions: a
   subscriptions table per region, the handlers' ``subscribe`` over the fleet's lease and messages
   tables, the messages table's global-table replication to the secondary
-  (:class:`~.replication.MessageReplicator`, from the primary's real DynamoDB stream), and per
-  region the fan-out function (from its synthesized asset by default) behind the event source
-  mapping stand-in (:class:`~.event_source.StreamEventSource`) on that region's stream.
+  (:class:`~streamfleet_dev.emulator.global_tables.MessageReplicator`, from the primary's real
+  DynamoDB stream), and per region the fan-out function (from its synthesized asset by default)
+  behind the event source mapping stand-in
+  (:class:`~streamfleet_dev.emulator.event_source.StreamEventSource`) on that region's stream.
 
 And an HTTP server on ``http_url`` (127.0.0.1, a free port unless configured):
 
@@ -89,20 +92,13 @@ from streamfleet.wsapi.handlers import WsApiHandlers
 from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
 from streamfleet.wsapi.handlers.replier import ManagementApiReplier
 from streamfleet.wsapi.handlers.state_store import StateReplica
-from streamfleet_dev.wsapi.event_source import (
+from streamfleet_dev.emulator.event_source import (
     EventSourceSettings,
     OnFailureDestination,
     StreamEventSource,
 )
-from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
-from streamfleet_dev.wsapi.live import event_source_settings, fanout_process
-from streamfleet_dev.wsapi.local_gateway import (
-    DEFAULT_MANAGEMENT_FAULT_RATES,
-    FailureMode,
-    GatewaySettings,
-    LocalGateway,
-)
-from streamfleet_dev.wsapi.replication import (
+from streamfleet_dev.emulator.failover import FailoverResolver, HealthAlarm
+from streamfleet_dev.emulator.global_tables import (
     ChangeFeed,
     MessageReplicator,
     ReplicaTable,
@@ -110,7 +106,14 @@ from streamfleet_dev.wsapi.replication import (
     StateReplication,
     StreamFeed,
 )
-from streamfleet_dev.wsapi.store_outage import StoreSwitch
+from streamfleet_dev.emulator.store_outage import StoreSwitch
+from streamfleet_dev.emulator.websocket_gateway import (
+    DEFAULT_MANAGEMENT_FAULT_RATES,
+    FailureMode,
+    GatewaySettings,
+    LocalGateway,
+)
+from streamfleet_dev.wsapi.live import event_source_settings, fanout_process
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
 logger = logging.getLogger(__name__)
@@ -436,7 +439,7 @@ class LocalRegions:
             )
 
     async def _start_own_dynamodb(self) -> None:
-        from streamfleet_dev.local.servers import dynalite_server, moto_server
+        from streamfleet_dev.emulator.servers import dynalite_server, moto_server
 
         factory = dynalite_server if self.settings.backend == "dynalite" else moto_server
         self._server_process = await asyncio.to_thread(lambda: factory().start())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from streamfleet_dev.wsapi.failover import FailoverResolver, HealthAlarm
+from streamfleet_dev.emulator.failover import FailoverResolver, HealthAlarm
 
 
 def test_the_resolver_follows_the_alarm_rule() -> None:

@@ -10,7 +10,7 @@ STOPPED``, which the fleet's EventBridge rule delivers to the task-events Lambda
 * :class:`LocalEcs` watches the fleet's worker processes and, when one exits, builds the event
   ECS would send (:func:`task_state_change_event`), checks it against the *synthesized rule's*
   event pattern (:func:`matches`) and delivers it to the *synthesized handler* from its asset
-  directory (:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess`), its template
+  directory (:class:`~streamfleet_dev.emulator.lambda_runner.LambdaProcess`), its template
   environment mapped to the fleet's table and queue and to the local cluster and service.
 
 A frozen process (SIGSTOP) has not exited: no event, exactly as in ECS (the lease handles it).
@@ -47,7 +47,7 @@ from streamfleet_dev.assembly import (
     resolve,
     resolve_environment,
 )
-from streamfleet_dev.local.lambda_runner import (
+from streamfleet_dev.emulator.lambda_runner import (
     LambdaError,
     LambdaProcess,
     LambdaSpec,

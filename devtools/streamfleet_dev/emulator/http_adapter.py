@@ -2,7 +2,7 @@
 
 For local mode and tests only; in AWS, API Gateway does this. ``make_server(handler=...)`` calls
 any handler: local mode passes the event router running from its synthesized asset (a
-:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess`) and the API's methods from the
+:class:`~streamfleet_dev.emulator.lambda_runner.LambdaProcess`) and the API's methods from the
 template (:meth:`~streamfleet_dev.assembly.Stack.rest_methods`); a request for a method the
 template does not declare gets API Gateway's own answer (403 ``Missing Authentication Token``)
 without reaching the handler. Without a handler the router is imported from the repository
@@ -11,7 +11,7 @@ without reaching the handler. Without a handler the router is imported from the 
 Run the repository's router with its environment set (``TABLE_NAME``, ``QUEUE_URL``,
 ``ALLOWED_UPSTREAMS``, ``AWS_ENDPOINT_URL*``)::
 
-    python -m streamfleet_dev.local.http_adapter --port 8080
+    python -m streamfleet_dev.emulator.http_adapter --port 8080
 """
 
 from __future__ import annotations

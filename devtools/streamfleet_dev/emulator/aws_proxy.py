@@ -45,7 +45,7 @@ Python API::
 Command line (a running proxy is also steered over HTTP: ``POST /__proxy__/latency?seconds=0.02
 [&service=dynamodb]``, ``POST /__proxy__/down?on=1``, ``GET /__proxy__/state``)::
 
-    python -m streamfleet_dev.local.aws_proxy --backend http://127.0.0.1:5000 \\
+    python -m streamfleet_dev.emulator.aws_proxy --backend http://127.0.0.1:5000 \\
         --table leases=http://127.0.0.1:8000 --record calls.jsonl --latency-ms 20 --port 4566
 """
 
@@ -848,7 +848,7 @@ def _pairs(values: list[str], option: str) -> Iterator[tuple[str, str]]:
 
 
 class ProxyProcess:
-    """The proxy in a process of its own (``python -m streamfleet_dev.local.aws_proxy``), steered
+    """The proxy in a process of its own (``python -m streamfleet_dev.emulator.aws_proxy``), steered
     over HTTP: a busy caller's process then never slows the proxy down (or the other way round).
     """
 
@@ -861,7 +861,7 @@ class ProxyProcess:
 
     def __enter__(self) -> ProxyProcess:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streamfleet_dev.local.aws_proxy", *self._args],
+            [sys.executable, "-m", "streamfleet_dev.emulator.aws_proxy", *self._args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamfleet_dev import lifeline
 from streamfleet_dev.assembly import ContainerSpec
 from streamfleet_dev.cache import download_cache
-from streamfleet_dev.local import lifeline
-from streamfleet_dev.local.servers import RUN_MARKS
+from streamfleet_dev.emulator.servers import RUN_MARKS
 
 IMAGE_ENV_DIR_NAME = "streamfleet-image-python"
 

@@ -51,7 +51,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from streamfleet import model
-from streamfleet_dev.local.aws_proxy import DEFAULT_THROTTLE_RATE
+from streamfleet_dev.emulator.aws_proxy import DEFAULT_THROTTLE_RATE
 
 logger = logging.getLogger(__name__)
 

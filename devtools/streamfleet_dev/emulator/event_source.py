@@ -18,7 +18,7 @@ reached through the standard endpoint variables like everything else, and hands 
 records in the shape Lambda's event has (``eventName``, ``dynamodb.NewImage`` as DynamoDB JSON,
 ``ApproximateCreationDateTime`` in epoch seconds, ``eventSourceARN``). The function is any
 ``(event, context) -> result`` callable, in practice a
-:class:`~streamfleet_dev.local.lambda_runner.LambdaProcess` running the synthesized asset.
+:class:`~streamfleet_dev.emulator.lambda_runner.LambdaProcess` running the synthesized asset.
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamfleet_dev import lifeline
 from streamfleet_dev.cache import download_cache
-from streamfleet_dev.local import lifeline
-from streamfleet_dev.local.servers import RUN_MARKS
+from streamfleet_dev.emulator.servers import RUN_MARKS
 
 if TYPE_CHECKING:
     from streamfleet_dev.assembly import FunctionSpec

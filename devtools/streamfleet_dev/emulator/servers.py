@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import lifeline
+from streamfleet_dev import lifeline
 
 # Credentials and region for local servers: they accept any, but botocore insists on some.
 LOCAL_AWS_ENV = {
