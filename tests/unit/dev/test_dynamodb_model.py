@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import random
 import re
-import time
 from decimal import Decimal
 from typing import Any
 
@@ -1194,18 +1193,3 @@ def test_it_has_the_interface_of_in_process_dynamodb() -> None:
     assert store.list_tables(Limit=1) == {"TableNames": ["made"]}
     store.close()
     assert store.list_tables() == {"TableNames": []}
-
-
-def test_a_conditional_update_takes_well_under_a_millisecond() -> None:
-    # Why the model exists: moto took milliseconds. The bound leaves room for a slow machine;
-    # bench/dynamodb_model_bench.py gives the figures (tens of microseconds).
-    store = model()
-    for sk in range(500):
-        store.call(*put(thing("p", sk, owner=S("w1"), n=N(0))))
-    _, params = update("p", 7, "SET #state = :s ADD #n :one",
-                       {":s": S("live"), ":one": ONE, ":me": S("w1")},
-                       ConditionExpression="#owner = :me", ReturnValues="ALL_NEW")  # fmt: skip
-    began = time.perf_counter()
-    for _ in range(2000):
-        store.call("update_item", params)
-    assert (time.perf_counter() - began) / 2000 < 500e-6
