@@ -4,7 +4,7 @@ server with its real DynamoDB Stream, each Region's fan-out Lambda from its synt
 behind the local event source mapping, both Regions' API, canaries and failover resolver).
 
 1. **Latency**: upstream frame -> delivery to the application, p50 and p99, for Python
-   :class:`~streamfleet.client.ReconnectingClient` subscribers (3 per stream, run in a process
+   :class:`~streamfleet_client.ReconnectingClient` subscribers (3 per stream, run in a process
    of their own, as clients are on other machines) and for demo pages in Debian's Chromium.
    The fake upstream's message ``seq`` of a stream is produced at ``created_at + seq / rate``
    on the machine's monotonic clock (``CLOCK_MONOTONIC`` is one clock for every process);
@@ -81,7 +81,7 @@ def quantile(values: list[float], q: float) -> float:
 
 async def _client_pool(spec: dict[str, Any]) -> None:
     """Run in a child process: ``spec["clients"]`` subscribed clients; commands on stdin."""
-    from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+    from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 
     url = spec["url"]
     records: dict[str, list[tuple[int, float, int | None, str]]] = {}
@@ -632,8 +632,8 @@ async def _window(world: Any, seconds: float) -> tuple[Window, dict[str, float]]
 async def measure_replay(world: Any, runs: int) -> dict[str, Any]:
     """A client subscribing ``after`` :data:`REPLAY_BEHIND` messages behind, ``runs`` times."""
     from streamfleet import model
-    from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
     from streamfleet.lease.dynamo import to_attr
+    from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 
     assert world.regions is not None and world.proxy is not None
     regions = world.regions

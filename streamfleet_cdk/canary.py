@@ -40,10 +40,10 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from streamfleet import model
-from streamfleet.client.reconnecting import TokenTransport
 from streamfleet.wsapi import canary as canary_runtime
 from streamfleet.wsapi.canary import config as canary_config
 from streamfleet.wsapi.canary import sweeper as canary_sweeper
+from streamfleet.wsapi.handshake import TokenTransport
 from streamfleet_cdk import at_rest
 from streamfleet_cdk.functions import (
     DEFAULT_LOG_LEVEL,

@@ -63,7 +63,7 @@ DEFAULT_ALLOWED_UPSTREAMS = ("wss://*.example.com",)
 DEFAULT_JWT_ISSUER = "https://issuer.example.com/"
 DEFAULT_JWT_AUDIENCE = "streamfleet"
 DEFAULT_JWT_JWKS_URL = "https://issuer.example.com/.well-known/jwks.json"
-CANARY_TOKEN_TRANSPORTS = ("subprotocol", "query")  # streamfleet.client.reconnecting.TokenTransport
+CANARY_TOKEN_TRANSPORTS = ("subprotocol", "query")  # streamfleet.wsapi.handshake.TokenTransport
 
 # The custom domain and its failover DNS: all of these, or none.
 WS_DOMAIN_SETTINGS = (

@@ -14,7 +14,7 @@ import boto3
 import pytest
 
 from streamfleet.aws import AsyncClient
-from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet_dev.assembly import default_assembly
 from streamfleet_dev.emulator.event_source import StreamEventSource
 from streamfleet_dev.emulator.lambda_runner import LambdaProcess, LambdaSpec, reads_by

@@ -30,7 +30,7 @@ THROWAWAY_APP = f"""
 import json, sys
 import aws_cdk as cdk
 from aws_cdk import aws_certificatemanager as acm, aws_iam as iam, aws_route53 as route53
-import streamfleet, streamfleet_cdk
+import streamfleet, streamfleet_cdk, streamfleet_client  # the client: only websockets
 from streamfleet_cdk.alarms import AlarmNotifications, AlarmTopic
 from streamfleet_cdk.api_gateway_account import ApiGatewayAccount
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
@@ -192,10 +192,11 @@ def test_the_wheel_carries_no_development_tools(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     packages = {name.split("/", 1)[0] for name in names if "/" in name}
-    assert {"streamfleet", "streamfleet_cdk"} <= packages
+    shipped = {"streamfleet", "streamfleet_cdk", "streamfleet_client"}
+    assert shipped <= packages
     assert (
         not packages
-        - {"streamfleet", "streamfleet_cdk"}
+        - shipped
         - {n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")}
     )
     assert not [n for n in names if "streamfleet_dev" in n or n.startswith(("devtools", "tests"))]

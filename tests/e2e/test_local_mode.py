@@ -36,8 +36,8 @@ import pytest
 from rich.console import Console
 
 from streamfleet import model
-from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet.lease.dynamo import from_item, to_attr
+from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet_dev.local.fleet import WorkerProcess, eventually
 from streamfleet_dev.local.mode import LocalMode, Recovery
 from streamfleet_dev.local.view import (

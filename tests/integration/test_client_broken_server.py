@@ -15,7 +15,7 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 
 CONFIG = ClientConfig(
     heartbeat_interval=5,

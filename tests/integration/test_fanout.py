@@ -21,7 +21,6 @@ from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
-from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet.env import ConfigError
 from streamfleet.lease.dynamo import to_item
 from streamfleet.wsapi.fanout import (
@@ -31,6 +30,7 @@ from streamfleet.wsapi.fanout import (
     FanoutConfig,
     messages_by_stream,
 )
+from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet_dev.emulator.event_source import EventSourceSettings, StreamEventSource
 from streamfleet_dev.emulator.scripted_management import ScriptedManagementApi
 from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway

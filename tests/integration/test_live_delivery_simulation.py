@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from streamfleet.client.streams import StreamCursor
 from streamfleet.wsapi.fanout import Fanout
+from streamfleet_client.streams import StreamCursor
 from streamfleet_dev.dsim.live import Schedule, run_schedule
 from streamfleet_dev.dsim.runner import run_many
 

@@ -14,7 +14,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from streamfleet.client.reconnecting import (
+from streamfleet_client import (
     ClientConfig,
     ConnectionLost,
     Endpoint,

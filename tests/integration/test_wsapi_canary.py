@@ -21,7 +21,6 @@ from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
-from streamfleet.client import Endpoint
 from streamfleet.env import ConfigError
 from streamfleet.wsapi import canary as canary_module
 from streamfleet.wsapi import jwt
@@ -45,6 +44,7 @@ from streamfleet.wsapi.canary.tokens import (
     StaticToken,
     token_source_from_env,
 )
+from streamfleet_client import Endpoint
 from streamfleet_dev.emulator.websocket_gateway import (
     FailureMode,
     GatewaySettings,

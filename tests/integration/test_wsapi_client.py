@@ -19,7 +19,8 @@ import boto3
 import pytest
 
 from streamfleet import model
-from streamfleet.client import (
+from streamfleet.wsapi import jwt
+from streamfleet_client import (
     AuthorizationFailed,
     ClientClosed,
     ClientConfig,
@@ -32,7 +33,6 @@ from streamfleet.client import (
     TokenTransport,
     backoff_delay,
 )
-from streamfleet.wsapi import jwt
 from streamfleet_dev.emulator.websocket_gateway import (
     FailureMode,
     LocalGateway,

@@ -16,7 +16,8 @@ from typing import Any
 import boto3
 import pytest
 
-from streamfleet.client import (
+from streamfleet.wsapi.delivery import StoredMessage, pack_frames
+from streamfleet_client import (
     ClientConfig,
     Endpoint,
     EpochChange,
@@ -25,7 +26,6 @@ from streamfleet.client import (
     StreamMessage,
     SubscriptionRefused,
 )
-from streamfleet.wsapi.delivery import StoredMessage, pack_frames
 from tests import wsapi_live_support
 from tests.wsapi_live_support import LiveTablesSet, live_gateway
 from tests.wsapi_support import REGION, user_token

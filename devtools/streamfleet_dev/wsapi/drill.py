@@ -9,7 +9,7 @@ asynchronous, the last writer by its own clock wins, deletes too), the real cana
 (fail-back hysteresis in its connections table; closing every client connection of its region while
 the region reports unhealthy), a :class:`~streamfleet_dev.emulator.failover.HealthAlarm` per region
 and the :class:`~streamfleet_dev.emulator.failover.FailoverResolver` (Route 53 failover routing). On
-top of that, N :class:`~streamfleet.client.ReconnectingClient` instances whose endpoint provider
+top of that, N :class:`~streamfleet_client.ReconnectingClient` instances whose endpoint provider
 asks the resolver for the "failover name" and mints a fresh token on every attempt.
 
 The scenario: connect every client, bid, take the primary's canary's signing key away for a
@@ -65,16 +65,16 @@ from typing import Any
 
 from streamfleet import model
 from streamfleet.aws import AsyncClient
-from streamfleet.client.reconnecting import (
+from streamfleet.lease.dynamo import from_item
+from streamfleet.wsapi import jwt
+from streamfleet.wsapi.canary.tokens import SecretToken
+from streamfleet_client import (
     ClientConfig,
     ConnectionLost,
     Endpoint,
     NotConnected,
     ReconnectingClient,
 )
-from streamfleet.lease.dynamo import from_item
-from streamfleet.wsapi import jwt
-from streamfleet.wsapi.canary.tokens import SecretToken
 from streamfleet_dev import pages
 from streamfleet_dev.emulator.failover import FailoverResolver, HealthAlarm
 from streamfleet_dev.emulator.global_tables import (

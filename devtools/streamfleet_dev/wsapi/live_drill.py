@@ -3,7 +3,7 @@
 On :class:`~.e2e.LiveWorld` (the whole system on loopback: fake upstream, real worker
 processes, the messages table's real change stream on moto's server, each region's fan-out
 from its synthesized asset, both regions' API, canaries and failover resolver), it subscribes
-Python clients (:class:`~streamfleet.client.ReconnectingClient`) and browser pages (the demo
+Python clients (:class:`~streamfleet_client.ReconnectingClient`) and browser pages (the demo
 page in Debian's Chromium) to the ingested streams: through the failover name, and pinned to
 the secondary region's regional URL (served by the secondary's fan-out, from replicated
 writes). Then, one after the other:
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfleet import model
-from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
+from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient, StreamMessage
 from streamfleet_dev.local.fleet import eventually
 from streamfleet_dev.upstream.fake import message_data
 from streamfleet_dev.wsapi.browser import BrowserPages, PageSpec, missing_prerequisites

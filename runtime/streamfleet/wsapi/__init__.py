@@ -18,6 +18,8 @@ Module map:
   ``config``, ``probe``, ``tokens`` (its identity), ``health`` (hysteresis and its state),
   ``metrics`` (metric, alarm state), ``sweeper``, ``run`` (one run); the package itself is the
   Lambda entry point;
+* :mod:`.handshake` — how a client opens a connection (URL, subprotocols, where the token
+  goes): the canary dials as the clients do;
 * :mod:`.logs` — structured log records for all three.
 
 Distributions each Lambda needs besides the standard library and the Lambda runtime's boto3:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamfleet.client import StreamCursor
+from streamfleet_client import StreamCursor
 
 CASES = json.loads((Path(__file__).parents[2] / "conformance" / "stream_entries.json").read_text())[
     "cases"

@@ -16,8 +16,8 @@ import random
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streamfleet.client import StreamCursor
 from streamfleet.wsapi.delivery import SOURCE_LIVE, SOURCE_REPLAY, StoredMessage, pack_frames
+from streamfleet_client import StreamCursor
 
 GAP_TIMEOUT = 1.0
 QUIET_TIMEOUT = 5.0

@@ -3,7 +3,7 @@ reply promised is awaited like a gap, on a quiet stream too."""
 
 from __future__ import annotations
 
-from streamfleet.client import StreamCursor, StreamPosition
+from streamfleet_client import StreamCursor, StreamPosition
 
 GAP_TIMEOUT = 2.0
 
@@ -58,7 +58,7 @@ def test_parts_of_different_cuts_never_join():
 
 def test_incomplete_parts_are_bounded_in_bytes_and_in_count():
     """45 MB were held with max_buffered 100, from many seqs or one seq claiming 10**9 parts."""
-    from streamfleet.client.streams import MAX_PART_BYTES
+    from streamfleet_client.streams import MAX_PART_BYTES
 
     cursor = StreamCursor("s", position=0)
     big = "p" * 65_536
@@ -76,7 +76,7 @@ def test_incomplete_parts_are_bounded_in_bytes_and_in_count():
 async def test_frames_of_the_wrong_shape_or_not_asked_for_move_nothing():
     """A stream of the wrong type raised TypeError and ended the connection; an unsolicited
     ``subscribed`` with ``after: 1000`` silently skipped seqs 4 to 1000."""
-    from streamfleet.client import ClientConfig, Endpoint, ReconnectingClient
+    from streamfleet_client import ClientConfig, Endpoint, ReconnectingClient
 
     client = ReconnectingClient(lambda attempt: Endpoint("ws://127.0.0.1:9", None), ClientConfig())
     cursor = StreamCursor("s", position=3)

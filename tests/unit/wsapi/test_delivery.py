@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from streamfleet.client import StreamCursor
 from streamfleet.worker.protocol import JsonSeqProtocol
 from streamfleet.worker.sink import MessageSink
 from streamfleet.wsapi.delivery import (
@@ -18,6 +17,7 @@ from streamfleet.wsapi.delivery import (
     message_from_item,
     pack_frames,
 )
+from streamfleet_client import StreamCursor
 
 
 def stored_item(frame: str) -> dict:

@@ -20,8 +20,8 @@ One schedule runs, in one Region, for one seed:
   reads the change stream in batches of seeded sizes (a stream's records split across
   invocations), kills invocations part-way (a timeout or a crash after some posts were made)
   and retries the batch, and gives a batch up after its retries;
-* **clients**: each user's client drives :class:`~streamfleet.client.streams.StreamCursor`
-  exactly as :class:`~streamfleet.client.reconnecting.ReconnectingClient` does (subscribe on
+* **clients**: each user's client drives :class:`~streamfleet_client.streams.StreamCursor`
+  exactly as :class:`~streamfleet_client.reconnecting.ReconnectingClient` does (subscribe on
   every connection from the position delivered, the gap and quiet watch, final refusals,
   ``token_expired``), reconnecting with full-jitter backoff and a fresh token;
 * **faults**: every request to DynamoDB and the Management API takes a seeded time, an

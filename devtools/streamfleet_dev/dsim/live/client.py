@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamfleet import model
 from streamfleet.backoff import full_jitter
-from streamfleet.client.reconnecting import FINAL_SUBSCRIBE_ERRORS, TOKEN_EXPIRED
-from streamfleet.client.streams import StreamCursor, StreamMessage, StreamPosition
+from streamfleet_client.reconnecting import FINAL_SUBSCRIBE_ERRORS, TOKEN_EXPIRED
+from streamfleet_client.streams import StreamCursor, StreamMessage, StreamPosition
 from streamfleet_dev.dsim.live.schedule import ClientPlan
 from streamfleet_dev.dsim.live.world import SETTLE_S, World
 

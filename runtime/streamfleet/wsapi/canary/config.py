@@ -11,9 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ... import model
 from ...aws import ClientSettings
-from ...client.reconnecting import TokenTransport
 from ...env import ConfigError
 from .. import jwt
+from ..handshake import TokenTransport
 from .sweeper import DEFAULT_DISCONNECT_BUDGET_SECONDS
 
 DEFAULT_TIMEOUT_SECONDS = 5.0

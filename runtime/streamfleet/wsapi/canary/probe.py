@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ... import model
-from ...client.reconnecting import Endpoint
+from ..handshake import Endpoint
 
 
 @dataclass(frozen=True)

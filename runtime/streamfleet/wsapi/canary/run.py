@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ... import model
-from ...client.reconnecting import Endpoint
 from .. import jwt
+from ..handshake import Endpoint
 from ..logs import log_event
 from .config import CanaryConfig
 from .health import FailbackHysteresis, HealthState, HealthStateStore

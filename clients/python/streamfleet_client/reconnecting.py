@@ -69,13 +69,14 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .. import model
-from ..backoff import full_jitter
+from streamfleet import model
+from streamfleet.backoff import full_jitter
+from streamfleet.wsapi.handshake import Endpoint
+
 from .streams import DEFAULT_MAX_BUFFERED, StreamCursor, StreamMessage, StreamPosition
 
 logger = logging.getLogger(__name__)
@@ -84,38 +85,6 @@ AUTH_FAILURE_STATUSES = (401, 403)
 
 
 # --- Configuration ------------------------------------------------------------------------------
-
-
-class TokenTransport(StrEnum):
-    """Where the token goes in the handshake."""
-
-    SUBPROTOCOL = "subprotocol"  # Sec-WebSocket-Protocol: streamfleet.v1, bearer.<jwt>
-    QUERY = "query"  # ?token=<jwt>
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where to connect for one attempt, and with which token."""
-
-    url: str
-    token: str | None = None
-    transport: TokenTransport = TokenTransport.SUBPROTOCOL
-
-    def handshake(self) -> tuple[str, list[str]]:
-        """The URL to dial and the subprotocols to offer."""
-        protocols = [model.WS_APP_SUBPROTOCOL]
-        if self.token is None:
-            return self.url, protocols
-        if self.transport is TokenTransport.SUBPROTOCOL:
-            return self.url, [*protocols, model.WS_BEARER_SUBPROTOCOL_PREFIX + self.token]
-        parts = urlsplit(self.url)
-        query = [
-            (k, v)
-            for k, v in parse_qsl(parts.query, keep_blank_values=True)
-            if k != model.WS_TOKEN_QUERY_PARAMETER
-        ]
-        query.append((model.WS_TOKEN_QUERY_PARAMETER, self.token))
-        return urlunsplit(parts._replace(query=urlencode(query))), protocols
 
 
 # ``provider(attempt)`` or ``provider(attempt, force_refresh=...)``: ``attempt`` counts the
