@@ -566,16 +566,16 @@ async def test_a_refused_run_starts_the_next_from_its_own_key_and_a_rewrite_keep
 
 async def test_probe_outcomes(gateway: LocalGateway) -> None:
     endpoint = Endpoint(gateway.url, await TOKENS.token())
-    healthy = await probe(endpoint, timeout=2)
+    healthy = await probe(endpoint, timeout=PROBE_TIMEOUT)
     assert healthy.healthy and healthy.error is None
     gateway.fail(FailureMode.THROTTLED)
-    throttled = await probe(endpoint, timeout=2)
+    throttled = await probe(endpoint, timeout=PROBE_TIMEOUT)
     assert not throttled.healthy and "HTTP 500" in (throttled.error or "")
     gateway.fail(FailureMode.DOWN)
-    down = await probe(endpoint, timeout=2)
+    down = await probe(endpoint, timeout=PROBE_TIMEOUT)
     assert not down.healthy and "HTTP 503" in (down.error or "")
     gateway.recover()
-    unauthenticated = await probe(Endpoint(gateway.url, None), timeout=2)
+    unauthenticated = await probe(Endpoint(gateway.url, None), timeout=PROBE_TIMEOUT)
     assert not unauthenticated.healthy and "HTTP 401" in (unauthenticated.error or "")
 
 
@@ -588,7 +588,7 @@ async def test_a_custom_domain_is_probed_through_the_regional_name_given(
     port = gateway.url.rsplit(":", 1)[1].split("/", 1)[0]
     domain_url = f"ws://ws.streamfleet.test:{port}/"  # .test never resolves
     endpoint = Endpoint(domain_url, await TOKENS.token())
-    assert (await probe(endpoint, timeout=2, connect_host="127.0.0.1")).healthy
+    assert (await probe(endpoint, timeout=PROBE_TIMEOUT, connect_host="127.0.0.1")).healthy
     unresolved = await probe(endpoint, timeout=2)
     assert not unresolved.healthy
     with pytest.raises(ConfigError, match="CANARY_CONNECT_HOST"):
@@ -608,7 +608,7 @@ async def test_a_region_whose_state_store_fails_is_unhealthy_to_the_canary(
         state_table=state,
         connections_table="no-such-table",  # every write and read of it fails
     ) as broken:
-        refused = await probe(Endpoint(broken.url, endpoint_token), timeout=2)
+        refused = await probe(Endpoint(broken.url, endpoint_token), timeout=PROBE_TIMEOUT)
         assert not refused.healthy and "HTTP 500" in (refused.error or "")
     url, subprotocols = Endpoint(gateway.url, endpoint_token).handshake()
     async with connect(url, subprotocols=subprotocols) as ws:
