@@ -149,11 +149,11 @@ destroy: $(CDK_ENV) ## Delete a stage's stacks and their dependents, after a y/n
 
 cli: ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)
 	@$(MAKE) --no-print-directory setup >&2
-	@$(PYTHON) -m streamfleet.cli $(ARGS)
+	@$(PYTHON) -m streamfleet_ops.cli $(ARGS)
 
 .PHONY: preflight
 preflight: synth ## With real credentials: what a deploy needs that synth cannot see (bootstrap, API Gateway role, Docker arm64, DNS, certificates, secret)
-	@$(PYTHON) -m streamfleet.cli preflight --assembly cdk.out
+	@$(PYTHON) -m streamfleet_ops.cli preflight --assembly cdk.out
 
 synth: setup ## Synthesize all four stacks into cdk.out (no AWS credentials, no Docker)
 	$(CDK_CLI) synth --quiet --no-notices

@@ -184,7 +184,7 @@ def test_the_wheel_declares_what_the_constructs_and_the_cli_need(wheel):
     for name in ("aws-cdk-lib", "constructs", "cryptography", "pyjwt", "websockets", "packaging"):
         assert name in requires and requires[name].marker is None, name
         assert requires[name].specifier, f"{name}: a range, not any version"
-    for name in ("typer", "rich"):  # python -m streamfleet.cli, an extra
+    for name in ("typer", "rich"):  # python -m streamfleet_ops.cli, an extra
         assert str(requires[name].marker) == 'extra == "cli"', name
 
 
@@ -192,7 +192,7 @@ def test_the_wheel_carries_no_development_tools(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     packages = {name.split("/", 1)[0] for name in names if "/" in name}
-    shipped = {"streamfleet", "streamfleet_cdk", "streamfleet_client"}
+    shipped = {"streamfleet", "streamfleet_cdk", "streamfleet_client", "streamfleet_ops"}
     assert shipped <= packages
     assert (
         not packages
@@ -238,7 +238,7 @@ def test_the_installed_library_synthesizes_every_construct_in_a_throwaway_app(wh
 
 @pytest.mark.slow
 def test_the_cli_runs_from_the_installed_wheel_with_its_extra(wheel, tmp_path):
-    command = [sys.executable, "-S", "-m", "streamfleet.cli", "--help"]
+    command = [sys.executable, "-S", "-m", "streamfleet_ops.cli", "--help"]
     with_extra = run(
         command,
         env=isolated_env(install(wheel, tmp_path / "cli", ("cli",))),

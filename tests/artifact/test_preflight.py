@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from streamfleet import preflight
 from streamfleet_dev.assembly import LOCAL_ACCOUNT
+from streamfleet_ops import preflight
 from tests.assembly_support import (
     CERTIFICATES,
     DOMAIN,
@@ -329,14 +329,14 @@ def test_cli_preflight_prints_one_line_per_check_and_fails_without_docker(aws, t
     """The command as a person runs it, on this machine (which has no Docker engine)."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO / "runtime"),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO)]),
         "PATH": str(tmp_path),  # no docker on PATH, whatever this machine has
     }
     result = subprocess.run(
         [
             sys.executable,
             "-m",
-            "streamfleet.cli",
+            "streamfleet_ops.cli",
             "preflight",
             "--assembly",
             str(artifact_assembly().directory),
@@ -359,8 +359,8 @@ def test_cli_preflight_prints_one_line_per_check_and_fails_without_docker(aws, t
 
 def test_cli_preflight_without_an_assembly_says_so(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "streamfleet.cli", "preflight", "--assembly", str(tmp_path)],
-        env={**os.environ, "PYTHONPATH": str(REPO / "runtime")},
+        [sys.executable, "-m", "streamfleet_ops.cli", "preflight", "--assembly", str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO)])},
         capture_output=True,
         text=True,
         timeout=60,

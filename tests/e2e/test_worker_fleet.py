@@ -300,8 +300,12 @@ async def test_an_overloaded_worker_sheds_its_surplus_without_churn(fleet: Fleet
 def cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     """The operator's tool, as an operator runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "streamfleet.cli", *args],
-        env={**os.environ, "PYTHONPATH": str(REPO / "runtime"), "TABLE_NAME": fleet.lease_table},
+        [sys.executable, "-m", "streamfleet_ops.cli", *args],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO)]),
+            "TABLE_NAME": fleet.lease_table,
+        },
         capture_output=True,
         text=True,
         timeout=60,

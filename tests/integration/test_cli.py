@@ -15,9 +15,9 @@ import boto3
 import pytest
 
 from streamfleet import model
-from streamfleet.cli import connection_rows
 from streamfleet_dev.emulator.servers import free_port
 from streamfleet_dev.tables import create_tables
+from streamfleet_ops.cli import connection_rows
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWED = "wss://*.feeds.example.com,ws://127.0.0.1:8765"
@@ -37,11 +37,15 @@ def fleet(moto):
 
 
 def cli(*args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()):
-    environment = {**os.environ, "PYTHONPATH": str(REPO / "runtime"), **(env or {})}
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO)]),
+        **(env or {}),
+    }
     for name in drop:
         environment.pop(name, None)
     return subprocess.run(
-        [sys.executable, "-m", "streamfleet.cli", *args],
+        [sys.executable, "-m", "streamfleet_ops.cli", *args],
         env=environment,
         capture_output=True,
         text=True,

@@ -56,7 +56,6 @@ from rich.console import Console
 from rich.live import Live
 
 from streamfleet import model
-from streamfleet.cli import checkpoint_of, connection_rows
 from streamfleet.lease import LeaseTiming, SessionDirectory
 from streamfleet.lease.dynamo import from_item, to_attr
 from streamfleet_dev.assembly import default_assembly
@@ -66,6 +65,7 @@ from streamfleet_dev.emulator.websocket_gateway import management_fault_rates
 from streamfleet_dev.upstream.process import UpstreamProcess
 from streamfleet_dev.wsapi.e2e import READER_CLAIM, READER_GROUP
 from streamfleet_dev.wsapi.regions import LiveSettings, RegionsSettings
+from streamfleet_ops.cli import checkpoint_of, connection_rows
 
 from .fleet import Fleet, WorkerProcess, worker_container
 from .reaper import Reaper

@@ -1,4 +1,4 @@
-"""``python -m streamfleet.cli``: the operator's tool, for a local fleet or real AWS alike.
+"""``python -m streamfleet_ops.cli``: the operator's tool, for a local fleet or real AWS alike.
 
 It reaches DynamoDB and SQS through the standard AWS configuration (credentials, region and
 ``AWS_ENDPOINT_URL*`` for local servers). Table and queue come from ``--table`` / ``--queue-url``
@@ -28,14 +28,14 @@ from botocore.exceptions import (
 from rich.console import Console
 from rich.table import Table
 
-from . import model
-from .aws import AsyncClient
-from .control import ControlPlane
-from .lease import LeaseTiming, SessionDirectory
-from .lease.dynamo import from_item, to_attr
-from .lease.errors import StoreUnavailable
-from .validation import check_id, check_ws_url
-from .worker.upstream_policy import UpstreamPolicy, UpstreamRefused
+from streamfleet import model
+from streamfleet.aws import AsyncClient
+from streamfleet.control import ControlPlane
+from streamfleet.lease import LeaseTiming, SessionDirectory
+from streamfleet.lease.dynamo import from_item, to_attr
+from streamfleet.lease.errors import StoreUnavailable
+from streamfleet.validation import check_id, check_ws_url
+from streamfleet.worker.upstream_policy import UpstreamPolicy, UpstreamRefused
 
 T = TypeVar("T")
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)

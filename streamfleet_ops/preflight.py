@@ -9,7 +9,7 @@ templates name. :func:`target_from_assembly` reads what to check from the synthe
 answers each question against the account with the ambient credentials, one
 :class:`CheckResult` per check with the fix for what fails.
 
-Used by ``python -m streamfleet.cli preflight`` (``make preflight``).
+Used by ``python -m streamfleet_ops.cli preflight`` (``make preflight``).
 """
 
 from __future__ import annotations
