@@ -65,10 +65,10 @@ from .lease.dynamo import (
 )
 from .lease.errors import StoreUnavailable
 from .lease.sessions import delete_after
+from .logs import log_event
 from .validation import REGION_PATTERN
 from .warm import WarmContainer
 from .worker.ecs_metadata import check_task_arn
-from .wsapi.logs import log_event
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ Module map:
   hysteresis, and closes its region's connections while the region is unhealthy. A package:
   ``config``, ``probe``, ``tokens`` (its identity), ``health`` (hysteresis and its state),
   ``metrics`` (metric, alarm state), ``sweeper``, ``run`` (one run); the package itself is the
-  Lambda entry point;
-* :mod:`.logs` — structured log records for all three.
+  Lambda entry point.
+
+They log through :mod:`streamfleet.logs`, as every Lambda function of the app does.
 
 Distributions each Lambda needs besides the standard library and the Lambda runtime's boto3:
 the handlers none; the authorizer ``PyJWT`` and ``cryptography`` (RS256/ES256); the canary

@@ -83,8 +83,8 @@ from ..backoff import full_jitter
 from ..clock import SYSTEM_CLOCK, Clock
 from ..env import ConfigError, EnvironmentCache, required
 from ..lease.dynamo import error_code, from_item, to_attr
+from ..logs import log_event
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
-from .logs import log_event
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ keys all outside them is the canary's own fault, not a failed probe. ``CANARY_TO
 
 Other environment: ``CANARY_ENDPOINT_URL`` (``wss://<api id>.execute-api.<region>.amazonaws.com/
 <stage>``), ``CANARY_API_ID``; every name is in :data:`streamfleet.model.CANARY_ENV`. Runs are
-logged as structured records (:mod:`streamfleet.wsapi.logs`): INFO for a healthy run, WARNING
+logged as structured records (:mod:`streamfleet.logs`): INFO for a healthy run, WARNING
 otherwise.
 
 The package, one concern a module: :mod:`.config` (the environment), :mod:`.probe` (the

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ... import model
 from ...client.reconnecting import Endpoint
+from ...logs import log_event
 from .. import jwt
-from ..logs import log_event
 from .config import CanaryConfig
 from .health import FailbackHysteresis, HealthState, HealthStateStore
 from .metrics import AlarmState, MetricPublisher

@@ -1,4 +1,5 @@
-"""Structured log records for the WebSocket API's Lambdas (handlers, authorizer, canary).
+"""Structured log records: the one way every Lambda function of the app, and the code it
+shares with the CLI and the local harness, writes a log line.
 
 One call, :func:`log_event`, emits a record through :mod:`logging` (never ``basicConfig``: the
 Lambda runtime installs its handler, and a library must not configure logging for its host):
@@ -13,6 +14,10 @@ Field names that the runtime's formatter or :class:`logging.LogRecord` reserve (
 turned into strings (the formatter would fail on them). ``secrets`` are strings that must never
 appear in a log line (a bearer token, its payload segment): any value containing one of them is
 replaced by ``[redacted]``.
+
+Metrics are not log records: they are EMF documents, built and written by :mod:`streamfleet.emf`.
+
+Standard library only: the authorizer imports it, and loads no AWS SDK on a cold start.
 """
 
 from __future__ import annotations
