@@ -74,7 +74,7 @@ from urllib.parse import urlsplit
 
 from .. import emf, model, readers
 from ..env import ConfigError, EnvironmentCache
-from ..logs import log_event
+from ..logs import configured, log_event
 from . import jwt
 
 logger = logging.getLogger(__name__)
@@ -679,4 +679,4 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     The authorizer (and its JWKS cache) lives as long as the container; it is rebuilt only if the
     environment changes (tests).
     """
-    return _AUTHORIZER.get()(event, context)
+    return configured(_AUTHORIZER, logger, context)(event, context)

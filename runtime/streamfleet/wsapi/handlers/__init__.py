@@ -88,7 +88,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ... import model
 from ...clock import SYSTEM_CLOCK, Clock
 from ...env import EnvironmentCache
-from ...logs import log_event
+from ...logs import configured, log_event
 from .auction import Auctions
 from .config import HandlerConfig, make_dynamodb_client
 from .connections import (
@@ -386,7 +386,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     The clients live as long as the container; a configuration error fails every invocation
     with a log line naming the variable.
     """
-    handlers = _HANDLERS.get()
+    handlers = configured(_HANDLERS, logger, context)
     started = time.monotonic()
     result = handlers(event, context)
     request_context = event.get("requestContext") or {}
