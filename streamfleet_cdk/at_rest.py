@@ -23,7 +23,7 @@ from streamfleet_cdk.nag import skip_checkov
 
 LOG_GROUP_KMS_REASON = (
     "Operational records: the functions' JSON decisions and errors (bearer tokens are redacted "
-    "before a line is written, streamfleet.wsapi.logs), the APIs' access logs (request and "
+    "before a line is written, streamfleet.logs), the APIs' access logs (request and "
     "connection ids, caller IP, principal, status), the workers' lines and VPC flow records. "
     "CloudWatch Logs encrypts every log group at rest and IAM decides who reads it; a customer "
     "managed key would add a key and a key policy for the logs service in every Region, and "

@@ -7,14 +7,16 @@ The event router, the operator CLI and the local harness all go through here.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
+import logging
 from dataclasses import dataclass
 
 from . import model
 from .aws import AsyncClient
 from .desired_state import DesiredStateWriter, Result
 from .lease.dynamo import is_transient
+from .logs import log_event
+
+logger = logging.getLogger(__name__)
 
 NOTIFY_ATTEMPTS = 3
 NOTIFY_BACKOFF_SECONDS = 0.05
@@ -59,8 +61,9 @@ class ControlPlane:
                 return True
             except Exception as exc:
                 if not is_transient(exc) or attempt == NOTIFY_ATTEMPTS - 1:
-                    record = {"event": "notify_failed", "pk": pk, "error": type(exc).__name__}
-                    print(json.dumps(record), file=sys.stdout, flush=True)
+                    log_event(
+                        logger, logging.WARNING, "notify_failed", pk=pk, error=type(exc).__name__
+                    )
                     return False
                 await asyncio.sleep(NOTIFY_BACKOFF_SECONDS * 2**attempt)
         return False

@@ -23,9 +23,9 @@ into a 500 naming the variable.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,10 +39,13 @@ from .desired_state import Outcome
 from .env import ConfigError, required
 from .lease.dynamo import error_code
 from .lease.errors import StoreUnavailable
+from .logs import log_event
 from .request_body import BodyRefused, decode_body
 from .validation import check_id, check_ws_url
 from .warm import WarmContainer
 from .worker.upstream_policy import UpstreamPolicy
+
+logger = logging.getLogger(__name__)
 
 # Room for the largest START the request model admits: its fixed fields, and every reader
 # entry at its longest with each character JSON-escaped as a surrogate pair (12 bytes). A
@@ -378,13 +381,6 @@ def reset() -> None:
         _CONTAINER.reset()
 
 
-def _log(record: dict[str, Any]) -> None:
-    # stdout, not logging: Lambda's root logger drops INFO unless configured, and one JSON object
-    # per line is what CloudWatch Logs Insights parses without a pattern.
-    sys.stdout.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
 # --- Entry point ----------------------------------------------------------------------------
 
 
@@ -439,7 +435,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """
     started = time.monotonic()
     log: dict[str, Any] = {
-        "event": "request",
         "request_id": getattr(context, "aws_request_id", None),
         "method": event.get("httpMethod") if isinstance(event, dict) else None,
     }
@@ -453,5 +448,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         result = error_response(500, "internal error")
     log["status"] = result["statusCode"]
     log["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
-    _log(log)
+    # One record per request; a 5xx (the configuration, the store, a bug) at ERROR, so a
+    # function logging at WARN still shows it.
+    level = logging.ERROR if result["statusCode"] >= 500 else logging.INFO
+    log_event(logger, level, "request", **log)
     return result

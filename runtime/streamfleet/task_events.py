@@ -65,10 +65,10 @@ from .lease.dynamo import (
 )
 from .lease.errors import StoreUnavailable
 from .lease.sessions import delete_after
+from .logs import configured, log_event
 from .validation import REGION_PATTERN
 from .warm import WarmContainer
 from .worker.ecs_metadata import check_task_arn
-from .wsapi.logs import log_event
 
 logger = logging.getLogger(__name__)
 
@@ -526,18 +526,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     started = time.monotonic()
     request_id = getattr(context, "aws_request_id", None)
     with _CONTAINER.lock:
-        try:
-            config, dynamodb, sqs = _CONTAINER.get()
-        except ConfigError as bad:
-            log_event(
-                logger,
-                logging.ERROR,
-                "task_events_config_error",
-                variable=bad.variable,
-                error=str(bad),
-                requestId=request_id,
-            )
-            raise
+        config, dynamodb, sqs = configured(_CONTAINER, logger, context)
         try:
             stopped = parse_event(event, config)
         except Ignored as ignored:

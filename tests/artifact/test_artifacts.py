@@ -31,6 +31,8 @@ from streamfleet_dev.emulator.lambda_runner import (
     scheduled_event,
     wrong_target,
 )
+from streamfleet_dev.local.task_events import HANDLER as TASK_EVENTS_ENTRY
+from streamfleet_dev.local.task_events import local_cluster_arn, rule_target
 from tests.assembly_support import (
     AUTHORIZER_ENTRY,
     CANARY_ENTRY,
@@ -462,3 +464,81 @@ def test_the_environment_check_names_both_kinds_of_mismatch(world):
     label = function.label
     assert f"{label}: the template sets NOBODY_READS_THIS but its code never reads it" in findings
     assert any(f.startswith(f"{label}: its code reads TABLE_NAME") for f in findings), findings
+
+
+# One variable of each function's template made bad: the first its configuration checks, so the
+# rest of the environment need not be valid. The stream lookup's template sets none (it reads
+# its table from the custom resource's properties), so it has no configuration to get wrong.
+BAD_VARIABLE: dict[str, tuple[str, str] | None] = {
+    ROUTER_ENTRY: (model.ENV_TABLE_NAME, "not a table"),
+    TASK_EVENTS_ENTRY: (model.ENV_TABLE_NAME, "not a table"),
+    HANDLER_ENTRY: (model.ENV_STATE_TABLE_NAME, ""),
+    AUTHORIZER_ENTRY: (model.ENV_JWT_ISSUER, ""),
+    CANARY_ENTRY: (model.ENV_CANARY_ENDPOINT_URL, "https://not-a-websocket.example.com"),
+    "streamfleet.wsapi.fanout.handler": (model.ENV_APIGW_MANAGEMENT_ENDPOINT, "ftp://nowhere"),
+    "streamfleet.wsapi.stream_lookup.handler": None,
+}
+# What each function is invoked with: its trigger's event, as far as a bad configuration lets
+# it get (the router routes before it reads its configuration).
+CONFIG_EVENTS: dict[str, dict] = {
+    ROUTER_ENTRY: rest_proxy_event(
+        "POST", "/events", body=json.dumps({"event_type": "STOP", "connection_id": "c1"})
+    ),
+    TASK_EVENTS_ENTRY: {"source": "aws.ecs", "detail": {}},
+    HANDLER_ENTRY: {"requestContext": {"routeKey": "$default", "connectionId": "c1"}},
+    AUTHORIZER_ENTRY: {"type": "REQUEST", "methodArn": "arn:aws:execute-api:*", "headers": {}},
+    CANARY_ENTRY: scheduled_event("us-east-1", "123456789012", "arn:aws:events:::rule/canary"),
+    "streamfleet.wsapi.fanout.handler": {"Records": []},
+}
+
+
+def test_a_bad_variable_is_one_log_line_naming_it_in_every_function(world):
+    """Every function of both templates, from its asset, with one bad variable: it writes one
+    line that names the variable and no traceback, and fails as its trigger expects (the
+    router with a 500 naming the variable; every other function raises ``ConfigError``: a
+    retried event, a batch retried, an authorizer's or a route's HTTP 500, a canary error)."""
+    local_stacks = {
+        local.stack.name: local
+        for region in world.regions.values()
+        for local in (region.fleet, region.websocket)
+    }
+    functions = [f for f in artifact_assembly().functions() if f.is_python]
+    assert {f.handler for f in functions} == set(BAD_VARIABLE)
+    for index, function in enumerate(functions):
+        bad = BAD_VARIABLE[function.handler]
+        if bad is None:
+            assert function.environment == {}, function.label
+            continue
+        variable, value = bad
+        local = local_stacks[function.stack]
+        if function.handler == TASK_EVENTS_ENTRY:  # its cluster and service: what its rule names
+            target = rule_target(
+                local.stack,
+                bindings=local.bindings,
+                cluster_arn=local_cluster_arn(local.stack.region),
+                service_name="streamfleet-workers",
+            )
+            function = dataclasses.replace(function, environment=target.environment)
+        assert variable in function.environment, function.label
+        process = world.start_function(
+            local,
+            function,
+            access_key=f"bad-config-{index}",
+            extra_env={variable: value},
+        )
+        try:
+            answer = process.invoke(CONFIG_EVENTS[function.handler])
+        except LambdaFunctionError as failed:
+            assert function.handler != ROUTER_ENTRY, function.label
+            assert failed.error_type == "ConfigError", (function.label, failed.error_type)
+            assert str(failed).startswith(f"{variable}: "), (function.label, str(failed))
+        else:
+            assert function.handler == ROUTER_ENTRY, (function.label, answer)
+            assert answer["statusCode"] == 500, answer
+            assert json.loads(answer["body"])["variable"] == variable, answer
+        written = process.log_text()
+        lines = [line for line in written.splitlines() if line.strip()]
+        assert len(lines) == 1, (function.label, written)
+        assert f"variable={variable} " in lines[0] + " ", (function.label, written)
+        assert "Traceback" not in written, (function.label, written)
+        process.stop()

@@ -58,6 +58,11 @@ IMPORTED_FROM_ASSET = {
     "streamfleet.wsapi.canary.handler": ("websockets", "websockets.asyncio.client", "jwt"),
     "streamfleet.wsapi.authorizer.handler": ("jwt",),
 }
+# Modules a handler must not load on a cold start: the authorizer answers every $connect, and
+# the AWS SDK would add its import time to each cold one (it needs none: PyJWT and urllib).
+NOT_IMPORTED = {
+    "streamfleet.wsapi.authorizer.handler": ("boto3", "botocore"),
+}
 # The one function CDK itself adds (the VPC's restrict-default-security-group custom resource):
 # Node.js code of CDK's, not this project's; every other function must be the project's.
 CDK_PROVIDER_HANDLER = "__entrypoint__.handler"
@@ -334,6 +339,8 @@ def test_every_handler_imports_from_its_own_asset_in_a_clean_interpreter(
         assert Path(files[module]).is_relative_to(function.asset), (function.name, files[module])
         for name in from_asset:
             assert Path(files[name]).is_relative_to(function.asset), (function.name, name)
+        for name in NOT_IMPORTED.get(function.handler, ()):
+            assert name not in files, (function.name, name)
         allowed = (function.asset, overlay, runtime_provided, *map(Path, report["stdlib"]))
         outside = {
             name: file

@@ -19,8 +19,9 @@ Module map:
   ``metrics`` (metric, alarm state), ``sweeper``, ``run`` (one run); the package itself is the
   Lambda entry point;
 * :mod:`.handshake` — how a client opens a connection (URL, subprotocols, where the token
-  goes): the canary dials as the clients do;
-* :mod:`.logs` — structured log records for all three.
+  goes): the canary dials as the clients do.
+
+They log through :mod:`streamfleet.logs`, as every Lambda function of the app does.
 
 Distributions each Lambda needs besides the standard library and the Lambda runtime's boto3:
 the handlers none; the authorizer ``PyJWT`` and ``cryptography`` (RS256/ES256); the canary

@@ -52,7 +52,7 @@ Configuration (environment; names in :data:`streamfleet.model.AUTHORIZER_ENV`):
   ``readerTags`` (a JSON array in a string; values that are not valid tags are left out), which
   a START's readers may name (:mod:`streamfleet.readers`).
 
-Every decision is logged as a structured record (:mod:`.logs`): allow at INFO, deny and
+Every decision is logged as a structured record (:mod:`streamfleet.logs`): allow at INFO, deny and
 missing token at WARNING, with the reason; never the token.
 
 The authorizer never calls the other region: each region verifies tokens on its own.
@@ -74,8 +74,8 @@ from urllib.parse import urlsplit
 
 from .. import emf, model, readers
 from ..env import ConfigError, EnvironmentCache
+from ..logs import configured, log_event
 from . import jwt
-from .logs import log_event
 
 logger = logging.getLogger(__name__)
 
@@ -679,4 +679,4 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     The authorizer (and its JWKS cache) lives as long as the container; it is rebuilt only if the
     environment changes (tests).
     """
-    return _AUTHORIZER.get()(event, context)
+    return configured(_AUTHORIZER, logger, context)(event, context)

@@ -83,8 +83,8 @@ from ..backoff import full_jitter
 from ..clock import SYSTEM_CLOCK, Clock
 from ..env import ConfigError, EnvironmentCache, required
 from ..lease.dynamo import error_code, from_item, to_attr
+from ..logs import configured, log_event
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
-from .logs import log_event
 
 logger = logging.getLogger(__name__)
 
@@ -544,7 +544,7 @@ _FANOUT = EnvironmentCache(
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (``streamfleet.wsapi.fanout.handler``), for a DynamoDB stream event
     source mapping with ``ReportBatchItemFailures``."""
-    fanout = _FANOUT.get()
+    fanout = configured(_FANOUT, logger, context)
     started = time.monotonic()
     result = fanout(event, context)
     log_event(

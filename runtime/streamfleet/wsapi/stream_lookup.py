@@ -22,7 +22,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from .logs import log_event
+from ..logs import log_event
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ keys all outside them is the canary's own fault, not a failed probe. ``CANARY_TO
 
 Other environment: ``CANARY_ENDPOINT_URL`` (``wss://<api id>.execute-api.<region>.amazonaws.com/
 <stage>``), ``CANARY_API_ID``; every name is in :data:`streamfleet.model.CANARY_ENV`. Runs are
-logged as structured records (:mod:`streamfleet.wsapi.logs`): INFO for a healthy run, WARNING
+logged as structured records (:mod:`streamfleet.logs`): INFO for a healthy run, WARNING
 otherwise.
 
 The package, one concern a module: :mod:`.config` (the environment), :mod:`.probe` (the
@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -80,12 +81,15 @@ from typing import Any
 from ... import model
 from ...aws import AsyncClient
 from ...env import EnvironmentCache
+from ...logs import configured
 from .config import CLIENT_SETTINGS, CanaryConfig
 from .health import DynamoHealthStateStore
 from .metrics import CloudWatchAlarmState, CloudWatchPublisher
 from .run import Canary
 from .sweeper import MANAGEMENT_CLIENT_SETTINGS, ConnectionSweeper
 from .tokens import token_source_from_env
+
+logger = logging.getLogger(__name__)
 
 
 def canary_from_env(env: Mapping[str, str] | None = None) -> Canary:
@@ -143,7 +147,7 @@ _CANARY = EnvironmentCache(model.CANARY_ENV, canary_from_env)
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (``streamfleet.wsapi.canary.handler``), one probe per invocation."""
-    run = asyncio.run(_CANARY.get().run_once(schedule_tick_ms(event)))
+    run = asyncio.run(configured(_CANARY, logger, context).run_once(schedule_tick_ms(event)))
     return {
         "healthy": run.probe.healthy,
         "value": run.value,

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from ... import model
 from ...aws import AsyncClient
-from ..logs import log_event
+from ...logs import log_event
 
 # The package's logger: the canary's log lines keep one name whichever module writes them.
 logger = logging.getLogger(__package__)

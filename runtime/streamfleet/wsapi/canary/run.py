@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ... import model
+from ...logs import log_event
 from .. import jwt
 from ..handshake import Endpoint
-from ..logs import log_event
 from .config import CanaryConfig
 from .health import FailbackHysteresis, HealthState, HealthStateStore
 from .metrics import AlarmState, MetricPublisher

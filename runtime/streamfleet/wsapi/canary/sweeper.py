@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from ... import model
 from ...aws import AsyncClient, ClientSettings
 from ...lease.dynamo import error_code, names, to_attr
-from ..logs import log_event
+from ...logs import log_event
 
 # The package's logger: the canary's log lines keep one name whichever module writes them.
 logger = logging.getLogger(__package__)

@@ -14,8 +14,8 @@ from typing import Protocol
 from ... import model
 from ...aws import AsyncClient
 from ...env import ConfigError
+from ...logs import log_event
 from .. import jwt
-from ..logs import log_event
 from .config import CLIENT_SETTINGS
 
 # The package's logger: the canary's log lines keep one name whichever module writes them.

@@ -65,7 +65,7 @@ for live delivery all of ``STREAMS_TABLE_NAME`` (the fleet's lease table),
 ``MESSAGES_TABLE_NAME`` and ``SUBSCRIPTIONS_TABLE_NAME``, optionally
 ``SUBSCRIBE_NEWEST_MESSAGES`` (default 50) and ``REPLAY_MAX_MESSAGES`` (default 2,000) (names in
 :data:`streamfleet.model.HANDLERS_ENV`).
-Decisions and errors are logged as structured records (:mod:`streamfleet.wsapi.logs`) at
+Decisions and errors are logged as structured records (:mod:`streamfleet.logs`) at
 INFO/WARNING.
 
 The package, one concern a module: :mod:`.config` (the environment), :mod:`.messages` (what
@@ -88,7 +88,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ... import model
 from ...clock import SYSTEM_CLOCK, Clock
 from ...env import EnvironmentCache
-from ..logs import log_event
+from ...logs import configured, log_event
 from .auction import Auctions
 from .config import HandlerConfig, make_dynamodb_client
 from .connections import (
@@ -386,7 +386,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     The clients live as long as the container; a configuration error fails every invocation
     with a log line naming the variable.
     """
-    handlers = _HANDLERS.get()
+    handlers = configured(_HANDLERS, logger, context)
     started = time.monotonic()
     result = handlers(event, context)
     request_context = event.get("requestContext") or {}

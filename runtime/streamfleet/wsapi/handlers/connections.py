@@ -11,7 +11,7 @@ from typing import Any
 from ... import model, readers
 from ...clock import Clock
 from ...lease.dynamo import from_item, to_attr
-from ..logs import log_event
+from ...logs import log_event
 from .config import HandlerConfig
 from .messages import NotAuthorized
 

@@ -12,6 +12,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ... import model, readers
 from ...clock import Clock
 from ...lease.dynamo import from_item, is_condition_failure, names, to_attr
+from ...logs import log_event
 from ..delivery import (
     SOURCE_REPLAY,
     StoredMessage,
@@ -19,7 +20,6 @@ from ..delivery import (
     message_from_item,
     pack_frames,
 )
-from ..logs import log_event
 from .config import HandlerConfig, LiveTables
 from .messages import BadMessage, Refused, Subscribe
 from .state_store import StateStore, StateWriteConflict

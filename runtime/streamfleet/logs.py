@@ -1,4 +1,5 @@
-"""Structured log records for the WebSocket API's Lambdas (handlers, authorizer, canary).
+"""Structured log records: the one way every Lambda function of the app, and the code it
+shares with the CLI and the local harness, writes a log line.
 
 One call, :func:`log_event`, emits a record through :mod:`logging` (never ``basicConfig``: the
 Lambda runtime installs its handler, and a library must not configure logging for its host):
@@ -13,13 +14,23 @@ Field names that the runtime's formatter or :class:`logging.LogRecord` reserve (
 turned into strings (the formatter would fail on them). ``secrets`` are strings that must never
 appear in a log line (a bearer token, its payload segment): any value containing one of them is
 replaced by ``[redacted]``.
+
+:func:`configured` is how an entry point gets its configuration: a bad variable is reported as
+one ``config_error`` record naming it, never as a traceback. Metrics are not log records: they
+are EMF documents, built and written by :mod:`streamfleet.emf`.
+
+Standard library only: the authorizer imports it, and loads no AWS SDK on a cold start.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+from .env import ConfigError
+
+T = TypeVar("T", covariant=True)
 
 REDACTED = "[redacted]"
 # What LogRecord already has, plus the keys awslambdaric's JsonFormatter writes itself.
@@ -71,3 +82,29 @@ def log_event(
     extra = {("field_" + k if k in _RESERVED else k): v for k, v in record.items()}
     extra["event"] = event
     logger.log(level, f"{event} {text}".rstrip(), extra=extra)
+
+
+class Configuration(Protocol[T]):
+    """What an entry point builds from its environment, and keeps while it does not change
+    (:class:`~streamfleet.env.EnvironmentCache`, :class:`~streamfleet.warm.WarmContainer`)."""
+
+    def get(self) -> T: ...
+
+
+def configured(source: Configuration[T], logger: logging.Logger, context: Any) -> T:
+    """``source.get()``, for a Lambda entry point: a :class:`ConfigError` is logged as the one
+    ``config_error`` record of the invocation (ERROR, naming the variable) and raised again
+    without the frames that found it, so the invocation still fails as before (the Lambda
+    runtime reports its type and message, not a walk through the configuration code)."""
+    try:
+        return source.get()
+    except ConfigError as bad:
+        log_event(
+            logger,
+            logging.ERROR,
+            "config_error",
+            variable=bad.variable,
+            error=str(bad),
+            requestId=getattr(context, "aws_request_id", None),
+        )
+        raise bad.with_traceback(None) from None
