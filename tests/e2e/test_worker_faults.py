@@ -18,7 +18,7 @@ import pytest
 
 from streamfleet import model
 from streamfleet.lease.connections import Claimable
-from streamfleet.worker.fleet import FAIR_SHARE_SLACK
+from streamfleet.worker.taker import FAIR_SHARE_SLACK
 from streamfleet_dev.checks import log_problems
 from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.faults import PASS, Decision, Fault, RandomFaults, Rule, Script, on
@@ -150,9 +150,10 @@ async def test_the_audit_and_a_redelivered_notification_never_both_act_on_one_ro
 
     script.add(Rule(release, Decision(Fault.PASS, before=hold)))
 
-    audit = on_thread(worker, real._audit_own_rows())
+    taker = real.coordinator.taker
+    audit = on_thread(worker, taker.audit_own_rows())
     assert await asyncio.to_thread(held.wait, 10), "the audit never released"
-    claimed = await on_thread(worker, real._claim(Claimable(pk), "intake"))
+    claimed = await on_thread(worker, taker.claim(Claimable(pk), "intake"))
     go.set()
     await audit
 
@@ -253,7 +254,8 @@ class OwnNotifications:
         self.sent: set[str] = set()
         self.deleted: set[str] = set()
         self._sending = False
-        sqs, batch = worker.sqs, worker._sqs_batch
+        intake = worker.coordinator.intake
+        sqs, batch = worker.clients.sqs, intake._sqs_batch
         call = sqs.call
 
         async def recorded_call(operation: str, **params: Any) -> dict[str, Any]:
@@ -268,7 +270,7 @@ class OwnNotifications:
                 self.deleted.update(message["MessageId"] for message in messages)
             await batch(operation, messages, **entry)
 
-        sqs.call, worker._sqs_batch = recorded_call, recorded_batch
+        sqs.call, intake._sqs_batch = recorded_call, recorded_batch
 
     def watch_sends(self) -> None:
         self._sending = True

@@ -32,7 +32,7 @@ from streamfleet.aws import AsyncClient, ClientSettings
 from streamfleet.control import ControlPlane
 from streamfleet.lease import LeaseTiming
 from streamfleet.worker import connection as connection_module
-from streamfleet.worker import fleet as worker_fleet
+from streamfleet.worker import taker as worker_taker
 from streamfleet.worker.config import WorkerConfig
 from streamfleet.worker.connection import Connection
 from streamfleet.worker.fleet import Worker, WorkerClients
@@ -184,9 +184,9 @@ class ObservedConnection(Connection):
                 self._window.finished = time.monotonic()
 
 
-# The worker builds its connections through this module-level name; observing ones behave
-# exactly like the real class (and record nothing) outside a simulated world.
-worker_fleet.Connection = ObservedConnection  # type: ignore[misc]
+# The worker's lease taker builds its connections through this module-level name; observing
+# ones behave exactly like the real class (and record nothing) outside a simulated world.
+worker_taker.Connection = ObservedConnection  # type: ignore[misc]
 
 # Every upstream socket a simulated worker opens, by worker (its thread, not its name: two
 # worlds may run at once, each with a worker of the same name), so that a kill can close them
