@@ -19,6 +19,7 @@ import pytest
 from streamfleet.client.streams import StreamCursor
 from streamfleet.wsapi.fanout import Fanout
 from streamfleet_dev.dsim.live import Schedule, run_schedule
+from streamfleet_dev.dsim.live.aws import Gateway
 from streamfleet_dev.dsim.runner import run_many
 
 # A fixed list, so the gate is the same on every run; make sim draws fresh ones.
@@ -26,7 +27,8 @@ SEEDS = range(1, 201)
 # Seeds of that list that catch each defect below (found by running the list with the defect
 # in place; each catches it every time).
 CATCHES_POSTING_TO_EVERYONE = (5, 7, 8)
-CATCHES_MOVING_BACK = (4, 16, 17)
+CATCHES_MOVING_BACK = (16, 17, 19)
+CATCHES_POSITIONS_PER_REGION = (2, 4, 13)  # schedules with a regional failover
 
 
 def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() -> None:
@@ -50,11 +52,24 @@ def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() ->
         "refused",
         "TTL deleted",
         "skipped",
+        # Regional failovers: the primary's API down, or the whole Region cut off (its
+        # clients' sockets dead, its writes held back from the replica); the name moving to
+        # the secondary and back; clients served by the secondary's handlers and fan-out.
+        "the primary's api fails",
+        "the primary's region fails",
+        "cut off with its Region",
+        "closed by the tripped canary",
+        "the failover name answers with the secondary",
+        "the primary recovers",
+        "the failover name answers with the primary again",
+        "us-west-2 fan-out batch",
     ):
         assert sign in traces, sign
+    assert " connected d" in traces  # a client connected to the secondary
     schedules = [o.schedule for o in outcomes]
     assert any(s.large_share for s in schedules) and any(s.restart_share for s in schedules)
     assert any(s.retention_s for s in schedules)
+    assert 20 <= sum(s.failover is not None for s in schedules) <= 60
 
 
 def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
@@ -116,3 +131,33 @@ def test_a_cursor_that_moves_back_to_a_replys_after_is_caught(
     for seed in CATCHES_MOVING_BACK:
         problems = run_schedule(Schedule.generate(seed)).problems
         assert any("where the log has" in problem for problem in problems), (seed, problems)
+
+
+def test_a_client_that_starts_afresh_in_another_region_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker can fail across a regional failover: a client that keeps its positions per
+    Region (taking the secondary's log for another log) subscribes there from the newest, and
+    its application receives again what the primary delivered."""
+    original = Gateway.connect
+    last_region: dict[str, object] = {}
+
+    def afresh_in_another_region(self: Gateway, client: Any, token_expires_at: int) -> Any:
+        connection = original(self, client, token_expires_at)
+        if connection is None:
+            return None
+        if last_region.get(client.plan.user, self.region) is not self.region:
+            for cursor in client.subscriptions.values():
+                cursor.position, cursor.epoch = None, 0
+                cursor.buffer.clear()
+        last_region[client.plan.user] = self.region
+        return connection
+
+    monkeypatch.setattr(Gateway, "connect", afresh_in_another_region)
+    for seed in CATCHES_POSITIONS_PER_REGION:
+        last_region.clear()
+        problems = run_schedule(Schedule.generate(seed)).problems
+        assert any("before what was delivered" in problem for problem in problems), (
+            seed,
+            problems,
+        )
