@@ -1,8 +1,9 @@
 """Live delivery on a virtual clock (``streamfleet_dev.dsim.live``): the deployed
 handlers, fan-out and stream cursors against an in-process DynamoDB and API Gateway, with
 seeded latencies, lost answers, killed fan-out invocations, dropped connections, expiring
-tokens and readers changes; every client's application checked against the stored log; a seed
-replays byte for byte.
+tokens, readers changes and regional failovers (a second Region fed by out-of-order
+replication); every client's application checked against the stored log; a seed replays byte
+for byte.
 
 ``make sim`` runs 10,000 fresh seeds; ``SIM_SEED=<n> SIM_SYSTEM=live make sim`` prints one
 trace."""
@@ -78,8 +79,8 @@ def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
     assert " subscribe " in first.trace and " connected " in first.trace
     assert run_schedule(Schedule.generate(6)).trace != first.trace
 
-    def printed(hash_seed: str) -> str:
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "SIM_SEED": "5"}
+    def printed(hash_seed: str, seed: int = 5) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "SIM_SEED": str(seed)}
         done = subprocess.run(
             [sys.executable, "-m", "streamfleet_dev.dsim", "--system", "live"],
             env=env,
@@ -93,6 +94,9 @@ def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
     # Another process, another string hashing: the same bytes.
     assert printed("1") == printed("2")
     assert first.trace in printed("3")
+    # A schedule with a regional failover (two Regions, replication) too.
+    assert Schedule.generate(2).failover is not None
+    assert printed("1", 2) == printed("2", 2)
 
 
 def test_a_fanout_that_posts_to_every_subscriber_is_caught(
