@@ -1,8 +1,9 @@
 """Live delivery on a virtual clock (``streamfleet_dev.dsim.live``): the deployed
 handlers, fan-out and stream cursors against an in-process DynamoDB and API Gateway, with
 seeded latencies, lost answers, killed fan-out invocations, dropped connections, expiring
-tokens and readers changes; every client's application checked against the stored log; a seed
-replays byte for byte.
+tokens, readers changes and regional failovers (a second Region fed by out-of-order
+replication); every client's application checked against the stored log; a seed replays byte
+for byte.
 
 ``make sim`` runs 10,000 fresh seeds; ``SIM_SEED=<n> SIM_SYSTEM=live make sim`` prints one
 trace."""
@@ -19,6 +20,7 @@ import pytest
 from streamfleet.wsapi.fanout import Fanout
 from streamfleet_client.streams import StreamCursor
 from streamfleet_dev.dsim.live import Schedule, run_schedule
+from streamfleet_dev.dsim.live.aws import Gateway
 from streamfleet_dev.dsim.runner import run_many
 
 # A fixed list, so the gate is the same on every run; make sim draws fresh ones.
@@ -26,7 +28,8 @@ SEEDS = range(1, 201)
 # Seeds of that list that catch each defect below (found by running the list with the defect
 # in place; each catches it every time).
 CATCHES_POSTING_TO_EVERYONE = (5, 7, 8)
-CATCHES_MOVING_BACK = (4, 16, 17)
+CATCHES_MOVING_BACK = (16, 17, 19)
+CATCHES_POSITIONS_PER_REGION = (2, 4, 13)  # schedules with a regional failover
 
 
 def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() -> None:
@@ -50,11 +53,24 @@ def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() ->
         "refused",
         "TTL deleted",
         "skipped",
+        # Regional failovers: the primary's API down, or the whole Region cut off (its
+        # clients' sockets dead, its writes held back from the replica); the name moving to
+        # the secondary and back; clients served by the secondary's handlers and fan-out.
+        "the primary's api fails",
+        "the primary's region fails",
+        "cut off with its Region",
+        "closed by the tripped canary",
+        "the failover name answers with the secondary",
+        "the primary recovers",
+        "the failover name answers with the primary again",
+        "us-west-2 fan-out batch",
     ):
         assert sign in traces, sign
+    assert " connected d" in traces  # a client connected to the secondary
     schedules = [o.schedule for o in outcomes]
     assert any(s.large_share for s in schedules) and any(s.restart_share for s in schedules)
     assert any(s.retention_s for s in schedules)
+    assert 20 <= sum(s.failover is not None for s in schedules) <= 60
 
 
 def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
@@ -63,8 +79,8 @@ def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
     assert " subscribe " in first.trace and " connected " in first.trace
     assert run_schedule(Schedule.generate(6)).trace != first.trace
 
-    def printed(hash_seed: str) -> str:
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "SIM_SEED": "5"}
+    def printed(hash_seed: str, seed: int = 5) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "SIM_SEED": str(seed)}
         done = subprocess.run(
             [sys.executable, "-m", "streamfleet_dev.dsim", "--system", "live"],
             env=env,
@@ -78,6 +94,9 @@ def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
     # Another process, another string hashing: the same bytes.
     assert printed("1") == printed("2")
     assert first.trace in printed("3")
+    # A schedule with a regional failover (two Regions, replication) too.
+    assert Schedule.generate(2).failover is not None
+    assert printed("1", 2) == printed("2", 2)
 
 
 def test_a_fanout_that_posts_to_every_subscriber_is_caught(
@@ -129,3 +148,33 @@ def test_a_schedule_leaves_nothing_of_itself_behind() -> None:
         run_schedule(Schedule.generate(seed))
     gc.collect()
     assert [o for o in gc.get_objects() if isinstance(o, World)] == []
+
+
+def test_a_client_that_starts_afresh_in_another_region_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker can fail across a regional failover: a client that keeps its positions per
+    Region (taking the secondary's log for another log) subscribes there from the newest, and
+    its application receives again what the primary delivered."""
+    original = Gateway.connect
+    last_region: dict[str, object] = {}
+
+    def afresh_in_another_region(self: Gateway, client: Any, token_expires_at: int) -> Any:
+        connection = original(self, client, token_expires_at)
+        if connection is None:
+            return None
+        if last_region.get(client.plan.user, self.region) is not self.region:
+            for cursor in client.subscriptions.values():
+                cursor.position, cursor.epoch = None, 0
+                cursor.buffer.clear()
+        last_region[client.plan.user] = self.region
+        return connection
+
+    monkeypatch.setattr(Gateway, "connect", afresh_in_another_region)
+    for seed in CATCHES_POSITIONS_PER_REGION:
+        last_region.clear()
+        problems = run_schedule(Schedule.generate(seed)).problems
+        assert any("before what was delivered" in problem for problem in problems), (
+            seed,
+            problems,
+        )

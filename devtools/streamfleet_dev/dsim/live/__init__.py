@@ -1,7 +1,8 @@
 """Live delivery on a virtual clock: the real handlers, fan-out and cursors, seeded faults, and
 a checker of what every client's application received.
 
-One schedule runs, in one Region, for one seed:
+One schedule runs, in one Region (in one schedule in five two, with a regional failover:
+:mod:`.failover`, :mod:`.region`, :mod:`.replication`), for one seed:
 
 * **the stores**: the messages, lease (a stream's readers and origin), subscriptions,
   connections and state tables in
@@ -28,7 +29,11 @@ One schedule runs, in one Region, for one seed:
   answer may be lost after the request was applied (the SDK sends it again: a duplicated
   write or post), a post may be throttled; clients drop their connections; tokens expire; a
   stream's readers exclude a group for a while or for good. Every invocation is killed at its
-  function's timeout.
+  function's timeout;
+* **a regional failover**: the primary's API fails, or the whole Region is cut off (its
+  writes held back from the secondary's replica); the failover name moves to the secondary,
+  whose replica applies the primary's writes late and out of order; the primary may recover
+  and the name move back.
 
 Each actor is a greenlet on :class:`~streamfleet_dev.dsim.greenlets.Scheduler`: the code
 under test interleaves at every request it makes, and every duration and choice is drawn from
@@ -36,13 +41,16 @@ the seed, so a seed replays the same schedule and the same trace on any machine.
 
 The checker asks, for every client and every stream it subscribed to:
 
-* what its application received equals the stored log after its subscribe point: each
+* what its application received equals the stored log (the primary's) after its subscribe
+  point: each
   message byte for byte (and its JSON flag), in order, exactly once, each epoch change told
   before the new epoch's first message, nothing skipped that the log holds;
 * a client that still reads the stream at the end received the whole log (the run ends with
-  a quiet period without faults);
+  a quiet period without faults), or, reading from the secondary while the primary is still
+  cut off, the log up to the first message that never replicated there;
 * nothing stored after a readers change excluded a connection's user was posted to that
-  connection while the change held, and nothing stored after its token expired;
+  connection while the change held in the connection's Region (in the secondary: once it
+  replicated there), and nothing stored after its token expired;
 * no invocation ran into its timeout, no subscribe posted more than its replay budget, and no
   fan-out invocation made more Management API calls than its frames, subscribers and
   attempts allow.
@@ -56,6 +64,7 @@ from dataclasses import dataclass
 from streamfleet_dev.dsim.live.actors import Upstream, run_control, run_event_source, run_ttl
 from streamfleet_dev.dsim.live.checker import check
 from streamfleet_dev.dsim.live.client import Client, run_client
+from streamfleet_dev.dsim.live.failover import run_failover
 from streamfleet_dev.dsim.live.schedule import ClientPlan, Schedule
 from streamfleet_dev.dsim.live.world import SETTLE_S, World
 
@@ -88,7 +97,15 @@ def run_schedule(schedule: Schedule) -> Outcome:
         for stream in schedule.streams:
             world.upstreams[stream] = upstream = Upstream(world, stream)
             scheduler.spawn(upstream.run, name=f"upstream-{stream}", delay=0.5)
-        scheduler.spawn(run_event_source, world, name="event-source")
+        for region in world.regions:
+            scheduler.spawn(
+                run_event_source,
+                world,
+                region,
+                name="event-source" if region.primary else f"event-source-{region.name}",
+            )
+        if schedule.failover is not None:
+            scheduler.spawn(run_failover, world, name="failover")
         if schedule.retention_s is not None:
             scheduler.spawn(run_ttl, world, name="ttl")
         clients = [Client(world, plan) for plan in schedule.clients]
@@ -111,7 +128,8 @@ def run_schedule(schedule: Schedule) -> Outcome:
         )
     finally:
         world.scheduler.close()
-        world.store.close()
+        for region in world.regions:
+            region.store.close()
         quiet.setLevel(level)
 
 

@@ -12,7 +12,8 @@ from streamfleet.lease.dynamo import to_attr
 from streamfleet.worker.protocol import UpstreamMessage
 from streamfleet.wsapi import fanout as fanout_module
 from streamfleet.wsapi.delivery import SOURCE_LIVE, pack_frames
-from streamfleet_dev.dsim.live.world import REGION, SETTLE_S, World, until_answered
+from streamfleet_dev.dsim.live.region import Region
+from streamfleet_dev.dsim.live.world import SETTLE_S, World, until_answered
 
 FANOUT_TIMEOUT_S = 60.0
 FANOUT_RETRIES = 2  # a batch is given up after this many retries (the clients' gap watch heals)
@@ -124,11 +125,13 @@ def run_ttl(world: World) -> None:
         world.expire(world.now_ms / 1000 - rng.uniform(0.0, 2.0))
 
 
-def run_event_source(world: World) -> None:
-    """Lambda's DynamoDB event source: the change stream in order, in batches of seeded sizes;
-    a failed invocation's batch retried, then given up."""
-    rng = random.Random(f"events-{world.schedule.seed}")
-    shard = world.store.stream_records(world.names["messages"])
+def run_event_source(world: World, region: Region) -> None:
+    """Lambda's DynamoDB event source in ``region``: its replica's change stream in order, in
+    batches of seeded sizes; a failed invocation's batch retried, then given up."""
+    seed = world.schedule.seed
+    rng = random.Random(f"events-{seed}" if region.primary else f"events-{seed}-{region.name}")
+    shard = region.store.stream_records(region.names["messages"])
+    where = "" if region.primary else f"{region.name} "
     position = 0
     while True:
         world.scheduler.sleep(rng.uniform(0.05, 0.5))
@@ -139,25 +142,27 @@ def run_event_source(world: World) -> None:
             continue
         batch = records[position : position + rng.randint(1, world.schedule.max_batch)]
         for attempt in range(FANOUT_RETRIES + 1):
-            if _invoke_fanout(world, batch, rng):
+            if _invoke_fanout(world, region, batch, rng):
                 break
-            world.note(f"fan-out batch of {len(batch)} failed (attempt {attempt + 1})")
+            world.note(f"{where}fan-out batch of {len(batch)} failed (attempt {attempt + 1})")
         else:
-            world.note(f"fan-out batch of {len(batch)} given up")
+            world.note(f"{where}fan-out batch of {len(batch)} given up")
         position += len(batch)
 
 
-def _invoke_fanout(world: World, batch: list[dict[str, Any]], rng: random.Random) -> bool:
-    world.fanout_calls.clear()
+def _invoke_fanout(
+    world: World, region: Region, batch: list[dict[str, Any]], rng: random.Random
+) -> bool:
+    region.fanout_calls.clear()
     crash_after = None
     if world.faults_on and rng.random() < world.schedule.crash_share:
         world.faults += 1
         crash_after = rng.uniform(0, 0.1)
     ok, _ = world.invoke(
-        world.fanout,
+        region.fanout,
         {"Records": batch},
         timeout=FANOUT_TIMEOUT_S,
-        name="fanout",
+        name="fanout" if region.primary else f"fanout-{region.name}",
         crash_after=crash_after,
     )
     if not ok:
@@ -166,11 +171,11 @@ def _invoke_fanout(world: World, batch: list[dict[str, Any]], rng: random.Random
     # times, then its close and a close of its revocation: what one invocation may send one
     # connection.
     frames = sum(
-        len(pack_frames(stream, messages, region=REGION, source=SOURCE_LIVE))
+        len(pack_frames(stream, messages, region=region.name, source=SOURCE_LIVE))
         for stream, messages in fanout_module.messages_by_stream(batch).items()
     )
     bound = frames * fanout_module._MAX_POST_ATTEMPTS + 2
-    for connection_id, made in sorted(world.fanout_calls.items()):
+    for connection_id, made in sorted(region.fanout_calls.items()):
         if made > bound:
             world.problem(
                 f"a fan-out invocation made {made} Management API calls for {connection_id} "

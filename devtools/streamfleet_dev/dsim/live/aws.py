@@ -16,6 +16,7 @@ from streamfleet.wsapi import handlers as handlers_module
 
 if TYPE_CHECKING:
     from streamfleet_dev.dsim.live.client import Client
+    from streamfleet_dev.dsim.live.region import Region
     from streamfleet_dev.dsim.live.world import World
 
 # The deployed handler's timeout: an invocation still running then is ended by Lambda.
@@ -92,12 +93,14 @@ def _call(
 
 
 class SimDynamoDB:
-    """One function's boto3 DynamoDB client over the in-process store (see :func:`_call`)."""
+    """One function's boto3 DynamoDB client over its Region's in-process store (see
+    :func:`_call`)."""
 
-    def __init__(self, world: World, owner: str, sdk: Sdk):
+    def __init__(self, world: World, owner: str, sdk: Sdk, region: Region):
         self._world = world
         self._owner = owner
         self._sdk = sdk
+        self._region = region
 
     def __getattr__(self, operation: str) -> Callable[..., dict[str, Any]]:
         if operation.startswith("_"):
@@ -107,9 +110,11 @@ class SimDynamoDB:
     def _call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         world = self._world
 
+        region = self._region
+
         def apply() -> dict[str, Any]:
-            answer = world.store.call(operation, params)
-            world.applied(operation, params)
+            answer = region.store.call(operation, params)
+            world.applied(region, operation, params)
             return answer
 
         return _call(
@@ -123,21 +128,22 @@ class SimDynamoDB:
 
 
 class Management:
-    """One function's boto3 ``apigatewaymanagementapi`` client, over the gateway."""
+    """One function's boto3 ``apigatewaymanagementapi`` client, over its Region's gateway."""
 
-    def __init__(self, world: World, owner: str, sdk: Sdk):
+    def __init__(self, world: World, owner: str, sdk: Sdk, region: Region):
         self._world = world
         self._owner = owner
         self._sdk = sdk
+        self._region = region
 
     def post_to_connection(self, ConnectionId: str, Data: bytes) -> dict[str, Any]:
-        gateway = self._world.gateway
+        gateway = self._region.gateway
         return self._call(
             "post", ConnectionId, lambda: gateway.post(ConnectionId, Data, self._owner)
         )
 
     def delete_connection(self, ConnectionId: str) -> dict[str, Any]:
-        gateway = self._world.gateway
+        gateway = self._region.gateway
         why = f"closed by {self._owner}"
         return self._call("delete", ConnectionId, lambda: gateway.delete(ConnectionId, why))
 
@@ -145,7 +151,7 @@ class Management:
         self, operation: str, connection_id: str, apply: Callable[[], dict[str, Any]]
     ) -> dict[str, Any]:
         if self._owner == "fanout":  # one invocation at a time: the checker bounds each
-            self._world.fanout_calls[connection_id] += 1
+            self._region.fanout_calls[connection_id] += 1
         return _call(
             self._world, self._owner, self._sdk, operation, apply, "LimitExceededException"
         )
@@ -159,6 +165,7 @@ class Connection:
     id: str
     client: Client
     token_expires_at: int
+    gateway: Gateway  # of the Region it was made to
     open: bool = True  # as API Gateway sees it
     dropped: bool = False  # the client is gone; API Gateway has not noticed yet
     delivered_until: float = 0.0  # frames reach the client in the order they were posted
@@ -174,8 +181,10 @@ class Gateway:
     the 32 KB frame limit closes it (1009). A client that drops its connection is noticed a
     little later: posts until then are accepted and lost."""
 
-    def __init__(self, world: World):
+    def __init__(self, world: World, region: Region, connection_prefix: str):
         self._world = world
+        self.region = region
+        self._prefix = connection_prefix  # connection ids are unique across Regions
         self._ids = itertools.count(1)
         self.connections: dict[str, Connection] = {}
 
@@ -201,7 +210,7 @@ class Gateway:
 
     def _invoke(self, connection: Connection, route: str, body: str | None = None) -> dict:
         ok, answer = self._world.invoke(
-            self._world.handlers,
+            self.region.handlers,
             self._event(connection, route, body),
             timeout=HANDLER_TIMEOUT_S,
             name=f"{route}-{connection.id}",
@@ -211,14 +220,17 @@ class Gateway:
     def connect(self, client: Client, token_expires_at: int) -> Connection | None:
         """The handshake, ``$connect`` included (run in the client's own task)."""
         world = self._world
-        connection = Connection(f"c{next(self._ids)}", client, token_expires_at)
+        connection = Connection(f"{self._prefix}{next(self._ids)}", client, token_expires_at, self)
         world.scheduler.sleep(world.latency())
+        if not self.region.api_up:
+            world.note(f"{client.plan.user} could not connect to {self.region.name}")
+            return None
         answer = self._invoke(connection, handlers_module.CONNECT)
         world.scheduler.sleep(world.latency())
         if answer.get("statusCode") != 200:
             return None
         self.connections[connection.id] = connection
-        world.connected(connection.id, client.plan.user, token_expires_at)
+        world.connected(connection.id, client.plan.user, token_expires_at, self.region)
         world.note(f"{client.plan.user} connected {connection.id}")
         return connection
 
@@ -237,7 +249,9 @@ class Gateway:
         )
 
     def _route(self, connection: Connection, text: str) -> None:
-        if connection.open:
+        # A Region whose API is down routes nothing: its handlers are throttled, or nothing
+        # reaches it (the client's request times out).
+        if connection.open and self.region.api_up:
             self._invoke(connection, handlers_module.DEFAULT, text)
 
     def post(self, connection_id: str, data: bytes, owner: str) -> dict[str, Any]:
@@ -274,8 +288,9 @@ class Gateway:
         self._close(connection, why)
         return {}
 
-    def drop(self, connection: Connection, why: str) -> None:
-        """The client's side goes away; API Gateway notices within a second."""
+    def drop(self, connection: Connection, why: str, *, noticed_after: float | None = None) -> None:
+        """The client's side goes away; API Gateway notices within a second. The client
+        notices after ``noticed_after`` seconds (default: at once, it closed the socket)."""
         world = self._world
         if not connection.open or connection.dropped:
             return
@@ -285,7 +300,7 @@ class Gateway:
             connection.client.on_closed,
             connection,
             name=f"closed-{connection.id}",
-            delay=world.latency(),
+            delay=world.latency() if noticed_after is None else noticed_after,
             root=True,
         )
         world.scheduler.spawn(
@@ -312,6 +327,8 @@ class Gateway:
                 delay=at - world.scheduler.now,
                 root=True,
             )
+        if not self.region.api_up:
+            return  # $disconnect is best effort: a Region whose handlers are down misses it
         world.scheduler.spawn(
             self._invoke,
             connection,

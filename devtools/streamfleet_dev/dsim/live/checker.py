@@ -8,7 +8,7 @@ import bisect
 from streamfleet import model
 from streamfleet_dev.dsim.live.client import AppLog, Client
 from streamfleet_dev.dsim.live.schedule import ClientPlan
-from streamfleet_dev.dsim.live.world import SUBSCRIBE_POST_BOUND, World
+from streamfleet_dev.dsim.live.world import SUBSCRIBE_POST_BOUND, Stored, World
 
 
 def check(world: World, clients: list[Client]) -> int:
@@ -95,11 +95,32 @@ def _check_app(world: World, client: Client, stream: str, app: AppLog) -> None:
     still_reading = stream in client.subscriptions and stream not in client.refused
     # What TTL deleted may be missing: at the end of the log nothing follows it to tell.
     missing = [e for e in log[index:] if not e.expired] if index is not None else []
+    missing = _owed_by(world, client, stream, missing)
     if still_reading and missing:
         world.problem(
             f"{who}: {len(missing)} stored messages never delivered, from "
             f"{model.epoch_of(missing[0].position)}/{model.seq_of(missing[0].position)}"
         )
+
+
+def _owed_by(world: World, client: Client, stream: str, missing: list[Stored]) -> list[Stored]:
+    """What of ``missing`` the client still reading at the end is owed: all of it, unless it
+    reads from a Region other than the primary, which can serve only what replicated there. A
+    message the primary stored and never replicated (it was cut off, and has not recovered)
+    is a hole there that nothing fills, so the client is owed the log up to it, and no more
+    (disaster-recovery.md: those messages reach the other Region when the failed one
+    recovers; live-delivery.md: a hole that may still be filled is never skipped)."""
+    region = (
+        client.connection.gateway.region
+        if client.connection
+        else world.region_for(client.plan.user)
+    )
+    if region.primary:
+        return missing
+    for index, stored in enumerate(missing):
+        if not region.holds(stream, stored.position):
+            return missing[:index]
+    return missing
 
 
 def _check_revocations(world: World, plans: dict[str, ClientPlan]) -> None:
@@ -109,7 +130,9 @@ def _check_revocations(world: World, plans: dict[str, ClientPlan]) -> None:
             stored = world.log[stream].get(position)
             if stored is None:
                 continue
-            for begun, until in world.excluded.get((stream, group), ()):
+            # Each Region's handlers and fan-out read its own replica of the readers: in the
+            # secondary, a readers change holds once it has replicated there.
+            for begun, until in posted.region.excluded.get((stream, group), ()):
                 if stored.stored_at_ms > begun and (until is None or posted_ms < until):
                     world.problem(
                         f"{connection_id} ({posted.user}): {stream} {_wire(position)}, stored "

@@ -86,7 +86,7 @@ class Client:
         attempt = 0
         while world.scheduler.now < world.schedule.duration + SETTLE_S:
             expires = world.now_ms // 1000 + int(self.plan.token_seconds)
-            connection = world.gateway.connect(self, expires)
+            connection = world.region_for(self.plan.user).gateway.connect(self, expires)
             if connection is None:
                 world.scheduler.sleep(full_jitter(attempt, 0.5, 10.0, self.rng))
                 attempt += 1
@@ -127,7 +127,7 @@ class Client:
     def drop(self) -> None:
         """The client closes its connection (a network change, a page reload)."""
         if self.connection is not None:
-            self.world.gateway.drop(self.connection, f"dropped by {self.plan.user}")
+            self.connection.gateway.drop(self.connection, f"dropped by {self.plan.user}")
 
     def on_closed(self, connection: Connection) -> None:
         if connection is self.connection:
@@ -143,7 +143,7 @@ class Client:
             f"{self.plan.user} subscribe {cursor.stream} after {cursor.epoch}/{cursor.position}"
             f" ({reason}) on {self.connection.id}"
         )
-        self.world.gateway.send(
+        self.connection.gateway.send(
             self.connection,
             json.dumps(
                 {
@@ -159,7 +159,7 @@ class Client:
     def _send_unsubscribe(self, stream: str) -> None:
         assert self.connection is not None
         request_id = f"{self.plan.user}-u{next(self._ids)}"
-        self.world.gateway.send(
+        self.connection.gateway.send(
             self.connection,
             json.dumps(
                 {"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream, "requestId": request_id}
@@ -197,7 +197,7 @@ class Client:
                     cursor.acknowledged = True
                     cursor.gap_since = now
         if kind == model.WS_REPLY_ERROR and message.get("error") == TOKEN_EXPIRED:
-            self.world.gateway.drop(connection, f"closed by {self.plan.user}: token expired")
+            connection.gateway.drop(connection, f"closed by {self.plan.user}: token expired")
 
     def _on_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
         stream = message.get("stream")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from streamfleet.wsapi.handlers import config as handlers_config
+from streamfleet_dev.dsim.live.failover import Failover
 
 T = TypeVar("T")
 GROUPS = ("team:red", "team:blue")  # the claim tags readers name
@@ -53,6 +54,7 @@ class Schedule:
     # How long stored messages live (their TTL), or None: for ever. A short one makes TTL
     # delete messages while clients replay them.
     retention_s: int | None
+    failover: Failover | None  # a regional failover, or None: one Region only
 
     @classmethod
     def generate(cls, seed: int) -> Schedule:
@@ -113,6 +115,7 @@ class Schedule:
             racing_changes=rng.choice((0.0, 0.0, 0.1, 0.3)),
             racing_writes=rng.choice((0.0, 0.0, 0.1, 0.3)),
             retention_s=retention_s,
+            failover=Failover.draw(seed, duration, tuple(c.user for c in clients)),
         )
 
     def describe(self) -> str:
@@ -144,4 +147,5 @@ class Schedule:
             f"{self.newest}, replay <= {self.replay_max}, readers changes {changes}, "
             f"retention {f'{self.retention_s} s' if self.retention_s else 'none'}; "
             f"clients: {clients}"
+            + (f"; {self.failover.describe()}" if self.failover is not None else "")
         )

@@ -15,33 +15,14 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from streamfleet import model
 from streamfleet.lease.dynamo import to_attr
 from streamfleet.worker.sink import MessageSink
-from streamfleet.wsapi import fanout as fanout_module
-from streamfleet.wsapi.handlers import WsApiHandlers
-from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
-from streamfleet.wsapi.handlers.replier import ManagementApiReplier
 from streamfleet.wsapi.handlers.subscribe import REPLAY_MAX_BYTES
-from streamfleet_dev.dsim.dynamodb_model import DynamoDBModel
-from streamfleet_dev.dsim.greenlets import Killed, Scheduler, Task, TaskPool
-from streamfleet_dev.dsim.live.aws import (
-    FANOUT_DYNAMODB_SDK,
-    FANOUT_MANAGEMENT_SDK,
-    FLEET_SDK,
-    HANDLER_SDK,
-    Gateway,
-    Management,
-    SimDynamoDB,
-)
+from streamfleet_dev.dsim.greenlets import Killed, Scheduler, Task
+from streamfleet_dev.dsim.live.aws import FLEET_SDK, SimDynamoDB
+from streamfleet_dev.dsim.live.region import PRIMARY, SECONDARY, Region
+from streamfleet_dev.dsim.live.replication import Replication
 from streamfleet_dev.dsim.live.schedule import GROUPS, Schedule
 
-REGION = "us-east-1"
 WALL_BASE_MS = 1_800_000_000_000
-TABLES = {
-    "streams": (model.LEASE_TABLE, "dsim-streams"),
-    "messages": (model.MESSAGES_TABLE, "dsim-messages"),
-    "subscriptions": (model.WSAPI_SUBSCRIPTIONS_TABLE, "dsim-subscriptions"),
-    "state": (model.WSAPI_STATE_TABLE, "dsim-state"),
-    "connections": (model.WSAPI_CONNECTIONS_TABLE, "dsim-connections"),
-}
 SETTLE_S = 400.0  # the quiet period: the quiet watch (20 s, doubling to 320 s) finds lost tails
 # What one handler invocation may post: a subscribe's replay budget, one message past it (at
 # most 400 KB, DynamoDB's item limit), and each frame's envelope.
@@ -68,6 +49,7 @@ class Posted:
 
     user: str
     token_expires_at: int
+    region: Region
     positions: list[tuple[str, int, int]] = field(default_factory=list)  # stream, position, ms
 
 
@@ -82,57 +64,22 @@ class World:
         self.trace: list[str] = []
         self.problems: list[str] = []
         self.requests = 0
-        self.fanout_calls: Counter[str] = Counter()  # this invocation's, by connection
         self.posted_bytes: dict[Task, int] = defaultdict(int)  # by handler invocation
         self.faults = 0
         self.faults_on = True
-        self.store = DynamoDBModel(REGION)
-        self.names = {key: name for key, (_, name) in TABLES.items()}
-        for spec, name in TABLES.values():
-            self.store.create_table(spec, name)
         self.log: dict[str, dict[int, Stored]] = defaultdict(dict)
-        # (stream, group) -> [from, until): surely excluded then (until None: to the end)
-        self.excluded: dict[tuple[str, str], list[tuple[int, int | None]]] = defaultdict(list)
         self.posted: dict[str, Posted] = {}  # by connection id
-        self.gateway = Gateway(self)
-        self.handlers = WsApiHandlers(
-            HandlerConfig(
-                state_table=self.names["state"],
-                connections_table=self.names["connections"],
-                region=REGION,
-                management_endpoint="https://sim.example/live",
-                live=LiveTables(
-                    streams_table=self.names["streams"],
-                    messages_table=self.names["messages"],
-                    subscriptions_table=self.names["subscriptions"],
-                    newest=schedule.newest,
-                    replay_max=schedule.replay_max,
-                ),
-            ),
-            dynamodb=SimDynamoDB(self, "handler", HANDLER_SDK),
-            replier=ManagementApiReplier(
-                region=REGION,
-                endpoint="https://sim.example/live",
-                client_factory=lambda _endpoint: Management(self, "handler", HANDLER_SDK),
-            ),
-            clock=self.clock,
-        )
-        self.fanout = fanout_module.Fanout(
-            fanout_module.FanoutConfig(
-                subscriptions_table=self.names["subscriptions"],
-                management_endpoint="https://sim.example/live",
-                region=REGION,
-                streams_table=self.names["streams"],
-                post_threads=4,
-            ),
-            dynamodb=SimDynamoDB(self, "fanout", FANOUT_DYNAMODB_SDK),
-            management=Management(self, "fanout", FANOUT_MANAGEMENT_SDK),
-            clock=self.clock,
-            metrics_out=lambda _line: None,
-            pool=TaskPool(self.scheduler, "fanout-post", 4),
-            sleep=self.scheduler.sleep,
-            rng=random.Random(f"fanout-{schedule.seed}"),
-        )
+        # The fleet, the control plane and the failover name's first answer are the primary
+        # Region's; a schedule with a failover has a second Region, fed by replication.
+        self.primary = Region(self, PRIMARY, connection_prefix="c")
+        self.regions = [self.primary]
+        self.secondary: Region | None = None
+        self.replication: Replication | None = None
+        if schedule.failover is not None:
+            self.secondary = Region(self, SECONDARY, connection_prefix="d")
+            self.regions.append(self.secondary)
+            self.replication = Replication(self, self.primary, self.secondary)
+        self.names = self.primary.names
         self.sink = MessageSink(
             dynamodb=None,  # type: ignore[arg-type]  # only its item format is used
             table_name=self.names["messages"],
@@ -141,12 +88,28 @@ class World:
             flush_every=1.0,
             retention_seconds=schedule.retention_s,
         )
-        self.worker_db = SimDynamoDB(self, "worker", FLEET_SDK)
-        self.control_db = SimDynamoDB(self, "control", FLEET_SDK)
+        self.worker_db = SimDynamoDB(self, "worker", FLEET_SDK, self.primary)
+        self.control_db = SimDynamoDB(self, "control", FLEET_SDK, self.primary)
         self.readers = Readers(self)
         self.upstreams: dict[str, Any] = {}  # by stream: each one's Upstream (actors)
-        self._removals = self.store.stream_records(self.names["messages"])
+        self._removals = self.primary.store.stream_records(self.names["messages"])
         self._removals_read = 0
+
+    def region_for(self, user: str) -> Region:
+        """The Region ``user``'s client reaches now: the failover name, resolved at every
+        attempt (after a failover, the secondary), or the secondary's own URL if it is pinned
+        there."""
+        failover = self.schedule.failover
+        if self.secondary is not None and failover is not None and user in failover.pinned:
+            return self.secondary
+        return self.region_answering()
+
+    def region_answering(self) -> Region:
+        """The Region the failover name answers with now."""
+        failover = self.schedule.failover
+        if self.secondary is not None and failover is not None:
+            return self.secondary if failover.on_secondary(self.scheduler.now) else self.primary
+        return self.primary
 
     # Lambda ----------------------------------------------------------------------------------
 
@@ -251,8 +214,13 @@ class World:
 
     # What was stored -------------------------------------------------------------------------
 
-    def applied(self, operation: str, params: dict[str, Any]) -> None:
-        """Called as a write is applied: the messages table's log, kept for the checker."""
+    def applied(self, region: Region, operation: str, params: dict[str, Any]) -> None:
+        """Called as a write is applied in ``region``: the messages table's log, kept for the
+        checker; a write to a global table is replicated."""
+        if not region.primary:
+            return  # only the primary's fleet and control plane write the global tables
+        if self.replication is not None:
+            self.replication.carry(operation, params)
         if operation != "put_item" or params.get("TableName") != self.names["messages"]:
             return
         item = params["Item"]
@@ -270,7 +238,9 @@ class World:
     def expire(self, now_s: float) -> None:
         """TTL deletes what expired before ``now_s``; the log marks what it deleted, from the
         change stream's ``REMOVE`` records (as a reader of the stream would learn it)."""
-        deleted = self.store.expire(now_s)
+        for region in self.regions[1:]:
+            region.store.expire(now_s)  # each replica's own TTL deletes what expired there
+        deleted = self.primary.store.expire(now_s)
         if not deleted:
             return
         records = self._removals()
@@ -285,8 +255,10 @@ class World:
         self._removals_read = len(records)
         self.note(f"TTL deleted {deleted} items")
 
-    def connected(self, connection_id: str, user: str, token_expires_at: int) -> None:
-        self.posted[connection_id] = Posted(user, token_expires_at)
+    def connected(
+        self, connection_id: str, user: str, token_expires_at: int, region: Region
+    ) -> None:
+        self.posted[connection_id] = Posted(user, token_expires_at, region)
 
     def on_post(self, connection_id: str, data: bytes) -> None:
         posted = self.posted.get(connection_id)
@@ -350,7 +322,7 @@ class Readers:
         try:
             held = self._excluded[stream]
             held[group] += 1 if exclude else -1
-            windows = world.excluded[(stream, group)]
+            windows = world.primary.excluded.setdefault((stream, group), [])
             if not exclude and held[group] == 0:
                 windows[-1] = (windows[-1][0], world.now_ms)
             until_answered(
@@ -368,6 +340,19 @@ class Readers:
             world.note(f"readers of {stream} {'exclude' if exclude else 'include again'} {group}")
         finally:
             self._busy = False
+
+    def replicated(self, region: Region, stream: str, readers: list[str]) -> None:
+        """A stream's readers as they reached ``region``'s replica, now: the windows in which
+        that Region surely excluded a group run from the replicated exclusion to the replicated
+        lifting (what another Region's fan-out and handlers read is its own replica)."""
+        now = self._world.now_ms
+        for group in GROUPS:
+            windows = region.excluded.setdefault((stream, group), [])
+            open_window = bool(windows) and windows[-1][1] is None
+            if group not in readers and not open_window:
+                windows.append((now, None))
+            elif group in readers and open_window:
+                windows[-1] = (windows[-1][0], now)
 
 
 class _Context:
