@@ -23,6 +23,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from streamfleet import model
+from streamfleet_dev.emulator.ecs import HANDLER as TASK_EVENTS_ENTRY
+from streamfleet_dev.emulator.ecs import local_cluster_arn, rule_target
 from streamfleet_dev.emulator.lambda_runner import (
     LambdaFunctionError,
     LambdaSpec,
@@ -31,8 +33,6 @@ from streamfleet_dev.emulator.lambda_runner import (
     scheduled_event,
     wrong_target,
 )
-from streamfleet_dev.local.task_events import HANDLER as TASK_EVENTS_ENTRY
-from streamfleet_dev.local.task_events import local_cluster_arn, rule_target
 from tests.assembly_support import (
     AUTHORIZER_ENTRY,
     CANARY_ENTRY,
