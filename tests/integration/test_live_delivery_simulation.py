@@ -1,9 +1,9 @@
 """Live delivery on a virtual clock (``streamfleet_dev.dsim.live``): the deployed
 handlers, fan-out and stream cursors against an in-process DynamoDB and API Gateway, with
 seeded latencies, lost answers, killed fan-out invocations, dropped connections, expiring
-tokens, readers changes and regional failovers (a second Region fed by out-of-order
-replication); every client's application checked against the stored log; a seed replays byte
-for byte.
+tokens, readers changes, regional failovers (a second Region fed by out-of-order
+replication), heartbeats, getState and client restarts; every client's application checked
+against the stored log; a seed replays byte for byte.
 
 ``make sim`` runs 10,000 fresh seeds; ``SIM_SEED=<n> SIM_SYSTEM=live make sim`` prints one
 trace."""
@@ -19,17 +19,20 @@ import pytest
 
 from streamfleet.wsapi.fanout import Fanout
 from streamfleet_client.streams import StreamCursor
-from streamfleet_dev.dsim.live import Schedule, run_schedule
+from streamfleet_dev.dsim.live import Schedule, heartbeat, run_schedule
 from streamfleet_dev.dsim.live.aws import Gateway
+from streamfleet_dev.dsim.live.client import Client
 from streamfleet_dev.dsim.runner import run_many
 
 # A fixed list, so the gate is the same on every run; make sim draws fresh ones.
 SEEDS = range(1, 201)
 # Seeds of that list that catch each defect below (found by running the list with the defect
 # in place; each catches it every time).
-CATCHES_POSTING_TO_EVERYONE = (5, 7, 8)
-CATCHES_MOVING_BACK = (16, 17, 19)
+CATCHES_POSTING_TO_EVERYONE = (6, 8, 11)
+CATCHES_MOVING_BACK = (17, 24, 28)
 CATCHES_POSITIONS_PER_REGION = (2, 4, 13)  # schedules with a regional failover
+CATCHES_IGNORING_MISSED_PONGS = (75, 88, 94)  # schedules whose primary Region is cut off
+CATCHES_IGNORING_SERVER_STATE = (1, 5, 8)  # schedules with a client restart
 
 
 def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() -> None:
@@ -64,6 +67,13 @@ def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() ->
         "the primary recovers",
         "the failover name answers with the primary again",
         "us-west-2 fan-out batch",
+        # Heartbeats and getState: a client on a cut-off Region gives its connection up after
+        # two missed pongs; a restarted client takes its subscriptions from getState, in
+        # either Region (the state table replicates both ways).
+        "heartbeats unanswered",
+        "restarting",
+        "(server-state)",
+        " state on d",
     ):
         assert sign in traces, sign
     assert " connected d" in traces  # a client connected to the secondary
@@ -175,6 +185,35 @@ def test_a_client_that_starts_afresh_in_another_region_is_caught(
         last_region.clear()
         problems = run_schedule(Schedule.generate(seed)).problems
         assert any("before what was delivered" in problem for problem in problems), (
+            seed,
+            problems,
+        )
+
+
+def test_a_client_that_ignores_missed_pongs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker can fail on the heartbeat: a client that keeps a connection of a cut-off
+    Region (its socket looks open, nothing answers) past two missed pongs."""
+    original = heartbeat.HeartbeatWatch.tick
+
+    def deaf(self: heartbeat.HeartbeatWatch, now: float) -> str | None:
+        action = original(self, now)
+        return None if action == "give up" else action
+
+    monkeypatch.setattr(heartbeat.HeartbeatWatch, "tick", deaf)
+    for seed in CATCHES_IGNORING_MISSED_PONGS:
+        problems = run_schedule(Schedule.generate(seed)).problems
+        assert any("heartbeats unanswered)" in problem for problem in problems), (seed, problems)
+
+
+def test_a_restarted_client_that_ignores_get_states_subscriptions_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker can fail on getState: a client that does not follow the server's list of
+    the user's subscriptions comes back from a restart without them."""
+    monkeypatch.setattr(Client, "_on_state", lambda self, connection, state: None)
+    for seed in CATCHES_IGNORING_SERVER_STATE:
+        problems = run_schedule(Schedule.generate(seed)).problems
+        assert any("not subscribed again from getState" in problem for problem in problems), (
             seed,
             problems,
         )

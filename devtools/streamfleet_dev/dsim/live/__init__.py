@@ -24,7 +24,10 @@ One schedule runs, in one Region (in one schedule in five two, with a regional f
 * **clients**: each user's client drives :class:`~streamfleet_client.streams.StreamCursor`
   exactly as :class:`~streamfleet_client.reconnecting.ReconnectingClient` does (subscribe on
   every connection from the position delivered, the gap and quiet watch, final refusals,
-  ``token_expired``), reconnecting with full-jitter backoff and a fresh token;
+  ``token_expired``), reconnecting with full-jitter backoff and a fresh token; ``getState``
+  after every connect, following the subscriptions it lists (:mod:`.state_restore`), and the
+  application heartbeat, a connection given up after two missed pongs (:mod:`.heartbeat`);
+  some clients restart, keeping only their positions;
 * **faults**: every request to DynamoDB and the Management API takes a seeded time, an
   answer may be lost after the request was applied (the SDK sends it again: a duplicated
   write or post), a post may be throttled; clients drop their connections; tokens expire; a
@@ -33,7 +36,8 @@ One schedule runs, in one Region (in one schedule in five two, with a regional f
 * **a regional failover**: the primary's API fails, or the whole Region is cut off (its
   writes held back from the secondary's replica); the failover name moves to the secondary,
   whose replica applies the primary's writes late and out of order; the primary may recover
-  and the name move back.
+  and the name move back. A cut-off Region's clients are told nothing: only their heartbeats
+  make them leave. The state table replicates both ways.
 
 Each actor is a greenlet on :class:`~streamfleet_dev.dsim.greenlets.Scheduler`: the code
 under test interleaves at every request it makes, and every duration and choice is drawn from
@@ -51,6 +55,9 @@ The checker asks, for every client and every stream it subscribed to:
 * nothing stored after a readers change excluded a connection's user was posted to that
   connection while the change held in the connection's Region (in the secondary: once it
   replicated there), and nothing stored after its token expired;
+* a client on a connection of a cut-off Region gave it up within its missed heartbeats
+  (:mod:`.liveness`); a restarted client is subscribed again, from ``getState``, to what the
+  server had acknowledged (:mod:`.restarts`);
 * no invocation ran into its timeout, no subscribe posted more than its replay budget, and no
   fan-out invocation made more Management API calls than its frames, subscribers and
   attempts allow.

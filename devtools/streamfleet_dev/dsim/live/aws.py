@@ -4,6 +4,7 @@ clients, and API Gateway's WebSocket side."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -169,6 +170,10 @@ class Connection:
     open: bool = True  # as API Gateway sees it
     dropped: bool = False  # the client is gone; API Gateway has not noticed yet
     delivered_until: float = 0.0  # frames reach the client in the order they were posted
+    # When its Region was cut off with the connection open (the client is told nothing: only
+    # its heartbeats tell it), and when the client stopped serving it.
+    cut_off_at: float | None = None
+    client_left_at: float | None = None
 
 
 def _gone(operation: str) -> ClientError:
@@ -252,7 +257,7 @@ class Gateway:
         # A Region whose API is down routes nothing: its handlers are throttled, or nothing
         # reaches it (the client's request times out).
         if connection.open and self.region.api_up:
-            self._invoke(connection, handlers_module.DEFAULT, text)
+            self._invoke(connection, _route_key(text), text)
 
     def post(self, connection_id: str, data: bytes, owner: str) -> dict[str, Any]:
         world = self._world
@@ -288,9 +293,8 @@ class Gateway:
         self._close(connection, why)
         return {}
 
-    def drop(self, connection: Connection, why: str, *, noticed_after: float | None = None) -> None:
-        """The client's side goes away; API Gateway notices within a second. The client
-        notices after ``noticed_after`` seconds (default: at once, it closed the socket)."""
+    def drop(self, connection: Connection, why: str) -> None:
+        """The client closed its socket; API Gateway notices within a second."""
         world = self._world
         if not connection.open or connection.dropped:
             return
@@ -300,9 +304,24 @@ class Gateway:
             connection.client.on_closed,
             connection,
             name=f"closed-{connection.id}",
-            delay=world.latency() if noticed_after is None else noticed_after,
+            delay=world.latency(),
             root=True,
         )
+        self._notice_gone(connection)
+
+    def cut_off(self, connection: Connection) -> None:
+        """The network between the client and this Region is gone: API Gateway notices within
+        a second; the client's socket looks open, and nothing it sends or is posted arrives
+        (only its missed heartbeats tell it)."""
+        if not connection.open or connection.dropped:
+            return
+        connection.dropped = True
+        connection.cut_off_at = self._world.scheduler.now
+        self._world.note(f"{connection.id} cut off with its Region")
+        self._notice_gone(connection)
+
+    def _notice_gone(self, connection: Connection) -> None:
+        world = self._world
         world.scheduler.spawn(
             self._close,
             connection,
@@ -337,3 +356,13 @@ class Gateway:
             delay=world.latency(),
             root=True,
         )
+
+
+def _route_key(text: str) -> str:
+    """The route API Gateway selects for a message (``$request.body.action``), else
+    ``$default``: the deployed API has a route per action, all to the same function."""
+    try:
+        action = json.loads(text).get(model.WS_ROUTE_SELECTION_FIELD)
+    except (ValueError, AttributeError):
+        return handlers_module.DEFAULT
+    return action if action in model.WS_ROUTES else handlers_module.DEFAULT

@@ -7,6 +7,8 @@ import bisect
 
 from streamfleet import model
 from streamfleet_dev.dsim.live.client import AppLog, Client
+from streamfleet_dev.dsim.live.liveness import check_cut_off_connections_given_up
+from streamfleet_dev.dsim.live.restarts import check_restarted_clients_resubscribed
 from streamfleet_dev.dsim.live.schedule import ClientPlan
 from streamfleet_dev.dsim.live.world import SUBSCRIBE_POST_BOUND, Stored, World
 
@@ -19,6 +21,8 @@ def check(world: World, clients: list[Client]) -> int:
             delivered += sum(1 for event in app.events if event[0] == "message")
             _check_app(world, client, stream, app)
     _check_revocations(world, {c.plan.user: c.plan for c in clients})
+    check_cut_off_connections_given_up(world)
+    check_restarted_clients_resubscribed(world, clients)
     for task, sent in world.posted_bytes.items():
         if sent > SUBSCRIBE_POST_BOUND:
             world.problem(f"{task.name} posted {sent} bytes (bound {SUBSCRIBE_POST_BOUND})")

@@ -93,7 +93,6 @@ def run_failover(world: World) -> None:
     failover, scheduler = world.schedule.failover, world.scheduler
     assert failover is not None and world.replication is not None
     primary, gateway = world.primary, world.primary.gateway
-    rng = random.Random(f"failover-run-{world.schedule.seed}")
     scheduler.sleep(failover.at)
     primary.api_up = False
     world.note(f"the primary's {failover.kind} fails")
@@ -101,11 +100,7 @@ def run_failover(world: World) -> None:
         primary.isolated = True
         for connection in _open(gateway):
             # Its client hears nothing more: it leaves after its missed heartbeats.
-            gateway.drop(
-                connection,
-                "cut off with its Region",
-                noticed_after=rng.uniform(0.0, failover.detected_after),
-            )
+            gateway.cut_off(connection)
     scheduler.sleep(failover.detected_after)
     world.note("the failover name answers with the secondary")
     for connection in _open(gateway):
@@ -115,6 +110,8 @@ def run_failover(world: World) -> None:
     scheduler.sleep(failover.recovers_at - scheduler.now)
     primary.api_up, primary.isolated = True, False
     world.replication.resume()
+    for replication in world.state_replication.values():
+        replication.resume()
     world.note("the primary recovers")
     scheduler.sleep(failover.failback_after)
     world.note("the failover name answers with the primary again")

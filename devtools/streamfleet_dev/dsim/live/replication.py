@@ -10,8 +10,12 @@ and arrives (again out of order) once it is reachable.
 
 TTL is not replicated: each replica's own TTL deletes what expired there (the run's TTL actor
 expires every Region at once), so a delete of the primary's reaches nothing the secondary has
-not deleted itself. The per-Region tables (connections, subscriptions) and the state table,
-which no client of a schedule reads, are not replicated.
+not deleted itself. The per-Region tables (connections, subscriptions) are not replicated. The
+state table (each user's subscriptions, which ``getState`` lists) is written by the handlers of
+whichever Region serves the user: it replicates both ways, each way its own
+:class:`Replication` with its own seeded lags, held while either end is cut off. Last writer
+wins within each way only: two Regions writing one user's item at once may settle apart (a
+user's client is served by one Region at a time, so the simulation does not produce that).
 """
 
 from __future__ import annotations
@@ -39,17 +43,29 @@ _WRITES = frozenset({"put_item", "update_item", "delete_item"})
 class Replication:
     """The primary's writes to the global tables, applied to the secondary after seeded lags."""
 
-    def __init__(self, world: World, source: Region, target: Region):
+    def __init__(
+        self,
+        world: World,
+        source: Region,
+        target: Region,
+        *,
+        tables: tuple[str, ...] = ("messages", "streams"),
+        stream_name: str = "replication",
+    ):
         assert world.schedule.failover is not None
         self._world = world
         self._source = source
         self._target = target
-        self._rng = random.Random(f"replication-{world.schedule.seed}")
+        # Each way and set of tables draws from a stream of its own: the fleet tables' lags
+        # stay as they were before the state table replicated.
+        self._rng = random.Random(f"{stream_name}-{world.schedule.seed}")
         self._lag_max = world.schedule.failover.lag_max
-        self._keys = {
-            source.names["messages"]: (model.PK, model.SEQ),
-            source.names["streams"]: (model.PK,),
+        key_names = {
+            "messages": (model.PK, model.SEQ),
+            "streams": (model.PK,),
+            "state": (model.PK,),
         }
+        self._keys = {source.names[table]: key_names[table] for table in tables}
         self._versions = itertools.count(1)
         self._applied: dict[tuple[str, tuple[str, ...]], int] = {}  # the version each item has
         self._held: list[_Write] = []  # waiting for the primary to be reachable
@@ -89,8 +105,8 @@ class Replication:
         )
 
     def _arrive(self, write: _Write) -> None:
-        if self._source.isolated:
-            self._held.append(write)  # not out yet when the primary was cut off
+        if self._source.isolated or self._target.isolated:
+            self._held.append(write)  # not through yet: one end is cut off
             return
         table, key, image, version = write
         item_key = (table, tuple(str(value) for value in key.values()))

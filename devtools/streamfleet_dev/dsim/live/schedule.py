@@ -55,6 +55,9 @@ class Schedule:
     # delete messages while clients replay them.
     retention_s: int | None
     failover: Failover | None  # a regional failover, or None: one Region only
+    # Clients whose process restarts: (user, when). It comes back knowing only the positions
+    # its application kept; its subscriptions it must take from getState.
+    client_restarts: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def generate(cls, seed: int) -> Schedule:
@@ -116,6 +119,7 @@ class Schedule:
             racing_writes=rng.choice((0.0, 0.0, 0.1, 0.3)),
             retention_s=retention_s,
             failover=Failover.draw(seed, duration, tuple(c.user for c in clients)),
+            client_restarts=_client_restarts(seed, duration, tuple(c.user for c in clients)),
         )
 
     def describe(self) -> str:
@@ -148,4 +152,25 @@ class Schedule:
             f"retention {f'{self.retention_s} s' if self.retention_s else 'none'}; "
             f"clients: {clients}"
             + (f"; {self.failover.describe()}" if self.failover is not None else "")
+            + (
+                f"; client restarts {[(u, round(at, 3)) for u, at in self.client_restarts]}"
+                if self.client_restarts
+                else ""
+            )
         )
+
+
+CLIENT_RESTART_SHARE = 0.2  # of clients whose process restarts once
+
+
+def _client_restarts(
+    seed: int, duration: float, users: tuple[str, ...]
+) -> tuple[tuple[str, float], ...]:
+    """Which clients restart, and when (drawn apart: the schedule's other draws stay as they
+    were)."""
+    rng = random.Random(f"client-restarts-{seed}")
+    return tuple(
+        (user, when)
+        for user in users
+        if (when := rng.uniform(2.0, duration)) and rng.random() < CLIENT_RESTART_SHARE
+    )

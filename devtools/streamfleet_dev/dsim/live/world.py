@@ -74,11 +74,29 @@ class World:
         self.primary = Region(self, PRIMARY, connection_prefix="c")
         self.regions = [self.primary]
         self.secondary: Region | None = None
-        self.replication: Replication | None = None
+        self.replication: Replication | None = None  # the fleet's global tables
+        # The state table, written by the handlers of either Region: one way each.
+        self.state_replication: dict[str, Replication] = {}
         if schedule.failover is not None:
             self.secondary = Region(self, SECONDARY, connection_prefix="d")
             self.regions.append(self.secondary)
             self.replication = Replication(self, self.primary, self.secondary)
+            self.state_replication = {
+                PRIMARY: Replication(
+                    self,
+                    self.primary,
+                    self.secondary,
+                    tables=("state",),
+                    stream_name="replication-state",
+                ),
+                SECONDARY: Replication(
+                    self,
+                    self.secondary,
+                    self.primary,
+                    tables=("state",),
+                    stream_name="replication-state-back",
+                ),
+            }
         self.names = self.primary.names
         self.sink = MessageSink(
             dynamodb=None,  # type: ignore[arg-type]  # only its item format is used
@@ -217,6 +235,9 @@ class World:
     def applied(self, region: Region, operation: str, params: dict[str, Any]) -> None:
         """Called as a write is applied in ``region``: the messages table's log, kept for the
         checker; a write to a global table is replicated."""
+        state_replication = self.state_replication.get(region.name)
+        if state_replication is not None:
+            state_replication.carry(operation, params)
         if not region.primary:
             return  # only the primary's fleet and control plane write the global tables
         if self.replication is not None:
