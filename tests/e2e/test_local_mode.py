@@ -2,8 +2,8 @@
 build a working START, a client subscribed through the regions (with a token from their
 ``/token``) gets a stream's messages live, exactly from its subscribe point, across a
 takeover; what is typed shows, ``k N`` kills the owner of a stream, its STOPPED event ends its
-session and its streams are owned by peers well before its lease would have let them move
-(the view says so), ``f``/``r`` fail the primary region over and back, ``d N`` drains a
+session, so that peers own its streams without waiting for its lease (the view says how much
+sooner), ``f``/``r`` fail the primary region over and back, ``d N`` drains a
 worker, the hand-run worker command works against it, and Ctrl-C stops everything. With
 ``--no-task-events`` the same kill waits for the lease. Plus the view's pieces on their own
 (sizing, events) and the worker run from the virtualenv as docs/local-mode.md says."""
@@ -331,16 +331,15 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
         )
 
         # What a person types shows before Enter; k N kills the owner of s00, right after a
-        # renewal (so that its lease has most of its 4 s left: the deadline the move beats).
+        # renewal: its lease then has most of its 4 s left, the time the STOPPED event has to
+        # end the session before a peer may fence it.
         victim = live["s00"]
         held = sorted(stream for stream, owner in live.items() if owner == victim)
         number = victim.removeprefix("w")
         terminal.type("k")
         terminal.type(f" {number}")
         await terminal.shows(rf"^> k {number}\b", timeout=10, what="the typed line")
-        session = await just_renewed(table, victim)
-        deadline_ms = int(session[model.EXPIRES_AT_MS])
-        killed_ms = time.time() * 1000
+        await just_renewed(table, victim)
         terminal.type("\r")
         await eventually(
             lambda: all(owners(table)[s] not in (None, victim) for s in held),
@@ -348,15 +347,14 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
             every=0.05,
             what=f"{held} owned by peers of the killed {victim}",
         )
-        moved_ms = time.time() * 1000
-        # The lease alone lets a peer take them at the deadline plus the skew allowance.
-        assert moved_ms < deadline_ms, (
-            f"moved {moved_ms - killed_ms:.0f} ms after the kill, the lease's deadline was "
-            f"{deadline_ms - killed_ms:.0f} ms after it: no sooner than the lease"
-        )
+        # Why they could move before the lease ran out: the STOPPED event ended the session
+        # (only its handler signs ``ended_by``). Had the event path failed, a peer would have
+        # fenced the session after its deadline, unsigned. How much sooner the event moves the
+        # streams is a figure, not an outcome: bench/task_events_bench.py measures it.
         ended = newest_session(table, victim)
+        ended_by = ended.get(model.SESSION_ENDED_BY, "(unsigned: a taker's fence)")
         assert ended[model.SESSION_STATE] == model.SessionState.ENDED.value
-        assert ended[model.SESSION_ENDED_BY].startswith(model.ENDED_BY_TASK_STOPPED)
+        assert ended_by.startswith(model.ENDED_BY_TASK_STOPPED), ended_by
         await terminal.shows(
             rf"^{victim}\s+\d+\s+dead \(kill -9\)\s+-\s+ended \(STOPPED\)",
             timeout=5,
@@ -367,13 +365,12 @@ async def test_local_mode_as_a_person_uses_it(monkeypatch, tmp_path):
             timeout=10,
             what="the STOPPED event in the events",
         )
-        recovered = await terminal.shows(
+        await terminal.shows(
             rf"{victim}'s {len(held)} streams? moved (\d+\.\d) s after the kill "
             r"\(lease alone: (\d+\.\d) s\)",
             timeout=15,
             what="how fast the streams moved, against the lease",
         )
-        assert float(recovered.group(1)) < float(recovered.group(2)), recovered.group(0)
         heir = owners(table)["s00"]
         await terminal.shows(rf"^s00\s+STARTED\s+{heir}\s", timeout=10, what="s00's new owner")
         screen = await terminal.shows(
