@@ -16,6 +16,7 @@ from aws_cdk import Annotations, App, CfnOutput, Duration, Fn
 from constructs import Construct
 
 from stacks.regional import RegionalStack, Role
+from streamfleet import model
 from streamfleet_cdk.alarms import AlarmNotifications, AlarmTopic
 from streamfleet_cdk.api_gateway_account import ApiGatewayAccount
 from streamfleet_cdk.config import AppConfig, context_key
@@ -95,6 +96,7 @@ class FleetStack(RegionalStack):
                 messages_table=self.messages_table,
                 queue=self.ingestion.queue,
                 allowed_upstreams=config.allowed_upstreams,
+                service_name=model.DEFAULT_WORKER_SERVICE_NAME,
                 cpu=config.worker_cpu,
                 memory_limit_mib=config.worker_memory_mib,
                 desired_count=None if self.active else 0,

@@ -22,6 +22,7 @@ from aws_cdk import aws_route53 as route53
 from constructs import Construct
 
 from stacks.regional import RegionalStack, Role
+from streamfleet import model
 from streamfleet_cdk.alarms import AlarmNotifications, topic_by_name
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
 from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
@@ -146,6 +147,7 @@ class WebSocketApiStack(RegionalStack):
                 max_batching_window=Duration.seconds(config.fanout_batching_window_seconds),
                 log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
+                service_name=model.FANOUT_SERVICE_NAME,
             ),
         )
         self.canary = WebSocketCanary(

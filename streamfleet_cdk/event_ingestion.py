@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import Duration, IStableListProducer, Lazy, Stack
+from aws_cdk import Duration, IStableListProducer, Lazy, Names, Stack
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -47,6 +47,7 @@ ROUTER_HANDLER = f"{event_router.handler.__module__}.{event_router.handler.__nam
 
 # API Gateway gives up on an integration after 29 s; the router must answer before that.
 MAX_ROUTER_TIMEOUT_SECONDS = 29
+REST_API_NAME_MAX_CHARS = 128  # the derived name's length, well within API Gateway's limit
 # Fleet notifications are claimed within a second or two; 30 s leaves room for a slow receive.
 QUEUE_VISIBILITY_TIMEOUT = Duration.seconds(30)
 DEAD_LETTER_RETENTION = Duration.days(14)
@@ -350,6 +351,9 @@ class EventIngestion(Construct):
         return apigateway.RestApi(
             self,
             "Api",
+            # Unique in the app: the server-error alarm's ApiName dimension then counts this
+            # API's errors only, not those of every API of the same name in the Region.
+            rest_api_name=Names.unique_resource_name(self, max_length=REST_API_NAME_MAX_CHARS),
             description="StreamFleet: START/STOP upstream connections",
             endpoint_configuration=apigateway.EndpointConfiguration(
                 types=[apigateway.EndpointType.REGIONAL]

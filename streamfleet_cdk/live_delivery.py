@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import CustomResource, Duration, RemovalPolicy, Stack
+from aws_cdk import CustomResource, Duration, Names, RemovalPolicy, Stack
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -291,6 +291,9 @@ class StreamFanoutProps:
         iterator_age_alarm: the alarm threshold on the stream's ``IteratorAge`` (maximum, one
             minute, 2 of 2): delivery is this far behind the writes.
         log_level / log_retention: the function's logs.
+        service_name: the service dimension of the fan-out's metrics (``SERVICE_NAME``) and of
+            the alarm on them; ``None`` derives one from the construct's path in the app, so two
+            fan-outs in one account and Region never alarm on each other's posts.
     """
 
     stream_arn: str
@@ -313,8 +316,18 @@ class StreamFanoutProps:
     iterator_age_alarm: Duration = field(default_factory=lambda: Duration.seconds(30))
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    service_name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.service_name is not None and (
+            not self.service_name
+            or len(self.service_name) > fanout_runtime.MAX_SERVICE_NAME_CHARS
+            or not self.service_name.replace("-", "").isalnum()
+        ):
+            raise ValueError(
+                f"service_name: 1 to {fanout_runtime.MAX_SERVICE_NAME_CHARS} letters, digits "
+                f"and -, got {self.service_name!r}"
+            )
         _check_whole("batch_size", self.batch_size, 1, 10_000)
         _check_whole("parallelization_factor", self.parallelization_factor, 1, 10)
         _check_whole("retry_attempts", self.retry_attempts, 0, 10_000)
@@ -354,11 +367,15 @@ class StreamFanout(Construct):
         failed_records: the on-failure destination (records of batches given up on).
         alarms: errors, throttles, iterator age, failed posts, records given up on.
         iterator_age_alarm, failed_posts_alarm, failed_records_alarm: those three, by name.
+        service_name: the value of its metrics' service dimension.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: StreamFanoutProps) -> None:
         super().__init__(scope, construct_id)
         self._props = props
+        self.service_name: str = props.service_name or Names.unique_resource_name(
+            self, max_length=fanout_runtime.MAX_SERVICE_NAME_CHARS, separator="-"
+        )
         self.log_group = at_rest.log_group(
             self, "Logs", retention=props.log_retention, removal_policy=RemovalPolicy.DESTROY
         )
@@ -392,6 +409,7 @@ class StreamFanout(Construct):
                 model.ENV_FANOUT_SUBSCRIBER_BUDGET_MS: str(
                     int(props.subscriber_budget.to_milliseconds())
                 ),
+                model.ENV_SERVICE_NAME: self.service_name,
             },
         )
         self.event_source = lambda_.EventSourceMapping(
@@ -480,7 +498,7 @@ class StreamFanout(Construct):
         return cloudwatch.Metric(
             namespace=model.METRIC_NAMESPACE,
             metric_name=model.METRIC_FANOUT_FAILED_POSTS,
-            dimensions_map={model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME},
+            dimensions_map={model.METRIC_DIMENSION_SERVICE: self.service_name},
             statistic="Sum",
             period=period or ALARM_PERIOD,
         )

@@ -49,11 +49,11 @@ class FleetTablesProps:
             so stored messages expire instead of growing the table forever (the workers write
             it from ``MESSAGE_RETENTION_DAYS``). Every other table gets its spec's TTL
             attribute, if it has one (the lease table: ended sessions).
-        lease_table_name: physical name of the lease table; ``None`` means the model's default.
-            Names are fixed rather than generated because other Regions' stacks and the worker
-            (``TABLE_NAME``) must know them without a cross-Region reference.
-        messages_table_name: physical name of the messages table; ``None`` means the model's
-            default.
+        lease_table_name: physical name of the lease table; ``None`` lets CloudFormation
+            generate one from the stack's name, so two sets in one account never claim the same
+            table. Name it when a stack in another Region must find the replicas
+            (:class:`FleetTableReplicas`): CloudFormation has no cross-Region reference.
+        messages_table_name: physical name of the messages table; ``None``: generated, as above.
         removal_policy_retain: keep the tables (and their replicas) when they leave the stack or
             the stack is deleted. Turn off only for throw-away test deployments.
         strong_consistency: declare the *lease* table with multi-Region strong consistency
@@ -130,13 +130,13 @@ class FleetTables(Construct):
         self.lease_table: dynamodb.TableV2 = self._build_table(
             "LeaseTable",
             spec=model.LEASE_TABLE,
-            table_name=props.lease_table_name or model.LEASE_TABLE.default_name,
+            table_name=props.lease_table_name,
             strong=props.strong_consistency,
         )
         self.messages_table: dynamodb.TableV2 = self._build_table(
             "MessagesTable",
             spec=model.MESSAGES_TABLE,
-            table_name=props.messages_table_name or model.MESSAGES_TABLE.default_name,
+            table_name=props.messages_table_name,
             ttl=props.message_ttl,
         )
 
@@ -145,7 +145,7 @@ class FleetTables(Construct):
         construct_id: str,
         *,
         spec: model.TableSpec,
-        table_name: str,
+        table_name: str | None,
         ttl: bool = True,
         strong: bool = False,
     ) -> dynamodb.TableV2:
@@ -219,13 +219,21 @@ class FleetTableReplicas(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        lease_table_name: str | None = None,
-        messages_table_name: str | None = None,
+        lease_table_name: str,
+        messages_table_name: str,
     ) -> None:
+        """The names are those the primary Region's :class:`FleetTables` was given: a generated
+        name cannot be known here without a cross-Region reference."""
         super().__init__(scope, construct_id)
+        for key, value in (
+            ("lease_table_name", lease_table_name),
+            ("messages_table_name", messages_table_name),
+        ):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{key}: required, the primary Region's table name")
         self.lease_table: dynamodb.ITableV2 = dynamodb.TableV2.from_table_name(
-            self, "LeaseTable", lease_table_name or model.LEASE_TABLE.default_name
+            self, "LeaseTable", lease_table_name
         )
         self.messages_table: dynamodb.ITableV2 = dynamodb.TableV2.from_table_name(
-            self, "MessagesTable", messages_table_name or model.MESSAGES_TABLE.default_name
+            self, "MessagesTable", messages_table_name
         )

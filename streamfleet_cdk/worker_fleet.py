@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import Duration, Size, Stack
+from aws_cdk import Duration, Names, Size, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
@@ -37,7 +37,7 @@ HEALTH_PATH = "/health"
 METRICS_EVERY_SECONDS = 60
 # ECS allows a container at most 120 s between SIGTERM and SIGKILL on Fargate.
 MAX_STOP_TIMEOUT_SECONDS = 120
-DEFAULT_SERVICE_NAME = "streamfleet-worker"
+SERVICE_NAME_MAX_CHARS = 64
 VPC_AZS = 2  # a created VPC spans two AZs (one may fail), each with its own NAT gateway by default
 # CDK's own Lambda behind a created VPC's RestrictDefaultSecurityGroup custom resource (the
 # @aws-cdk/aws-ec2:restrictDefaultSecurityGroup flag, which strips the default security group of
@@ -116,7 +116,10 @@ class WorkerFleetProps:
             does with ``Fn::GetAZs``.)
         subnets: the tasks' subnets; ``None`` means the VPC's private subnets with egress.
         service_name: the worker's ``SERVICE_NAME``, which is also the value of the
-            ``model.METRIC_DIMENSION_SERVICE`` dimension the scaling policy tracks.
+            ``model.METRIC_DIMENSION_SERVICE`` dimension the scaling policy and the alarms
+            track; ``None`` derives one from the construct's path in the app, so two fleets in
+            one account and Region never scale on, or alarm on, each other's tasks. Name it to
+            keep dashboards across a rename of the stack.
         cpu: Fargate CPU units per task.
         memory_limit_mib: memory per task; must be a valid Fargate pairing with ``cpu``.
         desired_count: tasks at creation; ``None`` leaves the count to auto scaling (a
@@ -145,7 +148,7 @@ class WorkerFleetProps:
     nat_gateways: int | None = None
     availability_zones: tuple[str, ...] | None = None
     subnets: ec2.SubnetSelection | None = None
-    service_name: str = DEFAULT_SERVICE_NAME
+    service_name: str | None = None
     cpu: int = 512
     memory_limit_mib: int = 1024
     desired_count: int | None = None
@@ -168,8 +171,15 @@ class WorkerFleetProps:
             raise ValueError("availability_zones: expected a tuple of AZ names, got a string")
         if self.availability_zones is not None and len(self.availability_zones) < 2:
             raise ValueError("availability_zones: at least two, so one AZ can fail")
-        if not self.service_name or not self.service_name.replace("-", "").isalnum():
-            raise ValueError(f"service_name: letters, digits and - only, got {self.service_name!r}")
+        if self.service_name is not None and (
+            not self.service_name
+            or not self.service_name.replace("-", "").isalnum()
+            or len(self.service_name) > SERVICE_NAME_MAX_CHARS
+        ):
+            raise ValueError(
+                f"service_name: 1 to {SERVICE_NAME_MAX_CHARS} letters, digits and -, "
+                f"got {self.service_name!r}"
+            )
         if self.nat_gateways is not None:
             zones = len(self.availability_zones or ()) or VPC_AZS
             _check_whole("nat_gateways", self.nat_gateways, minimum=1)
@@ -280,11 +290,16 @@ class WorkerFleet(Construct):
         connections: the tasks' network connections (``ec2.IConnectable``): open a port of a
             team's own resource to the workers with ``fleet.connections`` as the peer.
         security_groups: the tasks' security groups.
+        service_name: the value of the workers' service dimension: ``props.service_name``, or
+            one unique to this construct's path in the app.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: WorkerFleetProps) -> None:
         super().__init__(scope, construct_id)
         self._props = props
+        self.service_name: str = props.service_name or Names.unique_resource_name(
+            self, max_length=SERVICE_NAME_MAX_CHARS, separator="-"
+        )
         self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
         self.vpc: ec2.IVpc = props.vpc or self._build_vpc()
         self.cluster = self._build_cluster()
@@ -451,7 +466,7 @@ class WorkerFleet(Construct):
             model.ENV_MESSAGES_TABLE_NAME: props.messages_table.table_name,
             model.ENV_QUEUE_URL: props.queue.queue_url,
             model.ENV_ALLOWED_UPSTREAMS: allowed_upstreams_env(props.allowed_upstreams),
-            "SERVICE_NAME": props.service_name,
+            model.ENV_SERVICE_NAME: self.service_name,
             "HEALTH_PORT": str(HEALTH_PORT),
             "LEASE_SECONDS": _seconds(props.lease_seconds),
             "HEARTBEAT_EVERY": _seconds(props.heartbeat_seconds),
@@ -491,7 +506,7 @@ class WorkerFleet(Construct):
         return cloudwatch.Metric(
             namespace=model.METRIC_NAMESPACE,
             metric_name=model.METRIC_ACTIVE_CONNECTIONS,
-            dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
+            dimensions_map={model.METRIC_DIMENSION_SERVICE: self.service_name},
             statistic=statistic,
             period=period or Duration.minutes(1),
         )
@@ -502,7 +517,7 @@ class WorkerFleet(Construct):
         return cloudwatch.Metric(
             namespace=model.METRIC_NAMESPACE,
             metric_name=model.METRIC_LEASES_LOST,
-            dimensions_map={model.METRIC_DIMENSION_SERVICE: self._props.service_name},
+            dimensions_map={model.METRIC_DIMENSION_SERVICE: self.service_name},
             statistic="Sum",
             period=period or Duration.minutes(5),
         )

@@ -337,6 +337,12 @@ def parse_notification(body: str) -> str:
 
 METRIC_NAMESPACE = "StreamFleet"
 METRIC_DIMENSION_SERVICE = "ServiceName"
+# The value of that dimension in what a worker or a fan-out function publishes: two deployments
+# in one account and Region keep their metrics (and the alarms on them) apart by it.
+ENV_SERVICE_NAME = "SERVICE_NAME"
+# The worker's service dimension when SERVICE_NAME is unset, and the one the app's fleets keep
+# (a library user's fleet derives its own, unique in the app).
+DEFAULT_WORKER_SERVICE_NAME = "streamfleet-worker"
 METRIC_ACTIVE_CONNECTIONS = "ActiveConnections"
 METRIC_LEASES_LOST = "LeasesLost"
 METRIC_HANDOFFS = "Handoffs"
@@ -724,10 +730,11 @@ FANOUT_ENV = (
     ENV_APIGW_MANAGEMENT_ENDPOINT,
     ENV_FANOUT_POST_THREADS,
     ENV_FANOUT_SUBSCRIBER_BUDGET_MS,
+    ENV_SERVICE_NAME,
 )
 
 # Fan-out metrics (Embedded Metric Format, namespace METRIC_NAMESPACE, dimension
-# METRIC_DIMENSION_SERVICE = FANOUT_SERVICE_NAME).
+# METRIC_DIMENSION_SERVICE = SERVICE_NAME, FANOUT_SERVICE_NAME when unset).
 FANOUT_SERVICE_NAME = "streamfleet-fanout"
 METRIC_FANOUT_DELIVERED = "FanoutDelivered"  # messages x subscribers posted
 METRIC_FANOUT_POSTS = "FanoutPosts"  # Management API posts (each one frame, many messages)

@@ -190,9 +190,11 @@ def test_the_fanout_alarms_watch_lag_errors_failed_posts_and_lost_batches(built)
             model.METRIC_NAMESPACE,
             model.METRIC_FANOUT_FAILED_POSTS,
         )
-        assert posts["Dimensions"] == [
-            {"Name": model.METRIC_DIMENSION_SERVICE, "Value": model.FANOUT_SERVICE_NAME}
-        ]
+        # The alarm counts by the dimension the function is told to publish under.
+        function = alarms[logical_id(stack, fanout.function)]["Properties"]
+        published = function["Environment"]["Variables"][model.ENV_SERVICE_NAME]
+        assert published == model.FANOUT_SERVICE_NAME  # the app's stacks keep the package's name
+        assert posts["Dimensions"] == [{"Name": model.METRIC_DIMENSION_SERVICE, "Value": published}]
         assert by_name["records"]["MetricName"] == "ApproximateNumberOfMessagesVisible"
         watched = {
             alarms[logical_id(stack, alarm)]["Properties"]["MetricName"] for alarm in fanout.alarms

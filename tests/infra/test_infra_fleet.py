@@ -39,7 +39,6 @@ from streamfleet_cdk.event_ingestion import (
 )
 from streamfleet_cdk.tables import FleetTables, FleetTablesProps
 from streamfleet_cdk.worker_fleet import (
-    DEFAULT_SERVICE_NAME,
     HEALTH_PORT,
     TASK_ACTIONS,
     WorkerFleet,
@@ -653,7 +652,7 @@ def test_worker_environment_is_what_the_worker_accepts(built):
         assert config.max_connections == 1000
         assert (config.timing.lease_seconds, config.timing.heartbeat_seconds) == (20, 5)
         assert config.reconcile_every == 10
-        assert config.service_name == DEFAULT_SERVICE_NAME
+        assert config.service_name == model.DEFAULT_WORKER_SERVICE_NAME
         assert config.message_retention_seconds == 7 * 24 * 3600
 
 

@@ -173,14 +173,14 @@ def test_a_ttl_attribute_added_to_the_model_needs_no_construct_change(monkeypatc
 
     monkeypatch.setattr(model, "LEASE_TABLE", replace(model.LEASE_TABLE, ttl_attribute="gone_at"))
     stack = cdk.Stack(cdk.App(), "T", env=cdk.Environment(region="eu-west-1"))
-    FleetTables(stack, "Tables", props=FleetTablesProps())
-    Template.from_stack(stack).has_resource_properties(
-        GLOBAL_TABLE,
-        {
-            "TableName": model.LEASE_TABLE.default_name,
-            "TimeToLiveSpecification": {"AttributeName": "gone_at", "Enabled": True},
-        },
-    )
+    tables = FleetTables(stack, "Tables", props=FleetTablesProps())
+    lease = Template.from_stack(stack).to_json()["Resources"][
+        stack.get_logical_id(tables.lease_table.node.default_child)
+    ]
+    assert lease["Properties"]["TimeToLiveSpecification"] == {
+        "AttributeName": "gone_at",
+        "Enabled": True,
+    }
 
 
 def test_construct_props_turn_off_ttl_and_retention_and_rename_tables():

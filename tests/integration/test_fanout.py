@@ -91,7 +91,11 @@ def test_the_configuration_names_what_is_missing() -> None:
         "AWS_REGION": REGION,
     }
     assert FanoutConfig.from_env(env).post_threads == 16
+    assert FanoutConfig.from_env(env).service_name == model.FANOUT_SERVICE_NAME
+    assert FanoutConfig.from_env({**env, "SERVICE_NAME": "feeds-eu"}).service_name == "feeds-eu"
     for name, value in (
+        ("SERVICE_NAME", "feeds eu"),
+        ("SERVICE_NAME", "x" * 65),
         ("SUBSCRIPTIONS_TABLE_NAME", ""),
         ("STREAMS_TABLE_NAME", ""),
         ("APIGW_MANAGEMENT_ENDPOINT", "wss://x"),

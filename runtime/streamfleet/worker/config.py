@@ -105,7 +105,7 @@ class WorkerConfig:
     reconcile_every: float = 10.0
     stop_check_every: float = 5.0
     max_connections: int = 700
-    service_name: str = "streamfleet-worker"
+    service_name: str = model.DEFAULT_WORKER_SERVICE_NAME
     session_group: str = model.DEFAULT_SESSION_GROUP
     region: str = ""
     # None: no health endpoint; 0: a port the system picks, reported in the health_listening log
@@ -167,7 +167,7 @@ class WorkerConfig:
             reconcile_every=_number(env, "RECONCILE_EVERY", 10.0),
             stop_check_every=_number(env, "STOP_CHECK_EVERY", timing.heartbeat_seconds),
             max_connections=max_connections,
-            service_name=env.get("SERVICE_NAME") or "streamfleet-worker",
+            service_name=env.get(model.ENV_SERVICE_NAME) or model.DEFAULT_WORKER_SERVICE_NAME,
             session_group=check_id(
                 "SESSION_GROUP", env.get("SESSION_GROUP") or model.DEFAULT_SESSION_GROUP
             ),

@@ -49,14 +49,15 @@ are repeated, and the clients drop them as duplicates). At least once on the wir
 to the application.
 
 Metrics (Embedded Metric Format on stdout, one document per invocation, namespace
-:data:`~streamfleet.model.METRIC_NAMESPACE`, dimension ``ServiceName`` =
-:data:`~streamfleet.model.FANOUT_SERVICE_NAME`): messages delivered (messages x subscribers),
-posts, gone subscribers, failed posts, subscribers over budget, disconnected subscribers, and
-the lag from the worker's receipt of the batch's oldest message to its post.
+:data:`~streamfleet.model.METRIC_NAMESPACE`, dimension ``ServiceName`` = ``SERVICE_NAME``, which
+the construct sets per fan-out, else :data:`~streamfleet.model.FANOUT_SERVICE_NAME`): messages
+delivered (messages x subscribers), posts, gone subscribers, failed posts, subscribers over
+budget, disconnected subscribers, and the lag from the worker's receipt of the batch's oldest
+message to its post.
 
 Environment: ``SUBSCRIPTIONS_TABLE_NAME``, ``STREAMS_TABLE_NAME``, ``APIGW_MANAGEMENT_ENDPOINT``
 (required), ``FANOUT_POST_THREADS`` (default 16), ``FANOUT_SUBSCRIBER_BUDGET_MS`` (default 1000),
-``AWS_REGION``.
+``SERVICE_NAME`` (default ``streamfleet-fanout``), ``AWS_REGION``.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_POST_THREADS = 16
 MAX_POST_THREADS = 64
+MAX_SERVICE_NAME_CHARS = 64  # what the construct derives stays within it
 DEFAULT_SUBSCRIBER_BUDGET_MS = 1_000
 MAX_SUBSCRIBER_BUDGET_MS = 30_000
 # A healthy post takes tens of milliseconds: each frame of a subscriber's share of the batch adds
@@ -148,6 +150,7 @@ class FanoutConfig:
     management_endpoint: str
     region: str
     streams_table: str  # the fleet's lease table: each stream's readers
+    service_name: str = model.FANOUT_SERVICE_NAME  # its metrics' service dimension
     post_threads: int = DEFAULT_POST_THREADS
     subscriber_budget_ms: int = DEFAULT_SUBSCRIBER_BUDGET_MS
     frame_allowance_ms: int = FRAME_ALLOWANCE_MS
@@ -178,6 +181,7 @@ class FanoutConfig:
             management_endpoint=endpoint,
             region=required(env, "AWS_REGION"),
             streams_table=required(env, model.ENV_STREAMS_TABLE_NAME),
+            service_name=_service_name(env),
             post_threads=whole(
                 model.ENV_FANOUT_POST_THREADS, DEFAULT_POST_THREADS, 1, MAX_POST_THREADS
             ),
@@ -188,6 +192,18 @@ class FanoutConfig:
                 MAX_SUBSCRIBER_BUDGET_MS,
             ),
         )
+
+
+def _service_name(env: Mapping[str, str]) -> str:
+    """The metrics' service dimension: what the construct set, the package's name if unset."""
+    raw = env.get(model.ENV_SERVICE_NAME, "").strip()
+    if not raw:
+        return model.FANOUT_SERVICE_NAME
+    if len(raw) > MAX_SERVICE_NAME_CHARS or not raw.replace("-", "").isalnum():
+        raise ConfigError(
+            model.ENV_SERVICE_NAME, f"1 to {MAX_SERVICE_NAME_CHARS} letters, digits and -"
+        )
+    return raw
 
 
 @dataclass
@@ -504,7 +520,7 @@ class Fanout:
             values[model.METRIC_FANOUT_LAG_MS] = (stats.lag_ms, emf.MILLISECONDS)
         document = emf.document(
             model.METRIC_NAMESPACE,
-            {model.METRIC_DIMENSION_SERVICE: model.FANOUT_SERVICE_NAME},
+            {model.METRIC_DIMENSION_SERVICE: self.config.service_name},
             values,
             timestamp_ms=self.clock.wall_ms(),
             records=stats.records,

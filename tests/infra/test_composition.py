@@ -1,0 +1,168 @@
+"""Two teams composing the fleet's constructs, as a platform team would: two complete fleet sets
+(tables, START/STOP API, workers, their STOPPED-event handler, a fan-out) in one stack, and two
+stacks in two Regions of one account. Nothing they create may share a physical name, and no
+metric or alarm of one may count the other's: a shared table name fails the second deploy, a
+shared dimension scales one fleet on the other's tasks and alarms on the other's errors.
+
+Names a template leaves to CloudFormation (no ``TableName``, no ``Name``) are unique by
+construction; what is checked is every name and dimension the synthesized templates do fix.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from aws_cdk import App, Environment, Stack
+from aws_cdk import aws_apigatewayv2 as apigwv2
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk.assertions import Template
+from constructs import Construct
+
+from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
+from streamfleet_cdk.live_delivery import MessagesStream, StreamFanout, StreamFanoutProps
+from streamfleet_cdk.tables import FleetTables, FleetTablesProps
+from streamfleet_cdk.worker_fleet import WorkerFleet, WorkerFleetProps
+
+ACCOUNT = "123456789012"
+UPSTREAMS = ("wss://*.feeds.example.com",)
+
+# Properties that carry a physical name, by resource type.
+NAMED = {
+    "AWS::DynamoDB::GlobalTable": "TableName",
+    "AWS::DynamoDB::Table": "TableName",
+    "AWS::ApiGateway::RestApi": "Name",
+    "AWS::ApiGatewayV2::Api": "Name",
+    "AWS::SQS::Queue": "QueueName",
+    "AWS::ECS::Service": "ServiceName",
+    "AWS::ECS::Cluster": "ClusterName",
+    "AWS::Lambda::Function": "FunctionName",
+    "AWS::Logs::LogGroup": "LogGroupName",
+    "AWS::CloudWatch::Alarm": "AlarmName",
+    "AWS::IAM::Role": "RoleName",
+}
+
+
+def add_fleet_set(scope: Construct, construct_id: str) -> None:
+    """One team's set, every construct with its defaults."""
+    team = Construct(scope, construct_id)
+    tables = FleetTables(team, "Tables", props=FleetTablesProps())
+    ingestion = EventIngestion(
+        team,
+        "Ingestion",
+        props=EventIngestionProps(lease_table=tables.lease_table, allowed_upstreams=UPSTREAMS),
+    )
+    fleet = WorkerFleet(
+        team,
+        "Workers",
+        props=WorkerFleetProps(
+            lease_table=tables.lease_table,
+            messages_table=tables.messages_table,
+            queue=ingestion.queue,
+            allowed_upstreams=UPSTREAMS,
+        ),
+    )
+    fleet.add_task_stopped_handler()
+    subscriptions = dynamodb.TableV2(
+        team,
+        "Subscriptions",
+        partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
+    )
+    api = apigwv2.WebSocketApi(team, "WebSocket", api_name=f"{construct_id}-live")
+    stage = apigwv2.WebSocketStage(team, "Stage", web_socket_api=api, stage_name="live")
+    StreamFanout(
+        team,
+        "Fanout",
+        props=StreamFanoutProps(
+            stream_arn=MessagesStream(team, "Stream", table=tables.messages_table).stream_arn,
+            subscriptions_table=subscriptions,
+            streams_table=tables.lease_table,
+            api=api,
+            stage=stage,
+        ),
+    )
+
+
+def one_stack() -> list[Stack]:
+    app = App()
+    stack = Stack(app, "Platform", env=Environment(account=ACCOUNT, region="eu-west-1"))
+    add_fleet_set(stack, "TeamA")
+    add_fleet_set(stack, "TeamB")
+    return [stack]
+
+
+def two_regions() -> list[Stack]:
+    app = App()
+    stacks = []
+    for name, region in (("FeedsEu", "eu-west-1"), ("FeedsUs", "us-east-1")):
+        stack = Stack(app, name, env=Environment(account=ACCOUNT, region=region))
+        add_fleet_set(stack, "Team")
+        stacks.append(stack)
+    return stacks
+
+
+def physical_names(template: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(type, name)`` of every name the template fixes, tokens resolved to their text."""
+    found = []
+    for resource in template["Resources"].values():
+        key = NAMED.get(resource["Type"])
+        value = (resource.get("Properties") or {}).get(key) if key else None
+        if value is not None:
+            found.append((resource["Type"], repr(value)))
+    return found
+
+
+def dimensions(template: dict[str, Any]) -> list[str]:
+    """Every alarm's and scaling policy's metric, with its dimensions: what it counts."""
+    found = []
+    for resource in template["Resources"].values():
+        properties = resource.get("Properties") or {}
+        if resource["Type"] == "AWS::CloudWatch::Alarm" and "MetricName" in properties:
+            found.append(
+                repr(
+                    (
+                        properties.get("Namespace"),
+                        properties["MetricName"],
+                        sorted(
+                            (d["Name"], repr(d["Value"])) for d in properties.get("Dimensions", [])
+                        ),
+                    )
+                )
+            )
+        custom = (properties.get("TargetTrackingScalingPolicyConfiguration") or {}).get(
+            "CustomizedMetricSpecification"
+        )
+        if custom:
+            found.append(
+                repr(
+                    (
+                        custom["Namespace"],
+                        custom["MetricName"],
+                        sorted((d["Name"], repr(d["Value"])) for d in custom.get("Dimensions", [])),
+                    )
+                )
+            )
+    return found
+
+
+@pytest.mark.parametrize("build", [one_stack, two_regions], ids=["one-stack", "two-regions"])
+def test_two_sets_share_no_physical_name_and_no_metric(build):
+    stacks = build()
+    names: Counter[tuple[str, str, str]] = Counter()
+    counted: Counter[tuple[str, str]] = Counter()
+    for stack in stacks:
+        template = Template.from_stack(stack).to_json()
+        # A name must be unique in its Region (and IAM names in the account); the two-Region
+        # app's sets may reuse a Region-scoped name only because their Regions differ.
+        for kind, name in physical_names(template):
+            scope = "account" if kind == "AWS::IAM::Role" else stack.region
+            names[(scope, kind, name)] += 1
+        for metric in dimensions(template):
+            counted[(stack.region, metric)] += 1
+    shared = {name: n for name, n in names.items() if n > 1}
+    assert not shared, f"physical names declared twice: {shared}"
+    doubled = {metric: n for metric, n in counted.items() if n > 1}
+    assert not doubled, f"metrics two alarms or scaling policies count alike: {doubled}"
+    # Each set scales on its connections and alarms on lost leases, 5XX and failed posts.
+    assert len(counted) >= 2 * 4, sorted(counted)
