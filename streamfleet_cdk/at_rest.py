@@ -6,6 +6,9 @@ their service's own keys, not a customer managed KMS key, and judged for checkov
 * :func:`queue`: every SQS queue of the app, SSE-SQS and TLS only. checkov's CKV_AWS_27 asks for
   a KMS key and does not recognise SSE-SQS as encryption.
 
+A queue a team brings may use its own KMS key: :func:`grant_queue_key` grants what its senders
+and receivers need of it.
+
 Where a key *is* needed, the app has one: the alarm topic's (:mod:`streamfleet_cdk.alarms`),
 because CloudWatch can publish to an encrypted topic only through a key policy that allows it.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import RemovalPolicy
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -65,3 +69,14 @@ def queue(scope: Construct, construct_id: str, **options: Any) -> sqs.Queue:
     )
     skip_checkov(created, "CKV_AWS_27", QUEUE_KMS_REASON)
     return created
+
+
+def grant_queue_key(queue: sqs.IQueue, grantee: iam.IGrantable) -> iam.Grant | None:
+    """What sending to and receiving from ``queue`` needs of its KMS key, if it has one: a team
+    may bring a queue encrypted with its own key, and SQS then refuses ``SendMessage`` without
+    ``kms:GenerateDataKey`` and ``ReceiveMessage`` without ``kms:Decrypt``. ``None`` for the
+    queues this library builds (SSE-SQS needs no grant)."""
+    key = queue.encryption_master_key
+    if key is None:
+        return None
+    return key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey")

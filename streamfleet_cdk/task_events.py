@@ -203,6 +203,7 @@ class TaskStoppedHandler(Construct):
             role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=resources[name])
             )
+        at_rest.grant_queue_key(props.queue, role)
         return role
 
     def _build_function(self) -> lambda_.Function:

@@ -409,6 +409,7 @@ class WorkerFleet(Construct):
             role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=resources[name])
             )
+        at_rest.grant_queue_key(props.queue, role)
         return role
 
     def _build_task_definition(self) -> ecs.FargateTaskDefinition:

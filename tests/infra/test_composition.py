@@ -4,6 +4,9 @@ stacks in two Regions of one account. Nothing they create may share a physical n
 metric or alarm of one may count the other's: a shared table name fails the second deploy, a
 shared dimension scales one fleet on the other's tasks and alarms on the other's errors.
 
+A queue a team brings, encrypted with its own KMS key, works: its senders and receivers are
+granted what SQS needs of the key.
+
 Names a template leaves to CloudFormation (no ``TableName``, no ``Name``) are unique by
 construction; what is checked is every name and dimension the synthesized templates do fix.
 """
@@ -17,6 +20,8 @@ import pytest
 from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Template
 from constructs import Construct
 
@@ -166,3 +171,44 @@ def test_two_sets_share_no_physical_name_and_no_metric(build):
     assert not doubled, f"metrics two alarms or scaling policies count alike: {doubled}"
     # Each set scales on its connections and alarms on lost leases, 5XX and failed posts.
     assert len(counted) >= 2 * 4, sorted(counted)
+
+
+def test_a_queue_brought_with_its_own_kms_key_is_usable_by_every_sender_and_receiver():
+    """SQS refuses SendMessage without kms:GenerateDataKey and ReceiveMessage without
+    kms:Decrypt on a queue's customer managed key: the workers (both) and the STOPPED-event
+    handler (send) get them, on that key only."""
+    stack = Stack(App(), "Brought", env=Environment(account=ACCOUNT, region="eu-west-1"))
+    tables = FleetTables(stack, "Tables", props=FleetTablesProps())
+    key = kms.Key(stack, "TeamKey")
+    queue = sqs.Queue(
+        stack, "TeamQueue", encryption=sqs.QueueEncryption.KMS, encryption_master_key=key
+    )
+    fleet = WorkerFleet(
+        stack,
+        "Workers",
+        props=WorkerFleetProps(
+            lease_table=tables.lease_table,
+            messages_table=tables.messages_table,
+            queue=queue,
+            allowed_upstreams=UPSTREAMS,
+        ),
+    )
+    handler = fleet.add_task_stopped_handler()
+    resources = Template.from_stack(stack).to_json()["Resources"]
+    key_id = stack.get_logical_id(key.node.default_child)
+    for role in (fleet.task_role, handler.role):
+        role_id = stack.get_logical_id(role.node.default_child)
+        on_key = {
+            action
+            for resource in resources.values()
+            if resource["Type"] == "AWS::IAM::Policy"
+            and {"Ref": role_id} in resource["Properties"]["Roles"]
+            for statement in resource["Properties"]["PolicyDocument"]["Statement"]
+            if statement["Resource"] == {"Fn::GetAtt": [key_id, "Arn"]}
+            for action in (
+                statement["Action"]
+                if isinstance(statement["Action"], list)
+                else [statement["Action"]]
+            )
+        }
+        assert on_key == {"kms:Decrypt", "kms:GenerateDataKey"}, role.node.path

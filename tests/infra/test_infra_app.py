@@ -268,3 +268,13 @@ def test_strong_consistency_needs_one_region_set():
                 context_key("witness_region"): "us-west-2",
             }
         )
+
+
+@pytest.mark.parametrize("field_name", [spec.name for spec in fields(AppConfig)])
+def test_every_setting_refuses_a_value_of_the_wrong_kind_naming_its_key(field_name):
+    """No setting takes a JSON object: each one refuses it with the error ``app.py`` prints as
+    its one line, naming the key, and nothing gets as far as a construct."""
+    with pytest.raises(ContextError) as refused:
+        config_from({context_key(field_name): {"not": "a setting"}})
+    assert str(refused.value).startswith(f"{context_key(field_name)}: "), refused.value
+    assert "\n" not in str(refused.value)
