@@ -38,6 +38,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from streamfleet import model
+from streamfleet.validation import MAX_SERVICE_NAME_CHARS, check_service_name
 from streamfleet.wsapi import fanout as fanout_runtime
 from streamfleet.wsapi import stream_lookup as lookup_runtime
 from streamfleet.wsapi.handlers import config as handlers_config
@@ -319,15 +320,8 @@ class StreamFanoutProps:
     service_name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.service_name is not None and (
-            not self.service_name
-            or len(self.service_name) > fanout_runtime.MAX_SERVICE_NAME_CHARS
-            or not self.service_name.replace("-", "").isalnum()
-        ):
-            raise ValueError(
-                f"service_name: 1 to {fanout_runtime.MAX_SERVICE_NAME_CHARS} letters, digits "
-                f"and -, got {self.service_name!r}"
-            )
+        if self.service_name is not None:
+            check_service_name("service_name", self.service_name)
         _check_whole("batch_size", self.batch_size, 1, 10_000)
         _check_whole("parallelization_factor", self.parallelization_factor, 1, 10)
         _check_whole("retry_attempts", self.retry_attempts, 0, 10_000)
@@ -374,7 +368,7 @@ class StreamFanout(Construct):
         super().__init__(scope, construct_id)
         self._props = props
         self.service_name: str = props.service_name or Names.unique_resource_name(
-            self, max_length=fanout_runtime.MAX_SERVICE_NAME_CHARS, separator="-"
+            self, max_length=MAX_SERVICE_NAME_CHARS, separator="-"
         )
         self.log_group = at_rest.log_group(
             self, "Logs", retention=props.log_retention, removal_policy=RemovalPolicy.DESTROY

@@ -25,6 +25,7 @@ from constructs import Construct
 
 from streamfleet import buffering, model
 from streamfleet.lease.timing import LeaseTiming
+from streamfleet.validation import MAX_SERVICE_NAME_CHARS, check_service_name
 from streamfleet.worker.fleet import SHUTDOWN_BUDGET_SECONDS
 from streamfleet_cdk import at_rest
 from streamfleet_cdk.assets import stage_worker_image_context
@@ -37,7 +38,6 @@ HEALTH_PATH = "/health"
 METRICS_EVERY_SECONDS = 60
 # ECS allows a container at most 120 s between SIGTERM and SIGKILL on Fargate.
 MAX_STOP_TIMEOUT_SECONDS = 120
-SERVICE_NAME_MAX_CHARS = 64
 VPC_AZS = 2  # a created VPC spans two AZs (one may fail), each with its own NAT gateway by default
 # CDK's own Lambda behind a created VPC's RestrictDefaultSecurityGroup custom resource (the
 # @aws-cdk/aws-ec2:restrictDefaultSecurityGroup flag, which strips the default security group of
@@ -171,15 +171,8 @@ class WorkerFleetProps:
             raise ValueError("availability_zones: expected a tuple of AZ names, got a string")
         if self.availability_zones is not None and len(self.availability_zones) < 2:
             raise ValueError("availability_zones: at least two, so one AZ can fail")
-        if self.service_name is not None and (
-            not self.service_name
-            or not self.service_name.replace("-", "").isalnum()
-            or len(self.service_name) > SERVICE_NAME_MAX_CHARS
-        ):
-            raise ValueError(
-                f"service_name: 1 to {SERVICE_NAME_MAX_CHARS} letters, digits and -, "
-                f"got {self.service_name!r}"
-            )
+        if self.service_name is not None:
+            check_service_name("service_name", self.service_name)
         if self.nat_gateways is not None:
             zones = len(self.availability_zones or ()) or VPC_AZS
             _check_whole("nat_gateways", self.nat_gateways, minimum=1)
@@ -298,7 +291,7 @@ class WorkerFleet(Construct):
         super().__init__(scope, construct_id)
         self._props = props
         self.service_name: str = props.service_name or Names.unique_resource_name(
-            self, max_length=SERVICE_NAME_MAX_CHARS, separator="-"
+            self, max_length=MAX_SERVICE_NAME_CHARS, separator="-"
         )
         self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
         self.vpc: ec2.IVpc = props.vpc or self._build_vpc()

@@ -18,6 +18,10 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]+")
 ID_CHARSET_DOC = "letters, digits and . _ : -"
 REGION_PATTERN = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")  # us-east-1, ap-southeast-2
 
+# A metric's service dimension (SERVICE_NAME), which the constructs may derive from a path.
+MAX_SERVICE_NAME_CHARS = 64
+SERVICE_NAME_PATTERN = re.compile(r"[A-Za-z0-9-]+")
+
 MAX_URL_BYTES = 2048
 WEBSOCKET_SCHEMES = ("ws", "wss")
 
@@ -32,6 +36,19 @@ def check_id(field: str, value: object) -> str:
         raise ValueError(f"{field}: longer than {MAX_ID_BYTES} bytes")
     if not ID_PATTERN.fullmatch(value):
         raise ValueError(f"{field}: only {ID_CHARSET_DOC} are allowed")
+    return value
+
+
+def check_service_name(field: str, value: object) -> str:
+    """A metrics service dimension: 1 to ``MAX_SERVICE_NAME_CHARS`` letters, digits and -."""
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_SERVICE_NAME_CHARS
+        or not SERVICE_NAME_PATTERN.fullmatch(value)
+    ):
+        raise ValueError(
+            f"{field}: 1 to {MAX_SERVICE_NAME_CHARS} letters, digits and -, got {value!r}"
+        )
     return value
 
 

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 
 from .. import buffering, model
 from ..lease import LeaseTiming
-from ..validation import check_id, check_positive_int, check_positive_seconds
+from ..validation import (
+    check_id,
+    check_positive_int,
+    check_positive_seconds,
+    check_service_name,
+)
 from .upstream_policy import UpstreamPolicy
 
 
@@ -167,7 +172,10 @@ class WorkerConfig:
             reconcile_every=_number(env, "RECONCILE_EVERY", 10.0),
             stop_check_every=_number(env, "STOP_CHECK_EVERY", timing.heartbeat_seconds),
             max_connections=max_connections,
-            service_name=env.get(model.ENV_SERVICE_NAME) or model.DEFAULT_WORKER_SERVICE_NAME,
+            service_name=check_service_name(
+                model.ENV_SERVICE_NAME,
+                env.get(model.ENV_SERVICE_NAME) or model.DEFAULT_WORKER_SERVICE_NAME,
+            ),
             session_group=check_id(
                 "SESSION_GROUP", env.get("SESSION_GROUP") or model.DEFAULT_SESSION_GROUP
             ),

@@ -85,13 +85,13 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..env import ConfigError, EnvironmentCache, required
 from ..lease.dynamo import error_code, from_item, to_attr
 from ..logs import configured, log_event
+from ..validation import check_service_name
 from .delivery import SOURCE_LIVE, StoredMessage, message_from_item, pack_frames
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POST_THREADS = 16
 MAX_POST_THREADS = 64
-MAX_SERVICE_NAME_CHARS = 64  # what the construct derives stays within it
 DEFAULT_SUBSCRIBER_BUDGET_MS = 1_000
 MAX_SUBSCRIBER_BUDGET_MS = 30_000
 # A healthy post takes tens of milliseconds: each frame of a subscriber's share of the batch adds
@@ -197,13 +197,10 @@ class FanoutConfig:
 def _service_name(env: Mapping[str, str]) -> str:
     """The metrics' service dimension: what the construct set, the package's name if unset."""
     raw = env.get(model.ENV_SERVICE_NAME, "").strip()
-    if not raw:
-        return model.FANOUT_SERVICE_NAME
-    if len(raw) > MAX_SERVICE_NAME_CHARS or not raw.replace("-", "").isalnum():
-        raise ConfigError(
-            model.ENV_SERVICE_NAME, f"1 to {MAX_SERVICE_NAME_CHARS} letters, digits and -"
-        )
-    return raw
+    try:
+        return check_service_name(model.ENV_SERVICE_NAME, raw) if raw else model.FANOUT_SERVICE_NAME
+    except ValueError as exc:
+        raise ConfigError(model.ENV_SERVICE_NAME, str(exc).partition(": ")[2]) from None
 
 
 @dataclass

@@ -59,6 +59,9 @@ def test_a_complete_environment_is_read_with_fractional_seconds():
         ),
         ({"MEMORY_LIMIT_MIB": "lots"}, "MEMORY_LIMIT_MIB"),
         ({"MAX_WORKER_BUFFERED_BYTES": "0"}, "MAX_WORKER_BUFFERED_BYTES"),
+        # The metrics' service dimension: what scaling and the alarms count by.
+        ({"SERVICE_NAME": "feeds eu"}, "SERVICE_NAME"),
+        ({"SERVICE_NAME": "x" * 65}, "SERVICE_NAME"),
     ],
 )
 def test_a_bad_variable_is_named(change, field):
