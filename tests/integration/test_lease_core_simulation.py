@@ -8,6 +8,7 @@ trace."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,9 +18,12 @@ import pytest
 
 from streamfleet import model
 from streamfleet.lease.timing import LeaseTiming
+from streamfleet.worker.connection import Connection
+from streamfleet.worker.taker import LeaseTaker
 from streamfleet_dev.dsim.lease_core import (
     TABLE,
     FencingWitness,
+    HeldConnection,
     Schedule,
     Window,
     one_owner_problems,
@@ -45,6 +49,14 @@ def test_every_fixed_schedule_keeps_one_owner_and_comes_back() -> None:
     assert kinds == {"crash", "pause", "start"}
     assert sum(o.handovers for o in outcomes) > 10
     assert sum(o.from_paused for o in outcomes) > 0
+
+
+def test_the_taker_runs_the_real_connection_unless_the_simulation_passes_its_stand_in() -> None:
+    """The taker's seam: the worker never sets it, so what it claims runs the upstream
+    ``Connection``; the simulation's holders pass :class:`HeldConnection`."""
+    factory = {f.name: f.default for f in dataclasses.fields(LeaseTaker)}["connection_factory"]
+    assert factory is Connection
+    assert HeldConnection is not Connection
 
 
 def test_a_seed_replays_the_same_schedule_and_outcome_byte_for_byte() -> None:
