@@ -284,6 +284,10 @@ class HeldConnection:
             self.end_reason = EndReason.LOST
         except SessionLost:
             self.end_reason = EndReason.DEADLINE
+        except Exception as exc:  # as the worker's: never leave a lease owned by a task gone
+            holder.world.trace(f"{holder.name} connection_failed pk={self.pk} error={exc!r}")
+            if self.end_reason is None:
+                self.end_reason = EndReason.FAILED
         finally:
             self._stop()
         holder.world.trace(
