@@ -1,4 +1,5 @@
-"""The lease core on a virtual clock: the real lease code, seeded faults, one owner checked.
+"""The lease core on a virtual clock: the real lease code and the worker's lease-plane loops,
+seeded faults, one owner checked.
 
 Each schedule runs holders that use the deployed lease code (``LeaseStore``: the session
 keeper's renewals, the orphan finder with its fencing of dead sessions, ``claim``, fenced
@@ -6,13 +7,27 @@ keeper's renewals, the orphan finder with its fencing of dead sessions, ``claim`
 :mod:`streamfleet_dev.sim.faults` (delays, lost answers, late and duplicated deliveries,
 throttling, server errors, timeouts, stale index views), with each holder's wall clock skewed
 within the allowance. The schedule crashes holders (their tasks end at once; what they sent is
-still delivered), pauses them (nothing of theirs runs; time goes on) and starts new ones.
+still delivered), pauses them (nothing they send or hear passes; time goes on) and starts new
+ones.
 
-A holder here is the lease plane of a worker, not the worker: it renews every heartbeat,
-looks for claimable rows every reconcile interval, claims what it finds, adopts rows its
-session owns but it does not hold (the audit: a claim applied whose answer was lost), and
-checkpoints each held row until the row or its session is lost. The worker's own loops (its
-upstream connections, its sink, intake and rebalancing) are not in this simulation yet.
+A holder is the lease plane of a worker, run by the worker's own code: its session (opened
+as ``Worker.run`` opens it, waiting out a store that does not answer), and the loops the
+coordinator runs for it, wired as the coordinator wires them: the heartbeat (fixed-rate
+renewals, a new session when the old one lapsed) and its watchdog (nothing held past the
+holder's deadline) from :mod:`streamfleet.worker.heartbeat`, and the
+:class:`~streamfleet.worker.taker.LeaseTaker` from :mod:`streamfleet.worker.taker` (reconcile
+at its jittered cadence and early wake-ups, fair share of a dead peer's rows and its grace,
+claims given back when their session ended first, release retries, the audit of its own rows),
+with ``WorkerConfig`` set to the simulation's timing (:data:`TIMING`, a reconcile every
+:data:`RECONCILE_SECONDS`). What stays simulated is the connection the taker starts for each
+lease it claims (its ``connection_factory``): a :class:`HeldConnection` dials no upstream and
+stores no message; it checkpoints a rising seq every :data:`CHECKPOINT_SECONDS` through the real
+fenced ``checkpoint`` until the lease or its session is lost or it is told to end, then gives
+the row back as the worker's connection does. The worker's other loops (intake and its
+notifications, the stop check, the checkpointer, rebalancing, metrics, shutdown) and its sink
+are not in this simulation: a notification is only traced. A paused holder's loops still wake
+on their timers, but nothing they send or hear passes until it resumes, and its connections
+checkpoint nothing meanwhile.
 
 The checker asks what the lease model promises whatever the faults:
 
@@ -20,31 +35,43 @@ The checker asks what the lease model promises whatever the faults:
   ended: at its stop, or at the last holder's deadline its session ever had, whichever came
   first;
 * **liveness**: once the network has healed and every pause has ended, every row is held again
-  within the quiet period (three leases).
+  within the quiet period (three leases);
+* **no loop ends**: a worker loop that ends on its own ends the worker.
 
-Everything is on one virtual clock and every random draw comes from the seed, so a schedule
-replays exactly: the same seed gives the same trace (:attr:`Outcome.trace`, every request with
-its fault included) on any machine.
+(The store also checks every fenced write it applies: :class:`FencingWitness`.)
+
+Everything is on one virtual clock and every random draw comes from the seed (the runtime's
+own, the taker's jitter among them: see :func:`_seeded`), so a schedule replays exactly: the
+same seed gives the same trace (:attr:`Outcome.trace`, every request with its fault included)
+on any machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import random
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from streamfleet import model
 from streamfleet.aws import ClientSettings
+from streamfleet.backoff import full_jitter
 from streamfleet.desired_state import DesiredStateWriter
-from streamfleet.lease import LeaseLost, LeaseStore, LeaseTiming, SessionLost
+from streamfleet.lease import LeaseLost, LeaseStore, LeaseTiming, SessionLost, StoreUnavailable
 from streamfleet.lease import sessions as sessions_module
 from streamfleet.lease.connections import Lease
+from streamfleet.worker.config import WorkerConfig
+from streamfleet.worker.connection import EndReason
+from streamfleet.worker.heartbeat import Heartbeat
+from streamfleet.worker.holdings import Holdings
+from streamfleet.worker.taker import LeaseTaker
+from streamfleet.worker.upstream_policy import UpstreamPolicy
 from streamfleet_dev.dsim import loop as virtual
 from streamfleet_dev.dsim.async_client import InProcessClient
 from streamfleet_dev.dsim.dynamodb_model import DynamoDBModel
@@ -60,6 +87,7 @@ CHECKPOINT_SECONDS = 1.0
 WALL_BASE_MS = 1_800_000_000_000  # the virtual clock's 0, on the wall
 TABLE = "dsim-leases"
 URL = "wss://upstream.example.com/stream"
+UPSTREAMS = UpstreamPolicy.parse("ALLOWED_UPSTREAMS", "wss://upstream.example.com")
 
 
 # --- the schedule -----------------------------------------------------------------------------
@@ -171,13 +199,148 @@ class _Paused:
             await self.awake.wait()
 
 
+@dataclass(frozen=True)
+class _Notices:
+    """Where the holder's notifications go (to a queue its peers' intake reads, in the worker):
+    into the trace. Intake is not simulated; peers find the row by reconcile."""
+
+    holder: Holder
+
+    async def notify(self, pk: str) -> None:
+        self.holder.world.trace(f"{self.holder.name} notifies {pk}")
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What the taker reads of the worker's :class:`ConnectionContext`: its notifier. The rest
+    (sink, protocol, upstream policy) serves the upstream connection, which is simulated."""
+
+    notifier: _Notices
+
+
+class HeldConnection:
+    """The simulation's stand-in for the worker's ``Connection``, made by the taker (its
+    ``connection_factory``) for each lease it claims: it dials nothing, and checkpoints a rising
+    seq every ``CHECKPOINT_SECONDS`` through the real fenced ``checkpoint`` until the lease or
+    its session is lost or it is told to end (the watchdog, a new session). Then, as the
+    worker's connection does, it gives the row back (fenced) unless the lease was lost, and is
+    marked abandoned if the store did not answer, for the taker to retry. Its window on the row
+    runs from the claim to the moment it stops checkpointing."""
+
+    def __init__(
+        self,
+        holder: Holder,
+        lease: Lease,
+        context: Any,
+        *,
+        acquired_at: float,
+        on_finished: Callable[[HeldConnection], None],
+    ):
+        self.holder = holder
+        self.lease = lease
+        self.pk = lease.pk
+        self.acquired_at = acquired_at
+        self.end_reason: EndReason | None = None
+        self.abandoned = False
+        self.failure: str | None = None
+        self._on_finished = on_finished
+        self._started = False
+        self.window = Window(
+            holder.name, lease.pk, lease.lease_version, lease.session_version, holder.now()
+        )
+        holder.world.windows.append(self.window)
+        holder.world.trace(f"{holder.name} holds {lease.pk} v{lease.lease_version}")
+        self.task = holder.spawn(self._run())
+        # Cancelled before its first step (its holder crashed at once): its window ends too.
+        self.task.add_done_callback(lambda _: self._stop())
+
+    @property
+    def session_version(self) -> int:
+        return self.lease.session_version
+
+    def end(self, reason: EndReason) -> None:
+        """As ``Connection.end``: the first reason wins."""
+        if self.end_reason is None and not self.task.done():
+            self.end_reason = reason
+            if self._started:
+                self.task.cancel()
+
+    def _stop(self) -> None:
+        if self.window.stopped is None:
+            self.window.stopped = self.holder.now()
+
+    async def _run(self) -> None:
+        self._started = True
+        holder = self.holder
+        try:
+            if self.end_reason is None:
+                await self._checkpoint_until_lost()
+        except asyncio.CancelledError:
+            if holder.crashed:
+                raise  # kill -9: nothing more of it runs
+            if self.end_reason is None:
+                self.end_reason = EndReason.SHUTDOWN
+        except LeaseLost:
+            self.end_reason = EndReason.LOST
+        except SessionLost:
+            self.end_reason = EndReason.DEADLINE
+        except Exception as exc:  # as the worker's: never leave a lease owned by a task gone
+            holder.world.trace(f"{holder.name} connection_failed pk={self.pk} error={exc!r}")
+            if self.end_reason is None:
+                self.end_reason = EndReason.FAILED
+        finally:
+            self._stop()
+        holder.world.trace(
+            f"{holder.name} ends {self.pk} v{self.lease.lease_version}: {self.end_reason}"
+        )
+        try:
+            await self._finish()
+        finally:
+            self._on_finished(self)
+
+    async def _checkpoint_until_lost(self) -> None:
+        holder = self.holder
+        store = holder.store
+        seq = self.lease.last_seq or 0
+        while True:
+            await holder.awake.wait()
+            store.session.require_live(self.lease.session_version)
+            seq += 1
+            try:
+                await store.connections.checkpoint(self.lease, seq)
+            except StoreUnavailable as exc:  # not answered in time: again next time
+                holder.world.trace(f"{holder.name} checkpoint failed: {type(exc).__name__}")
+            await asyncio.sleep(CHECKPOINT_SECONDS)
+
+    async def _finish(self) -> None:
+        """What ``Connection._finish`` does with the lease (there is nothing to flush)."""
+        holder = self.holder
+        if self.end_reason is EndReason.LOST:
+            return
+        try:
+            offered = await holder.store.connections.release(self.lease)
+        except LeaseLost:
+            holder.world.trace(f"{holder.name} release of {self.pk} found it lost")
+            return
+        except (SessionLost, StoreUnavailable) as exc:
+            self.abandoned = isinstance(exc, StoreUnavailable)
+            holder.world.trace(f"{holder.name} abandons {self.pk}: {type(exc).__name__}")
+            return
+        holder.world.trace(f"{holder.name} released {self.pk} v{self.lease.lease_version}")
+        if offered:
+            await holder.notices.notify(self.pk)
+
+
 class Holder:
-    """The lease plane of one worker (see the module docstring)."""
+    """The lease plane of one worker (see the module docstring): its session, the worker's
+    heartbeat, watchdog and taker as the coordinator wires them, and a :class:`HeldConnection`
+    for each lease the taker claims."""
 
     def __init__(self, world: World, name: str, skew_ms: int):
         self.world = world
         self.name = name
         loop = asyncio.get_running_loop()
+        self._loop = loop
         latency = random.Random(f"{world.schedule.seed}/latency/{name}")
         self.awake = asyncio.Event()
         self.awake.set()
@@ -202,17 +365,56 @@ class Holder:
             clock=SkewedVirtualClock(loop, skew_ms),
         )
         observe_session(self.store.session, world.record_deadline)
+        self.config = WorkerConfig(
+            table_name=TABLE,
+            messages_table_name=TABLE,
+            queue_url="",
+            upstreams=UPSTREAMS,
+            worker_id=name,
+            timing=TIMING,
+            reconcile_every=RECONCILE_SECONDS,
+        )
+        self.notices = _Notices(self)
+        self.holdings = Holdings(self.config.max_connections)
+        self.taker = LeaseTaker(
+            self.config,
+            self.store,
+            _Context(self.notices),  # type: ignore[arg-type]
+            self.holdings,
+            self._log,
+            connection_factory=functools.partial(HeldConnection, self),
+        )
+        self.heartbeat = Heartbeat(
+            self.store.session, TIMING, self.holdings, self._log, self.taker.reconcile_soon
+        )
         self.tasks: dict[asyncio.Task[Any], None] = {}  # in the order they were started
-        self.held: set[str] = set()
         self.crashed = False
 
-    def start(self) -> None:
-        self._spawn(self._run())
+    def now(self) -> float:
+        return self._loop.time()
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
+    def _log(self, event: str, **fields: Any) -> None:
+        details = "".join(f" {name}={value}" for name, value in fields.items())
+        self.world.trace(f"{self.name} {event}{details}")
+
+    def start(self) -> None:
+        self.spawn(self._run())
+
+    def spawn(self, coroutine: Any, loop_name: str | None = None) -> asyncio.Task[Any]:
+        task = self._loop.create_task(coroutine)
         self.tasks[task] = None
         task.add_done_callback(lambda done: self.tasks.pop(done, None))
+        if loop_name is not None:
+            task.add_done_callback(lambda done: self._ended(loop_name, done))
+        return task
+
+    def _ended(self, loop_name: str, task: asyncio.Task[Any]) -> None:
+        """A worker loop that ends on its own ends the worker (the coordinator stops it, the
+        health check fails): a problem, whatever the lease rows say."""
+        if not task.cancelled():
+            error = task.exception()
+            self.world.loop_failures.append(f"{self.name}: its {loop_name} loop ended: {error!r}")
+            self.world.trace(f"{self.name} {loop_name} loop ended: {error!r}")
 
     def crash(self) -> None:
         """kill -9: nothing of it runs again; what it sent is still on its way."""
@@ -236,81 +438,22 @@ class Holder:
             self.awake.set()
 
     async def _run(self) -> None:
+        """What ``Worker.run`` does before its loops: open the session, waiting out a store
+        that does not answer; then the coordinator's lease-plane loops."""
+        heartbeat = TIMING.heartbeat_seconds
+        attempt = 0
         while True:
-            await self.awake.wait()
             try:
                 await self.store.session.open()
                 break
-            except Exception as exc:
+            except StoreUnavailable as exc:
                 self.world.trace(f"{self.name} open failed: {type(exc).__name__}")
-                await asyncio.sleep(TIMING.heartbeat_seconds)
+            await asyncio.sleep(full_jitter(attempt, heartbeat / 4, 2 * heartbeat))
+            attempt += 1
         self.world.trace(f"{self.name} opened session {self.store.session.version}")
-        self._spawn(self._heartbeat())
-        self._spawn(self._reconcile())
-
-    async def _heartbeat(self) -> None:
-        session = self.store.session
-        while True:
-            await asyncio.sleep(TIMING.heartbeat_seconds)
-            await self.awake.wait()
-            before = session.version
-            try:
-                renewed = await session.renew()
-            except Exception as exc:
-                self.world.trace(f"{self.name} renew failed: {type(exc).__name__}")
-                continue
-            if not renewed:
-                self.world.trace(f"{self.name} lost session {before}, now {session.version}")
-
-    async def _reconcile(self) -> None:
-        rng = self.world.rng
-        while True:
-            await asyncio.sleep(RECONCILE_SECONDS * rng.uniform(0.8, 1.2))
-            await self.awake.wait()
-            try:
-                found = await self.store.orphans.find(limit=self.world.schedule.streams)
-                for candidate in found:
-                    await self.awake.wait()
-                    lease = await self.store.connections.claim(candidate)
-                    if lease is not None and lease.pk not in self.held:
-                        self._spawn(self._hold(lease))
-                # The worker's audit: rows this session owns that nothing here holds (a claim
-                # applied whose answer was lost) are given back, for anyone to claim.
-                for lease in await self.store.connections.mine():
-                    if lease.pk not in self.held:
-                        self.world.trace(f"{self.name} releases {lease.pk} v{lease.lease_version}")
-                        await self.store.connections.release(lease)
-            except Exception as exc:
-                self.world.trace(f"{self.name} reconcile failed: {type(exc).__name__}")
-
-    async def _hold(self, lease: Lease) -> None:
-        loop = asyncio.get_running_loop()
-        window = Window(
-            self.name, lease.pk, lease.lease_version, lease.session_version, loop.time()
-        )
-        self.world.windows.append(window)
-        self.held.add(lease.pk)
-        self.world.trace(f"{self.name} holds {lease.pk} v{lease.lease_version}")
-        seq = lease.last_seq or 0
-        try:
-            while True:
-                await self.awake.wait()
-                self.store.session.require_live(lease.session_version)
-                seq += 1
-                try:
-                    await self.store.connections.checkpoint(lease, seq)
-                except (LeaseLost, SessionLost):
-                    raise
-                except Exception as exc:  # the store did not answer: try again next time
-                    self.world.trace(f"{self.name} checkpoint failed: {type(exc).__name__}")
-                await asyncio.sleep(CHECKPOINT_SECONDS)
-        except (LeaseLost, SessionLost) as exc:
-            self.world.trace(
-                f"{self.name} lost {lease.pk} v{lease.lease_version}: {type(exc).__name__}"
-            )
-        finally:
-            window.stopped = loop.time()
-            self.held.discard(lease.pk)
+        self.spawn(self.heartbeat.run(), "heartbeat")
+        self.spawn(self.heartbeat.watchdog(), "watchdog")
+        self.spawn(self.taker.run(), "reconcile")
 
 
 class World:
@@ -330,6 +473,7 @@ class World:
             random.Random(f"{schedule.seed}/faults"), rate=schedule.fault_rate, max_seconds=4.0
         )
         self.fencing: list[str] = []  # writes applied to a row their sender did not hold
+        self.loop_failures: list[str] = []  # worker loops that ended on their own
         self.sent: list[Sent] = []
         self.windows: list[Window] = []
         self.deadlines: dict[tuple[str, int], list[float]] = {}
@@ -377,8 +521,10 @@ class Outcome:
 
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
-    """The runtime's own draws (backoff jitter, the finder's shuffle) and the session version
-    (the wall clock in microseconds) from the seed and the virtual clock, for this run only."""
+    """The runtime's own draws (backoff jitter, the finder's shuffle, the taker's reconcile
+    jitter and first delay: all from the ``random`` module) and the session version (the wall
+    clock in microseconds) from the seed and the virtual clock, for this run only. The worker's
+    loops read time only through the store's clock, which is the virtual one."""
     state = random.getstate()
     random.seed(f"{seed}/runtime")
     real_time = sessions_module.time
@@ -450,6 +596,7 @@ async def _run(schedule: Schedule) -> Outcome:
         problems = (
             tuple(one_owner_problems(world))
             + tuple(world.fencing)
+            + tuple(world.loop_failures)
             + tuple(
                 f"{stream}: held by no live holder {schedule.quiet_seconds:g} s after the last "
                 "fault"
