@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import Duration, IStableListProducer, Lazy, Names, Stack
+from aws_cdk import Duration, IStableListProducer, Lazy, Names, Stack, Token
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -253,12 +253,31 @@ class EventIngestion(Construct):
                 "grantee: only an IAM role or user can be named in the API's resource policy"
             )
         if self._props.invoke_principals:
-            self._invoke_arns.append(arn)
+            self._invoke_arns.append(self._arn_to_name(principal, arn))
         return iam.Grant.add_to_principal(
             grantee=grantee,
             actions=[INVOKE_ACTION],
             resource_arns=[self.api.arn_for_execute_api()],
         )
+
+    def _arn_to_name(self, principal: iam.IPrincipal, arn: str) -> str:
+        """The grantee's ARN as the resource policy can name it. A role or user of another
+        stack is named by the ARN its literal name gives: its ARN attribute would make this
+        stack depend on that one, which already depends on this one for the API's ARN in the
+        grantee's policy, and CloudFormation refuses the cycle."""
+        if not isinstance(principal, Construct) or Stack.of(principal) is Stack.of(self):
+            return arn
+        kind = "role" if hasattr(principal, "role_arn") else "user"
+        resource = principal.node.default_child  # its CfnRole or CfnUser
+        name = getattr(resource, f"{kind}_name", None)
+        if not isinstance(name, str) or Token.is_unresolved(name):
+            raise ValueError(
+                f"grantee: {principal.node.path} is in another stack and has no literal name; "
+                "give it one (role_name=...) so the API's resource policy can name it"
+            )
+        path = getattr(resource, "path", None) or "/"
+        account = Stack.of(principal).account
+        return f"arn:{Stack.of(self).partition}:iam::{account}:{kind}{path}{name}"
 
     # --- Queue ---
 

@@ -13,6 +13,7 @@ construction; what is checked is every name and dimension the synthesized templa
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Template
@@ -212,3 +214,45 @@ def test_a_queue_brought_with_its_own_kms_key_is_usable_by_every_sender_and_rece
             )
         }
         assert on_key == {"kms:Decrypt", "kms:GenerateDataKey"}, role.node.path
+
+
+def test_a_producer_in_another_stack_is_granted_without_a_reference_cycle():
+    """With named principals the resource policy names the grantee, and the grantee's policy
+    names the API: across two stacks that was a DependencyCycle at synth. A role with a literal
+    name is named by the ARN that name gives; one without is refused in one line."""
+    app = App()
+    env = Environment(account=ACCOUNT, region="eu-west-1")
+    platform = Stack(app, "Platform", env=env)
+    tables = FleetTables(platform, "Tables", props=FleetTablesProps())
+    ingestion = EventIngestion(
+        platform,
+        "Ingestion",
+        props=EventIngestionProps(
+            lease_table=tables.lease_table,
+            allowed_upstreams=UPSTREAMS,
+            invoke_principals=(f"arn:aws:iam::{ACCOUNT}:role/scheduler",),
+        ),
+    )
+    producers = Stack(app, "Producers", env=env)
+    named = iam.Role(
+        producers,
+        "Named",
+        role_name="feed-producer",
+        path="/feeds/",
+        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+    )
+    ingestion.grant_invoke(named)
+    unnamed = iam.Role(
+        producers, "Unnamed", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com")
+    )
+    with pytest.raises(ValueError, match=r"^grantee: Producers/Unnamed is in another stack"):
+        ingestion.grant_invoke(unnamed)
+    assembly = app.synth()  # a cycle between the stacks fails here
+    policy = next(
+        resource["Properties"]["Policy"]
+        for resource in assembly.get_stack_by_name("Platform").template["Resources"].values()
+        if resource["Type"] == "AWS::ApiGateway::RestApi"
+    )
+    allowed = next(s for s in policy["Statement"] if s.get("Sid") == "InvokeByNamedPrincipals")
+    assert f":iam::{ACCOUNT}:role/feeds/feed-producer" in json.dumps(allowed)
+    assert "Producers" not in json.dumps(assembly.get_stack_by_name("Platform").template)
