@@ -64,6 +64,8 @@ class Region:
         # before a second Region existed, so its traces stay the same).
         endpoint = "https://sim.example/live" + ("" if name == PRIMARY else f"/{name}")
         self.gateway = Gateway(world, self, connection_prefix)
+        # The core routes only: the simulated clients subscribe and restore their subscriptions
+        # from getState, and never bid (the demo auction is not what this simulation checks).
         self.handlers = WsApiHandlers(
             HandlerConfig(
                 state_table=self.names["state"],
