@@ -35,6 +35,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
+from streamfleet_auction import names as auction_names
 from streamfleet_dev.assembly import (
     LOCAL_ACCOUNT,
     CloudAssembly,
@@ -554,7 +555,10 @@ def function_with_handler(stack: Stack, handler: str) -> FunctionSpec:
     return stack.function_with_handler(handler)
 
 
-HANDLER_ENTRY = "streamfleet.wsapi.handlers.handler"
+# The WebSocket handler of the app as synthesized by default: the core's routes and the demo
+# auction's (examples/auction); CORE_HANDLER_ENTRY serves the core's alone.
+HANDLER_ENTRY = auction_names.HANDLER_ENTRY
+CORE_HANDLER_ENTRY = "streamfleet.wsapi.handlers.handler"
 AUTHORIZER_ENTRY = "streamfleet.wsapi.authorizer.handler"
 ROUTER_ENTRY = "streamfleet.event_router.handler"
 CANARY_ENTRY = "streamfleet.wsapi.canary.handler"
