@@ -127,6 +127,9 @@ OPTIONAL_UNSET = {
     "streamfleet.wsapi.handlers": {
         "CONNECTION_TTL_SECONDS": "optional; defaults to the 2-hour connection limit + margin",
     },
+    "streamfleet_auction.handler": {
+        "CONNECTION_TTL_SECONDS": "optional; defaults to the 2-hour connection limit + margin",
+    },
     "streamfleet.wsapi.authorizer": {
         "JWT_KEYS": "alternative to JWT_JWKS_URL (static keys, local use)",
         "JWT_LEEWAY_SECONDS": "optional (30 s)",
@@ -447,14 +450,17 @@ def module_of(function: FunctionSpec) -> str:
     return function.handler.rpartition(".")[0]
 
 
-def own_code_dir(process: LambdaProcess, function: FunctionSpec) -> Path:
-    """The function's own package inside the directory it runs from (``streamfleet/``)."""
-    return process.code_dir / function.handler.split(".", 1)[0]
+def own_code_dirs(process: LambdaProcess, function: FunctionSpec) -> list[Path]:
+    """The project's packages inside the directory the function runs from: ``streamfleet/``
+    and, for an entry module of another package (the demo auction's handler), that one."""
+    packages = dict.fromkeys(("streamfleet", function.handler.split(".", 1)[0]))
+    return [process.code_dir / package for package in packages]
 
 
 def environment_findings(function: FunctionSpec, process: LambdaProcess) -> list[str]:
     """Template variables the code never read, and unset variables the code read."""
-    reads = reads_by(process.env_reads(), own_code_dir(process, function))
+    env_reads = process.env_reads()
+    reads = [r for d in own_code_dirs(process, function) for r in reads_by(env_reads, d)]
     read_names = {r.name for r in reads}
     template_names = set(function.environment)
     optional = OPTIONAL_UNSET.get(module_of(function), {})

@@ -11,11 +11,8 @@ One function serves every route; the event names the route in ``requestContext.r
   request carried) without touching DynamoDB: it is sent every 30 s by every client, what it
   must prove is that API Gateway and Lambda answer, and a literal ``pong`` is what third-party
   heartbeat options match (react-use-websocket's ``returnMessage: 'pong'``);
-* ``getState``: the user's state from the (global) state table, plus one auction's;
-* ``bid``: ``{"action": "bid", "auction": "a1", "amount": 123}`` on a live auction counter. The
-  bid is accepted only by a conditional write (``highest < amount``), so of two racing bids the
-  lower one is refused, never silently overwritten; each accepted bid also leaves an immutable
-  ``BID#<auction>#<amount>`` record;
+* ``getState``: the user (``user``) and, with live delivery, their subscriptions, from the
+  (global) state table; each installed extension adds its own keys;
 * ``subscribe``: ``{"action": "subscribe", "stream": "<id>", "after": <seq or null>,
   "afterEpoch": <epoch, default 0>}``: live
   delivery of an ingested stream (the fleet's connection ``<id>``), allowed only to its readers
@@ -35,6 +32,11 @@ One function serves every route; the event names the route in ``requestContext.r
 * ``$default``: anything else. Unknown actions and malformed messages get an error reply that
   names the offending field; no message can crash the handler.
 
+A deployment adds routes of its own through :mod:`.extensions`: its entry module builds the
+Lambda entry point with :func:`make_handler` and its extensions (the demo auction's ``bid``,
+``examples/auction``, is one). Nothing is imported by computed name, so each entry's asset
+carries exactly what it imports.
+
 State is keyed by the verified ``sub`` (``USER#<sub>``), never by connection id, so a client
 that reconnects, to this region or to the other one after a failover, finds its state again.
 
@@ -52,15 +54,10 @@ endpoint of this API (a custom domain name would follow the failover DNS and mig
 other region), or at ``APIGW_MANAGEMENT_ENDPOINT`` when set (the local stand-in sets it). A
 ``GoneException`` means the client left: its connection record is deleted.
 
-**One writer per auction**: every bid is decided by a conditional write in the auction's home
-Region's replica (``STATE_HOME_REGION``), whichever Region serves the bidder; the other Region
-writes it across Regions, and refuses the bid as retryable (``home_unavailable``) when the home
-does not answer. A state read is served from the local replica and says whether it may lag the
-home (``stale``). The user's own items (last bid, counters, subscriptions) are written in the
-Region that serves the user.
+The user's own items (subscriptions) are written in the Region that serves the user.
 
 Environment: ``STATE_TABLE_NAME``, ``CONNECTIONS_TABLE_NAME``, ``AWS_REGION`` (set by Lambda),
-optional ``STATE_HOME_REGION``, ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``;
+optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``;
 for live delivery all of ``STREAMS_TABLE_NAME`` (the fleet's lease table),
 ``MESSAGES_TABLE_NAME`` and ``SUBSCRIPTIONS_TABLE_NAME``, optionally
 ``SUBSCRIBE_NEWEST_MESSAGES`` (default 50) and ``REPLAY_MAX_MESSAGES`` (default 2,000) (names in
@@ -71,8 +68,9 @@ INFO/WARNING.
 The package, one concern a module: :mod:`.config` (the environment), :mod:`.messages` (what
 clients send, and the refusals), :mod:`.replier` (the Management API), :mod:`.state_store`
 (versioned writes of the state table), :mod:`.connections` (``$connect``/``$disconnect``),
-:mod:`.auction` (``getState``, ``bid``), :mod:`.subscribe` (``subscribe``, ``unsubscribe``);
-here, the dispatch of every event to them, the replies, and the Lambda entry point.
+:mod:`.subscribe` (``subscribe``, ``unsubscribe``), :mod:`.extensions` (the routes a deployment
+adds); here, the dispatch of every event to them, ``getState``, the replies, and the Lambda
+entry point (:func:`make_handler`).
 """
 
 from __future__ import annotations
