@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import aws_cdk as cdk
@@ -38,7 +39,7 @@ from streamfleet.wsapi.canary import config as canary_config
 from streamfleet.wsapi.canary import tokens as canary_tokens
 from streamfleet.wsapi.handlers import config as handlers_config
 from streamfleet_auction import names as auction_names
-from streamfleet_auction_cdk import BID_RECORD_ACTIONS
+from streamfleet_auction_cdk import BID_RECORD_ACTIONS, PACKAGE_DIR, PACKAGE_NAME
 from streamfleet_cdk import assets, live_delivery, websocket_api
 from streamfleet_cdk import canary as canary_construct
 from streamfleet_cdk.canary import (
@@ -58,6 +59,7 @@ from streamfleet_cdk.nag import AWS_SOLUTIONS, MIN_REASON_CHARS
 from streamfleet_cdk.websocket_api import (
     AUTHORIZER_ACTIONS,
     HANDLER_ACTIONS,
+    HandlerExtension,
     JwtSettings,
     WebSocketApi,
     WebSocketApiProps,
@@ -975,6 +977,12 @@ def test_every_domain_setting_is_read_from_context():
         ({"ws_api_burst_limit": 0}, "ws_api_burst_limit", "at least 1"),
         ({"ws_state_home_region": "eu-west-1"}, "ws_state_home_region", "must be the primary"),
         (
+            {"ws_state_home_region": "us-east-1", "demo_auction": False},
+            "ws_state_home_region",
+            "only used with streamfleet:demo_auction",
+        ),
+        ({"demo_auction": "maybe"}, "demo_auction", "expected true or false"),
+        (
             {"ws_state_table_name": model.DEFAULT_LEASE_TABLE_NAME},
             "ws_state_table_name",
             "must differ from streamfleet:lease_table_name",
@@ -1041,6 +1049,52 @@ def test_websocket_api_props_are_validated(overrides, message):
     tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps())
     with pytest.raises(ValueError, match=message):
         websocket_props(tables, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"entry": "handler"}, "entry: expected module.function"),
+        ({"routes": "bid"}, "routes: expected a tuple"),
+        ({"routes": ("subscribe",)}, "routes: 'subscribe' is a core route"),
+        ({"routes": ("$default",)}, "routes: '$default' is a core route"),
+        ({"routes": ("x", "x")}, "routes: a route appears twice"),
+        ({"environment": {"STATE_TABLE_NAME": "t"}}, "environment: STATE_TABLE_NAME is the core's"),
+    ],
+)
+def test_a_handler_extension_is_validated(spec, message):
+    with pytest.raises(ValueError, match=f"^handler_extension: {re.escape(message)}"):
+        HandlerExtension(**{"entry": "mine.handler.handler", **spec})
+
+
+def test_an_extension_adds_its_routes_environment_and_grants_and_nothing_else():
+    stack = construct_stack()
+    tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps())
+    granted = []
+    extension = HandlerExtension(
+        entry=auction_names.HANDLER_ENTRY,
+        packages={PACKAGE_NAME: PACKAGE_DIR},
+        routes=("vote",),
+        environment={"VOTES": "on"},
+        grant=granted.append,
+    )
+    api = WebSocketApi(
+        stack, "WebSocket", props=websocket_props(tables, handler_extension=extension)
+    )
+    assert granted == [api]
+    assert set(api.routes) == {"$connect", "$disconnect", "$default", *model.WS_ROUTES, "vote"}
+    handler = Template.from_stack(stack).to_json()["Resources"][logical_id(stack, api.handler)]
+    assert handler["Properties"]["Handler"] == auction_names.HANDLER_ENTRY
+    assert handler["Properties"]["Environment"]["Variables"]["VOTES"] == "on"
+    # Without one: the core's entry point and routes.
+    core_stack = construct_stack()
+    core_tables = WebSocketTables(core_stack, "Tables", props=WebSocketTablesProps())
+    core = WebSocketApi(core_stack, "WebSocket", props=websocket_props(core_tables))
+    assert set(core.routes) == {"$connect", "$disconnect", "$default", *model.WS_ROUTES}
+    core_handler = Template.from_stack(core_stack).to_json()["Resources"][
+        logical_id(core_stack, core.handler)
+    ]
+    assert core_handler["Properties"]["Handler"] == websocket_api.HANDLER_ENTRY
 
 
 @pytest.mark.parametrize(
