@@ -91,9 +91,12 @@ from streamfleet.wsapi.fanout import Fanout, FanoutConfig
 from streamfleet.wsapi.handlers import WsApiHandlers
 from streamfleet.wsapi.handlers import handler as core_handler
 from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
+from streamfleet.wsapi.handlers.extensions import RouteExtension
 from streamfleet.wsapi.handlers.replier import ManagementApiReplier
 from streamfleet.wsapi.handlers.state_store import StateReplica
 from streamfleet_auction import names as auction_names
+from streamfleet_auction.config import AuctionConfig
+from streamfleet_auction.extension import auction_extension
 from streamfleet_dev.emulator.event_source import (
     EventSourceSettings,
     OnFailureDestination,
@@ -524,27 +527,24 @@ class LocalRegions:
 
         store = StoreSwitch(dynamodb, name)
 
-        def handlers(endpoint: str) -> WsApiHandlers:
+        extensions: tuple[RouteExtension, ...] = ()
+        if HANDLER_ENTRIES[self._handler_entry(name)]:
             # As deployed, every Region decides bids in the primary's replica; locally each
             # Region's table has a name of its own, so the home is handed over, not derived.
             home = None
             if name != s.primary:
                 primary = self.regions[s.primary]  # started first
                 home = StateReplica(primary.name, primary.state_table, primary.store)
+            extensions = (auction_extension(AuctionConfig(home_region=s.primary), home=home),)
+
+        def handlers(endpoint: str) -> WsApiHandlers:
             return WsApiHandlers(
-                HandlerConfig(
-                    state_table,
-                    connections_table,
-                    name,
-                    endpoint,
-                    live=live_tables,
-                    home_region=s.primary,
-                ),
+                HandlerConfig(state_table, connections_table, name, endpoint, live=live_tables),
                 dynamodb=store,
                 replier=ManagementApiReplier(
                     region=name, endpoint=endpoint, client_factory=management_client
                 ),
-                home=home,
+                extensions=extensions,
             )
 
         gateway = await LocalGateway(
