@@ -37,8 +37,9 @@ Lambda entry point with :func:`make_handler` and its extensions (the demo auctio
 ``examples/auction``, is one). Nothing is imported by computed name, so each entry's asset
 carries exactly what it imports.
 
-State is keyed by the verified ``sub`` (``USER#<sub>``), never by connection id, so a client
-that reconnects, to this region or to the other one after a failover, finds its state again.
+State is keyed by the verified ``sub`` (``SUBS#<sub>``, and an extension's own keys), never by
+connection id, so a client that reconnects, to this region or to the other one after a
+failover, finds its state again.
 
 **The canary is confined**: a connection whose authorizer context says ``principalKind`` is
 ``canary`` (a token signed by the canary's own key, see :mod:`streamfleet.wsapi.authorizer`)
