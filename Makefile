@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/clients/python:$(CURDIR)/devtools:$(CURDIR)
+export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/clients/python:$(CURDIR)/devtools:$(CURDIR)/examples/auction:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -28,7 +28,7 @@ $(PYTHON):
 # The checkout's import roots on the virtualenv's path (what PYTHONPATH says, for a
 # .venv/bin/python run outside make): a .pth file, as an editable install would write.
 $(VENV)/.checkout: Makefile | $(PYTHON)
-	printf '%s\n' "$(CURDIR)/runtime" "$(CURDIR)/clients/python" "$(CURDIR)/devtools" "$(CURDIR)" \
+	printf '%s\n' "$(CURDIR)/runtime" "$(CURDIR)/clients/python" "$(CURDIR)/devtools" "$(CURDIR)/examples/auction" "$(CURDIR)" \
 	  > "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/streamfleet-checkout.pth"
 	touch $@
 

@@ -10,11 +10,13 @@ resources in the constructs).
 import sys
 from pathlib import Path
 
-# The constructs import names from the runtime's data model (runtime/streamfleet/model.py).
-# `cdk synth` runs `python3 app.py` without PYTHONPATH, so put runtime/ on the path here.
-_RUNTIME = str(Path(__file__).resolve().parent / "runtime")
-if _RUNTIME not in sys.path:
-    sys.path.insert(0, _RUNTIME)
+# The constructs import names from the runtime's data model (runtime/streamfleet/model.py), and
+# the stacks add the demo auction (examples/auction). `cdk synth` runs `python3 app.py` without
+# PYTHONPATH, so put both on the path here.
+_HERE = Path(__file__).resolve().parent
+for _root in (str(_HERE / "examples" / "auction"), str(_HERE / "runtime")):
+    if _root not in sys.path:
+        sys.path.insert(0, _root)
 
 import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402

@@ -2,7 +2,8 @@
 with its alarm and health check, (with a custom domain) this Region's failover record, and the
 live delivery of the fleet's streams (the fan-out of this Region's messages-table stream to the
 API's subscribed clients; the fleet's tables are referenced by name, as in the fleet's own
-secondary stack).
+secondary stack), and, with ``streamfleet:demo_auction`` (the default), the demo auction's
+routes on the API's handler (``examples/auction``).
 
 These are stacks of their own, next to the fleet's: the two halves of the product share the
 Regions and the account, and each Region's singletons, which the fleet stack of that Region owns
@@ -23,6 +24,7 @@ from constructs import Construct
 
 from stacks.regional import RegionalStack, Role
 from streamfleet import model
+from streamfleet_auction_cdk import auction_extension
 from streamfleet_cdk.alarms import AlarmNotifications, topic_by_name
 from streamfleet_cdk.canary import WebSocketCanary, WebSocketCanaryProps
 from streamfleet_cdk.config import WS_DOMAIN_SETTINGS, AppConfig, context_key
@@ -124,7 +126,11 @@ class WebSocketApiStack(RegionalStack):
                 log_level=config.lambda_log_level,
                 log_retention=config.log_retention,
                 live=live,
-                state_home_region=config.ws_state_home_region or config.primary_region,
+                handler_extension=(
+                    auction_extension(config.ws_state_home_region or config.primary_region)
+                    if config.demo_auction
+                    else None
+                ),
             ),
         )
         self.messages_stream = MessagesStream(

@@ -16,6 +16,11 @@ container, plus the third-party distributions it names (the WebSocket authorizer
 ``cryptography``, ``PyJWT`` and ``websockets``), each checked against the Lambda runtime it will
 run on (:class:`LambdaPythonTarget`) and fetched for it where the installed wheel does not fit.
 
+A function may also carry modules of another top-level package beside ``streamfleet`` (an
+application's own routes, such as the demo auction's ``streamfleet_auction``): its entry module
+is then that package's, and ``packages`` names where each such package's directory is. The same
+import closure decides what of each package it carries.
+
 Every function of the app runs on one runtime and one architecture, :data:`LAMBDA_TARGET`.
 """
 
@@ -77,31 +82,75 @@ def worker_image_files(package_dir: Path | None = None) -> tuple[Path, Path]:
 
 
 def package_files(
-    package_dir: Path | None = None, entries: tuple[str, ...] | None = None
+    package_dir: Path | None = None,
+    entries: tuple[str, ...] | None = None,
+    packages: Mapping[str, Path] | None = None,
 ) -> Iterator[tuple[str, Path]]:
     """``(relative POSIX path, file)`` of every file of the package, sorted, without caches;
-    with ``entries`` (module names), only the modules they import (:func:`module_closure`)."""
-    package_dir = package_dir or runtime_package_dir()
-    wanted = None if entries is None else module_closure(entries, package_dir)
+    with ``entries`` (module names), only the modules they import (:func:`module_closure`;
+    ``packages``: the other top-level packages those may be in)."""
+    roots = _roots(package_dir, packages)
+    yield from _package_files(roots[PACKAGE_NAME], PACKAGE_NAME, entries, roots)
+
+
+def bundle_files(
+    entries: tuple[str, ...] | None = None,
+    packages: Mapping[str, Path] | None = None,
+    package_dir: Path | None = None,
+) -> list[tuple[str, Path]]:
+    """``(path in the bundle, file)``, sorted: ``streamfleet/<relative>`` for the runtime
+    package's files and ``<name>/<relative>`` for each of ``packages`` (top-level package name
+    -> its directory); with ``entries``, only what they import, whichever package it is in."""
+    roots = _roots(package_dir, packages)
+    found = [
+        (f"{name}/{relative}", path)
+        for name, root in roots.items()
+        for relative, path in _package_files(root, name, entries, roots)
+    ]
+    return sorted(found)
+
+
+def _roots(package_dir: Path | None, packages: Mapping[str, Path] | None) -> dict[str, Path]:
+    roots = {PACKAGE_NAME: package_dir or runtime_package_dir()}
+    for name, root in (packages or {}).items():
+        if name in roots or not name.isidentifier():
+            raise ValueError(f"packages: {name!r} is not another top-level package name")
+        roots[name] = Path(root)
+    return roots
+
+
+def _package_files(
+    root: Path, name: str, entries: tuple[str, ...] | None, roots: Mapping[str, Path]
+) -> list[tuple[str, Path]]:
+    """:func:`package_files` of any of ``roots``: the one called ``name``, in ``root``."""
+    wanted = None if entries is None else {r for n, r in _closure(entries, roots) if n == name}
     found: list[tuple[str, Path]] = []
-    for root, dirs, files in os.walk(package_dir):
+    for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
-        for name in files:
-            if name.endswith(_SKIPPED_SUFFIXES):
+        for file_name in files:
+            if file_name.endswith(_SKIPPED_SUFFIXES):
                 continue
-            path = Path(root) / name
-            relative = path.relative_to(package_dir).as_posix()
-            if wanted is not None and not name.endswith(".py"):
+            path = Path(directory) / file_name
+            relative = path.relative_to(root).as_posix()
+            if wanted is not None and not file_name.endswith(".py"):
                 # Imports cannot say who reads a data file: ship none rather than guess.
-                raise ValueError(f"{relative}: a data file in the package; no artifact knows it")
+                raise ValueError(
+                    f"{name}/{relative}: a data file in the package; no artifact knows it"
+                )
             if wanted is None or relative in wanted:
                 found.append((relative, path))
-    yield from sorted(found)
+    return sorted(found)
 
 
-def module_closure(entries: tuple[str, ...], package_dir: Path | None = None) -> frozenset[str]:
+def module_closure(
+    entries: tuple[str, ...],
+    package_dir: Path | None = None,
+    packages: Mapping[str, Path] | None = None,
+) -> frozenset[str]:
     """The package's files (relative POSIX paths) that ``entries`` import, transitively: each
-    module's own file and every package ``__init__.py`` on the way.
+    module's own file and every package ``__init__.py`` on the way. ``packages``: other
+    top-level packages (name -> directory) an entry, or what it imports, may be in; their own
+    files are :func:`bundle_files`'.
 
     Why: an artifact that carries only what it runs changes only when that changes; with the
     whole package in every asset, a comment in the canary rolled the whole fleet. Imports are
@@ -110,44 +159,54 @@ def module_closure(entries: tuple[str, ...], package_dir: Path | None = None) ->
     in a clean interpreter from its asset and run the worker from its build context, would
     fail if it did), and holds no data files (:func:`package_files` refuses one).
     """
-    package_dir = package_dir or runtime_package_dir()
-    found: set[str] = set()
+    roots = _roots(package_dir, packages)
+    return frozenset(
+        relative for name, relative in _closure(entries, roots) if name == PACKAGE_NAME
+    )
+
+
+def _closure(entries: tuple[str, ...], roots: Mapping[str, Path]) -> frozenset[tuple[str, str]]:
+    """``(top-level package, relative path)`` of every file ``entries`` import, transitively."""
+    found: set[tuple[str, str]] = set()
     queue = list(entries)
     while queue:
         module = queue.pop()
-        path = _module_file(module, package_dir)
+        path = _module_file(module, roots)
         if path is None:
-            raise ValueError(f"{module}: not a module of {PACKAGE_NAME} in {package_dir}")
-        relative = path.relative_to(package_dir).as_posix()
-        if relative in found:
+            known = ", ".join(f"{name} in {root}" for name, root in roots.items())
+            raise ValueError(f"{module}: not a module of {known}")
+        top = module.split(".")[0]
+        key = (top, path.relative_to(roots[top]).as_posix())
+        if key in found:
             continue
-        found.add(relative)
+        found.add(key)
         parts = module.split(".")
         queue += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages on the way
-        queue += _imports_of(module, path, package_dir)
+        queue += _imports_of(module, path, roots)
     return frozenset(found)
 
 
 def module_imports(module: str, package_dir: Path | None = None) -> frozenset[str]:
     """The package's modules that ``module`` imports directly (packages on the way excluded)."""
-    package_dir = package_dir or runtime_package_dir()
-    path = _module_file(module, package_dir)
+    roots = _roots(package_dir, None)
+    path = _module_file(module, roots)
     if path is None:
-        raise ValueError(f"{module}: not a module of {PACKAGE_NAME} in {package_dir}")
-    return frozenset(name for name in _imports_of(module, path, package_dir) if name != module)
+        raise ValueError(f"{module}: not a module of {PACKAGE_NAME} in {roots[PACKAGE_NAME]}")
+    return frozenset(name for name in _imports_of(module, path, roots) if name != module)
 
 
-def _module_file(module: str, package_dir: Path) -> Path | None:
+def _module_file(module: str, roots: Mapping[str, Path]) -> Path | None:
     parts = module.split(".")
-    if parts[0] != PACKAGE_NAME:
+    root = roots.get(parts[0])
+    if root is None:
         return None
-    base = package_dir.joinpath(*parts[1:])
+    base = root.joinpath(*parts[1:])
     candidates = [base / "__init__.py", *([base.with_suffix(".py")] if len(parts) > 1 else [])]
     return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
-def _imports_of(module: str, path: Path, package_dir: Path) -> list[str]:
-    """The package's modules that ``module`` (in ``path``) names in an import."""
+def _imports_of(module: str, path: Path, roots: Mapping[str, Path]) -> list[str]:
+    """The modules of ``roots``' packages that ``module`` (in ``path``) names in an import."""
     is_package = path.name == "__init__.py"
     package = module if is_package else module.rpartition(".")[0]
     names: list[str] = []
@@ -163,14 +222,9 @@ def _imports_of(module: str, path: Path, package_dir: Path) -> list[str]:
             # `from package import name` names a submodule, or something of the package itself.
             submodules = [f"{base}.{alias.name}" for alias in node.names]
             names += submodules
-            if any(_module_file(name, package_dir) is None for name in submodules):
+            if any(_module_file(name, roots) is None for name in submodules):
                 names.append(base)
-    return [
-        name
-        for name in names
-        if (name == PACKAGE_NAME or name.startswith(PACKAGE_NAME + "."))
-        and _module_file(name, package_dir) is not None
-    ]
+    return [name for name in names if _module_file(name, roots) is not None]
 
 
 def worker_image_layout(package_dir: Path | None = None) -> dict[str, Path]:
@@ -236,22 +290,28 @@ def stage_worker_image_context(
 
 @jsii.implements(cdk.ILocalBundling)
 class PackageCopy:
-    """Local bundling that copies the ``streamfleet`` package into the Lambda bundle.
+    """Local bundling that copies the ``streamfleet`` package (and ``packages``, other top-level
+    packages by name and directory) into the Lambda bundle: with ``entries``, only the modules
+    they import (:func:`bundle_files`).
 
     The event router needs only the package (pure Python) and boto3, which the Lambda Python
     runtime provides, so there is nothing to install and no reason to start a container.
     """
 
     def __init__(
-        self, package_dir: Path | None = None, entries: tuple[str, ...] | None = None
+        self,
+        package_dir: Path | None = None,
+        entries: tuple[str, ...] | None = None,
+        packages: Mapping[str, Path] | None = None,
     ) -> None:
         self._package_dir = package_dir or runtime_package_dir()
         self._entries = entries
+        self._packages = dict(packages or {})
 
     def try_bundle(self, output_dir: str, *args: object, **kwargs: object) -> bool:
-        destination = Path(output_dir) / PACKAGE_NAME
-        for relative, source in package_files(self._package_dir, self._entries):
-            target = destination / relative
+        files = bundle_files(self._entries, self._packages, self._package_dir)
+        for relative, source in files:
+            target = Path(output_dir) / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
         return True
@@ -543,10 +603,11 @@ class SitePackagesBundling:
         package_dir: Path | None = None,
         staging_root: Path | None = None,
         entries: tuple[str, ...] | None = None,
+        packages: Mapping[str, Path] | None = None,
     ) -> None:
         self.distributions = distributions
         self.target = target
-        self._package = PackageCopy(package_dir, entries)
+        self._package = PackageCopy(package_dir, entries, packages)
         self._staging_root = staging_root
 
     def try_bundle(self, output_dir: str, *args: object, **kwargs: object) -> bool:
@@ -557,12 +618,21 @@ class SitePackagesBundling:
         return True
 
 
-def bundle_declaration(distributions: tuple[str, ...], target: LambdaPythonTarget) -> str:
-    """What a bundle holds, in words: the package, each distribution ``name==version`` of the
-    closure, and the target, e.g. ``streamfleet + cryptography==50.0.2 + ... for python3.14/
-    arm64/glibc2.34``. Two bundles with different contents never have the same declaration."""
+def bundle_declaration(
+    distributions: tuple[str, ...],
+    target: LambdaPythonTarget,
+    packages: tuple[str, ...] = (),
+) -> str:
+    """What a bundle holds, in words: the package (and ``packages``, the other top-level
+    packages it carries), each distribution ``name==version`` of the closure, and the target,
+    e.g. ``streamfleet + cryptography==50.0.2 + ... for python3.14/arm64/glibc2.34``. Two
+    bundles with different contents never have the same declaration."""
     closure = distribution_closure(distributions, target) if distributions else []
-    parts = [PACKAGE_NAME, *(f"{_canonical(d.metadata['Name'])}=={d.version}" for d in closure)]
+    parts = [
+        PACKAGE_NAME,
+        *packages,
+        *(f"{_canonical(d.metadata['Name'])}=={d.version}" for d in closure),
+    ]
     return f"{' + '.join(parts)} for {target.description}"
 
 
@@ -571,14 +641,16 @@ def bundle_fingerprint(
     target: LambdaPythonTarget,
     package_dir: Path | None = None,
     entries: tuple[str, ...] | None = None,
+    packages: Mapping[str, Path] | None = None,
 ) -> str:
-    """SHA-256 of what a bundle declares: every file of the package it carries (path and
+    """SHA-256 of what a bundle declares: every file of the packages it carries (path and
     content) and :func:`bundle_declaration` (each distribution's version, the target). The
     third-party files follow from those: the same version for the same target is the same
     wheel."""
     package_dir = package_dir or runtime_package_dir()
-    layout = {f"{PACKAGE_NAME}/{rel}": path for rel, path in package_files(package_dir, entries)}
-    digest = hashlib.sha256(bundle_declaration(distributions, target).encode())
+    layout = dict(bundle_files(entries, packages, package_dir))
+    declared = bundle_declaration(distributions, target, tuple(sorted(packages or {})))
+    digest = hashlib.sha256(declared.encode())
     digest.update(b"\0")
     digest.update(content_hash(layout).encode())
     return digest.hexdigest()
@@ -589,11 +661,13 @@ def lambda_code(
     target: LambdaPythonTarget = LAMBDA_TARGET,
     *,
     entries: tuple[str, ...] | None = None,
+    packages: Mapping[str, Path] | None = None,
 ) -> lambda_.Code:
     """Lambda code: the ``streamfleet`` package (with ``entries``, only the modules they import:
     a function's handler module) and ``distributions`` (with their dependencies) built for
     ``target``; with no distributions, the package alone (boto3 comes from the Lambda
-    runtime).
+    runtime). ``packages``: other top-level packages (name -> directory) the entry may be in
+    or import, carried the same way.
 
     The asset hash is :func:`bundle_fingerprint`, the bundle's declared contents. CDK caches
     staged assets by source path, bundling options and asset hash, and a local bundler is not
@@ -604,13 +678,15 @@ def lambda_code(
     """
     package_dir = runtime_package_dir()
     local: PackageCopy | SitePackagesBundling = (
-        SitePackagesBundling(distributions, target, package_dir=package_dir, entries=entries)
+        SitePackagesBundling(
+            distributions, target, package_dir=package_dir, entries=entries, packages=packages
+        )
         if distributions
-        else PackageCopy(package_dir, entries)
+        else PackageCopy(package_dir, entries, packages)
     )
     return lambda_.Code.from_asset(
         str(package_dir),
         asset_hash_type=cdk.AssetHashType.CUSTOM,
-        asset_hash=bundle_fingerprint(distributions, target, package_dir, entries),
+        asset_hash=bundle_fingerprint(distributions, target, package_dir, entries, packages),
         bundling=cdk.BundlingOptions(image=target.runtime.bundling_image, local=local),
     )

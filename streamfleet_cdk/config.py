@@ -193,9 +193,13 @@ class AppConfig:
         ws_api_rate_limit: the WebSocket stage's steady-state messages per second, per Region.
         ws_api_burst_limit: the WebSocket stage's burst, per Region.
         ws_state_table_name: physical name of the WebSocket API's state table (global).
+        demo_auction: add the demo auction (examples/auction: the ``bid`` route, its part of
+            ``getState``, ``STATE_HOME_REGION`` and its permissions) to both Regions' WebSocket
+            handlers. Off: the core routes only.
         ws_state_home_region: the Region whose replica of the state table decides every bid
-            (``STATE_HOME_REGION`` of both Regions' handlers): the primary (``None``) or the
-            secondary. Moving it is a disaster-recovery step (docs/disaster-recovery.md).
+            of the demo auction (``STATE_HOME_REGION`` of both Regions' handlers): the primary
+            (``None``) or the secondary. Moving it is a disaster-recovery step
+            (docs/disaster-recovery.md). Only with ``demo_auction``.
         ws_connections_table_name: physical name of each Region's connections table.
         ws_subscriptions_table_name: physical name of each Region's subscriptions table (which
             client connection receives which ingested stream live).
@@ -274,6 +278,7 @@ class AppConfig:
     ws_api_rate_limit: float = 500.0
     ws_api_burst_limit: int = 1000
     ws_state_table_name: str = model.DEFAULT_WSAPI_STATE_TABLE_NAME
+    demo_auction: bool = True
     ws_state_home_region: str | None = None
     ws_connections_table_name: str = model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME
     ws_subscriptions_table_name: str = model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME
@@ -330,6 +335,7 @@ class AppConfig:
             "multi_region_strong_consistency",
             "api_gateway_cloudwatch_role",
             "task_stopped_handler",
+            "demo_auction",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ContextError(f"{context_key(name)}: expected true or false")
@@ -471,6 +477,11 @@ class AppConfig:
                 name, getattr(self, name), TABLE_NAME_PATTERN, "3-255 of A-Z a-z 0-9 _ . -"
             )
         home = self.ws_state_home_region
+        if home is not None and not self.demo_auction:
+            raise ContextError(
+                f"{context_key('ws_state_home_region')}: only used with "
+                f"{context_key('demo_auction')} (the auction's bids are what it decides)"
+            )
         if home is not None and home not in (self.primary_region, self.secondary_region):
             raise ContextError(
                 f"{context_key('ws_state_home_region')}: must be the primary "

@@ -19,6 +19,9 @@ its function is invoked (:data:`INVOKED_SYNCHRONOUSLY`, :data:`INVOKED_BY_STREAM
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
@@ -103,9 +106,12 @@ def python_function(
     reserved_concurrency: int | None = None,
     log_level: str = DEFAULT_LOG_LEVEL,
     tracing: bool = False,
+    packages: Mapping[str, Path] | None = None,
 ) -> lambda_.Function:
     """A function on :data:`LAMBDA_TARGET` running ``handler`` from the ``streamfleet`` package
-    plus ``distributions``, logging JSON at ``log_level`` into ``log_group``.
+    (or from one of ``packages``, other top-level packages by name and directory, which it
+    carries as the assets module says) plus ``distributions``, logging JSON at ``log_level``
+    into ``log_group``.
 
     ``no_dead_letter_queue``: why the function needs none, by how it is invoked (see
     :data:`INVOKED_SYNCHRONOUSLY`); checkov's CKV_AWS_116 is skipped with it.
@@ -117,7 +123,12 @@ def python_function(
         runtime=LAMBDA_TARGET.runtime,
         architecture=LAMBDA_TARGET.architecture,
         handler=handler,
-        code=lambda_code(distributions, LAMBDA_TARGET, entries=(handler.rpartition(".")[0],)),
+        code=lambda_code(
+            distributions,
+            LAMBDA_TARGET,
+            entries=(handler.rpartition(".")[0],),
+            packages=packages,
+        ),
         role=role,
         log_group=log_group,
         logging_format=lambda_.LoggingFormat.JSON,

@@ -10,6 +10,10 @@ there) and the connection ids in the Region's own *connections table*.
 Route keys, the route-selection field, table specs and environment names are read from
 :mod:`streamfleet.model` and from the runtime modules that serve them, never retyped.
 
+A deployment adds routes of its own through :class:`HandlerExtension` (the handler's entry
+module that installs them, the packages it lives in, its route keys, environment and
+permissions); the demo auction is one (``examples/auction``, ``streamfleet_auction_cdk``).
+
 Bundles (no Docker at synth), both for the app's one Lambda target
 (:data:`~streamfleet_cdk.assets.LAMBDA_TARGET`, Python 3.14 on arm64):
 
@@ -23,7 +27,9 @@ Bundles (no Docker at synth), both for the app's one Lambda target
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import jsii
@@ -42,7 +48,6 @@ from constructs import Construct
 
 from streamfleet import model
 from streamfleet.env import ConfigError
-from streamfleet.validation import REGION_PATTERN
 from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi import handlers as handlers_runtime
 from streamfleet.wsapi import jwt as jwt_runtime
@@ -74,17 +79,14 @@ ROUTE_SELECTION_EXPRESSION = f"$request.body.{model.WS_ROUTE_SELECTION_FIELD}"
 MAX_INTEGRATION_TIMEOUT_SECONDS = model.WS_INTEGRATION_TIMEOUT_SECONDS
 
 # Exactly the calls streamfleet.wsapi.handlers makes (post_to_connection is a POST on
-# @connections; nothing reads or deletes connections through the Management API).
+# @connections; nothing reads or deletes connections through the Management API). The state
+# table's items are versioned by UpdateItem; an extension grants what its own routes call.
 HANDLER_ACTIONS = {
-    "state_table": ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+    "state_table": ("dynamodb:GetItem", "dynamodb:UpdateItem"),
     "connections_table": ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem"),
     "connections": ("execute-api:ManageConnections",),
     "log_group": ("logs:CreateLogStream", "logs:PutLogEvents"),
 }
-# Where the auctions' home is another Region, the handler writes only its users' items here
-# (UpdateItem, and GetItem to read them) and the auctions and bid records there.
-HANDLER_USER_STATE_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
-HANDLER_HOME_KEY_PREFIXES = (model.AUCTION_PREFIX, model.BID_PREFIX)
 # The authorizer calls no AWS API (a JWKS URL is fetched over plain HTTPS).
 AUTHORIZER_ACTIONS = {"log_group": ("logs:CreateLogStream", "logs:PutLogEvents")}
 MANAGEMENT_METHOD = "POST"
@@ -201,12 +203,57 @@ class CustomDomain:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HandlerExtension:
+    """Routes a deployment adds to the WebSocket handler (their runtime side is a
+    :class:`~streamfleet.wsapi.handlers.extensions.RouteExtension`, installed by the entry
+    module).
+
+    Attributes:
+        entry: the handler's Lambda entry point, ``module.function``: a module that builds the
+            handler with :func:`streamfleet.wsapi.handlers.make_handler` and the extension.
+        packages: the top-level packages besides ``streamfleet`` that the entry module is in
+            or imports, by name -> directory; the handler's asset carries, of each, the
+            modules the entry imports (:func:`~streamfleet_cdk.assets.bundle_files`).
+        routes: the route keys it adds (API Gateway routes to the handler, as for the core's).
+        environment: variables it adds to the handler's environment.
+        grant: called once with the :class:`WebSocketApi`, after the core's permissions and
+            before live delivery's: adds the statements its routes need to
+            :attr:`WebSocketApi.handler_role` (``None``: none).
+    """
+
+    entry: str
+    packages: Mapping[str, Path] = field(default_factory=dict)
+    routes: tuple[str, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+    grant: Callable[[WebSocketApi], None] | None = None
+
+    def __post_init__(self) -> None:
+        module, _, function = self.entry.rpartition(".")
+        if not module or not function.isidentifier():
+            raise ValueError(
+                f"handler_extension: entry: expected module.function, got {self.entry!r}"
+            )
+        if isinstance(self.routes, str):
+            raise ValueError("handler_extension: routes: expected a tuple of route keys")
+        taken = (*model.WS_ROUTES, CONNECT, DISCONNECT, DEFAULT)
+        for route in self.routes:
+            if route in taken or route.startswith("$") or not route:
+                raise ValueError(f"handler_extension: routes: {route!r} is a core route")
+        if len(set(self.routes)) != len(self.routes):
+            raise ValueError("handler_extension: routes: a route appears twice")
+        core = set(model.HANDLERS_ENV) | {"AWS_REGION"}
+        for name in self.environment:
+            if name in core:
+                raise ValueError(f"handler_extension: environment: {name} is the core's")
+
+
+@dataclass(frozen=True, kw_only=True)
 class WebSocketApiProps:
     """How :class:`WebSocketApi` is built.
 
     Attributes:
-        state_table: the user state (global table, or its local replica): ``USER#``,
-            ``AUCTION#`` and ``BID#`` items.
+        state_table: the user state (global table, or its local replica): ``SUBS#`` items,
+            and those of the routes an extension adds.
         connections_table: this Region's connection records (``WSCONN#``), with a TTL.
         jwt: the tokens the ``$connect`` authorizer accepts.
         custom_domain: a custom domain mapped to the stage (``None``: the regional URL only).
@@ -236,10 +283,8 @@ class WebSocketApiProps:
         live: where ``subscribe`` reads and writes (live delivery of the fleet's streams,
             :class:`~streamfleet_cdk.live_delivery.LiveDeliveryTables`); ``None``: subscribe
             answers ``not_supported``.
-        state_home_region: the Region whose replica of ``state_table`` decides every bid
-            (``STATE_HOME_REGION``); ``None``: this stack's Region. Every Region of one
-            deployment names the same home, so each auction has one writer; the handler may
-            then write the table of the same name in that Region.
+        handler_extension: routes the deployment adds to the handler
+            (:class:`HandlerExtension`); ``None``: the core routes only.
     """
 
     state_table: dynamodb.ITableV2
@@ -260,16 +305,9 @@ class WebSocketApiProps:
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     live: LiveDeliveryTables | None = None
-    state_home_region: str | None = None
+    handler_extension: HandlerExtension | None = None
 
     def __post_init__(self) -> None:
-        if self.state_home_region is not None and not REGION_PATTERN.fullmatch(
-            self.state_home_region
-        ):
-            raise ValueError(
-                "state_home_region: expected a Region like us-east-1, "
-                f"got {self.state_home_region!r}"
-            )
         if not self.stage_name or not self.stage_name.replace("_", "").isalnum():
             raise ValueError(f"stage_name: letters, digits and _ only, got {self.stage_name!r}")
         if not self.throttling_rate_limit > 0:
@@ -460,11 +498,12 @@ class _AccessLogSettings:
 class WebSocketApi(Construct):
     """One Region's WebSocket API: routes, stage, handler, authorizer, optional custom domain.
 
-    Least privilege is written out: the handler's role may ``GetItem``/``PutItem``/
-    ``UpdateItem`` the state table, ``GetItem``/``PutItem``/``DeleteItem`` the connections table
-    (no index, no ``Scan``, no ``Query``), ``execute-api:ManageConnections`` on this API's own
-    stage (``POST @connections/*``: replies only) and write its log group. The authorizer's role
-    may only write its log group.
+    Least privilege is written out: the handler's role may ``GetItem``/``UpdateItem`` the state
+    table, ``GetItem``/``PutItem``/``DeleteItem`` the connections table (no index, no ``Scan``,
+    no ``Query``), ``execute-api:ManageConnections`` on this API's own stage
+    (``POST @connections/*``: replies only) and write its log group, plus what a
+    :class:`HandlerExtension` grants for its own routes. The authorizer's role may only write
+    its log group.
 
     Access logs, like the REST API's, are delivered through the Region's API Gateway
     CloudWatch role (:class:`~streamfleet_cdk.api_gateway_account.ApiGatewayAccount`, declared
@@ -473,11 +512,12 @@ class WebSocketApi(Construct):
     Attributes:
         api: the WebSocket API (route selection ``$request.body.action``).
         stage: the auto-deployed, throttled and access-logged stage.
-        routes: every route by key (``$connect``, ``$disconnect``, ``$default`` and
-            :data:`streamfleet.model.WS_ROUTES`).
+        routes: every route by key (``$connect``, ``$disconnect``, ``$default``,
+            :data:`streamfleet.model.WS_ROUTES` and the extension's).
         authorizer: the ``$connect`` REQUEST authorizer.
         handler: the Lambda serving every route.
         handler_role: its execution role.
+        state_table: the state table it reads and writes (:attr:`WebSocketApiProps.state_table`).
         handler_log_group: its log group.
         authorizer_function: the authorizer Lambda.
         authorizer_role: its execution role.
@@ -492,6 +532,7 @@ class WebSocketApi(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketApiProps) -> None:
         super().__init__(scope, construct_id)
         self._props = props
+        self.state_table = props.state_table
         self.handler_log_group = self._build_log_group("HandlerLogs")
         self.authorizer_log_group = self._build_log_group("AuthorizerLogs")
         self.access_log_group = self._build_log_group("AccessLogs")
@@ -547,16 +588,6 @@ class WebSocketApi(Construct):
             resource_name=f"{self.stage.stage_name}/{MANAGEMENT_METHOD}/@connections/*",
         )
 
-    @property
-    def home_state_table_arn(self) -> str:
-        """ARN of the state table's replica in :attr:`WebSocketApiProps.state_home_region`."""
-        return Stack.of(self).format_arn(
-            service="dynamodb",
-            region=self._props.state_home_region or Stack.of(self).region,
-            resource="table",
-            resource_name=self._props.state_table.table_name,
-        )
-
     # --- Lambdas ---
 
     def _build_log_group(self, construct_id: str) -> logs.LogGroup:
@@ -580,13 +611,15 @@ class WebSocketApi(Construct):
             environment["CONNECTION_TTL_SECONDS"] = str(props.connection_ttl_seconds)
         if props.live is not None:
             environment.update(props.live.environment())
-        if props.state_home_region is not None:
-            environment[model.ENV_STATE_HOME_REGION] = props.state_home_region
+        extension = props.handler_extension
+        if extension is not None:
+            environment.update(extension.environment)
         return python_function(
             self,
             "Handler",
             description="StreamFleet WebSocket API: $connect, $disconnect, messages",
-            handler=HANDLER_ENTRY,
+            handler=HANDLER_ENTRY if extension is None else extension.entry,
+            packages=None if extension is None else extension.packages,
             role=self.handler_role,
             log_group=self.handler_log_group,
             memory_size=props.handler_memory_mib,
@@ -635,7 +668,8 @@ class WebSocketApi(Construct):
         routes: dict[str, apigwv2.WebSocketRoute] = {}
         for key in (CONNECT, DISCONNECT, DEFAULT):
             routes[key] = self.api.node.find_child(f"{key}-Route")
-        for key in model.WS_ROUTES:
+        extension = self._props.handler_extension
+        for key in (*model.WS_ROUTES, *(extension.routes if extension else ())):
             routes[key] = self.api.add_route(key, integration=self._integration)
         self._omit_empty_identity_source()
         return routes
@@ -683,7 +717,8 @@ class WebSocketApi(Construct):
     # --- Permissions ---
 
     def _grant_handler(self) -> None:
-        """Exactly :data:`HANDLER_ACTIONS` (no managed policy, no grant helper)."""
+        """Exactly :data:`HANDLER_ACTIONS` (no managed policy, no grant helper), then what the
+        extension's routes need, then live delivery's."""
         props = self._props
         resources = {
             "state_table": props.state_table.table_arn,
@@ -691,29 +726,13 @@ class WebSocketApi(Construct):
             "connections": self.management_connections_arn,
             "log_group": self.handler_log_group.log_group_arn,
         }
-        home = props.state_home_region
-        remote_home = home is not None and home != Stack.of(self).region
         for name, actions in HANDLER_ACTIONS.items():
-            if name == "state_table" and remote_home:
-                actions = HANDLER_USER_STATE_ACTIONS
             self.handler_role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
             )
-        if remote_home:
-            # Bids are decided in the home Region's replica: its auctions and bid records only.
-            self.handler_role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=list(HANDLER_ACTIONS["state_table"]),
-                    resources=[self.home_state_table_arn],
-                    conditions={
-                        "ForAllValues:StringLike": {
-                            "dynamodb:LeadingKeys": [
-                                f"{prefix}*" for prefix in HANDLER_HOME_KEY_PREFIXES
-                            ]
-                        }
-                    },
-                )
-            )
+        extension = props.handler_extension
+        if extension is not None and extension.grant is not None:
+            extension.grant(self)
         if props.live is not None:
             props.live.grant_subscribe(self.handler_role)
 

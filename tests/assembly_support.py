@@ -35,6 +35,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
+from streamfleet_auction import names as auction_names
 from streamfleet_dev.assembly import (
     LOCAL_ACCOUNT,
     CloudAssembly,
@@ -124,6 +125,9 @@ WS_STACKS = {
 OPTIONAL_UNSET = {
     "streamfleet.event_router": {"MAX_BODY_BYTES": "optional bound on the body (4096)"},
     "streamfleet.wsapi.handlers": {
+        "CONNECTION_TTL_SECONDS": "optional; defaults to the 2-hour connection limit + margin",
+    },
+    "streamfleet_auction.handler": {
         "CONNECTION_TTL_SECONDS": "optional; defaults to the 2-hour connection limit + margin",
     },
     "streamfleet.wsapi.authorizer": {
@@ -446,14 +450,17 @@ def module_of(function: FunctionSpec) -> str:
     return function.handler.rpartition(".")[0]
 
 
-def own_code_dir(process: LambdaProcess, function: FunctionSpec) -> Path:
-    """The function's own package inside the directory it runs from (``streamfleet/``)."""
-    return process.code_dir / function.handler.split(".", 1)[0]
+def own_code_dirs(process: LambdaProcess, function: FunctionSpec) -> list[Path]:
+    """The project's packages inside the directory the function runs from: ``streamfleet/``
+    and, for an entry module of another package (the demo auction's handler), that one."""
+    packages = dict.fromkeys(("streamfleet", function.handler.split(".", 1)[0]))
+    return [process.code_dir / package for package in packages]
 
 
 def environment_findings(function: FunctionSpec, process: LambdaProcess) -> list[str]:
     """Template variables the code never read, and unset variables the code read."""
-    reads = reads_by(process.env_reads(), own_code_dir(process, function))
+    env_reads = process.env_reads()
+    reads = [r for d in own_code_dirs(process, function) for r in reads_by(env_reads, d)]
     read_names = {r.name for r in reads}
     template_names = set(function.environment)
     optional = OPTIONAL_UNSET.get(module_of(function), {})
@@ -554,7 +561,10 @@ def function_with_handler(stack: Stack, handler: str) -> FunctionSpec:
     return stack.function_with_handler(handler)
 
 
-HANDLER_ENTRY = "streamfleet.wsapi.handlers.handler"
+# The WebSocket handler of the app as synthesized by default: the core's routes and the demo
+# auction's (examples/auction); CORE_HANDLER_ENTRY serves the core's alone.
+HANDLER_ENTRY = auction_names.HANDLER_ENTRY
+CORE_HANDLER_ENTRY = "streamfleet.wsapi.handlers.handler"
 AUTHORIZER_ENTRY = "streamfleet.wsapi.authorizer.handler"
 ROUTER_ENTRY = "streamfleet.event_router.handler"
 CANARY_ENTRY = "streamfleet.wsapi.canary.handler"

@@ -15,6 +15,7 @@ import pytest
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.handlers.config import make_dynamodb_client
+from streamfleet_auction.extension import auction_extension
 from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
@@ -57,12 +58,14 @@ def tables(moto) -> Iterator[tuple[str, str]]:
 
 @pytest.fixture
 async def gateway(tables: tuple[str, str]) -> AsyncIterator[LocalGateway]:
-    """The real handlers and authorizer behind the local API Gateway stand-in."""
+    """The real handlers and authorizer behind the local API Gateway stand-in, with the demo
+    auction installed, as the app deploys them by default."""
     state, connections = tables
     async with wsapi_gateway(
         GatewaySettings(region=REGION),
         authorizer=authorizer(),
         state_table=state,
         connections_table=connections,
+        extensions=(auction_extension(),),
     ) as running:
         yield running

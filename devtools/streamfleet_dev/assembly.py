@@ -50,7 +50,7 @@ SYNTH_TIMEOUT_SECONDS = 600
 KEEP_ASSEMBLIES = 10  # cached assemblies kept (each holds all its assets)
 
 # What `cdk synth` reads: the app, its context, the constructs and stacks, and the runtime code
-# that becomes the assets. Caches and editor leftovers are not inputs.
+# that becomes the assets (the demo auction's too). Caches and editor leftovers are not inputs.
 _INPUT_PATHS = (
     "app.py",
     "cdk.json",
@@ -61,6 +61,7 @@ _INPUT_PATHS = (
     "stacks",
     "streamfleet_cdk",
     "runtime",
+    "examples",
 )
 _SKIPPED_PARTS = frozenset({"__pycache__", ".pytest_cache", ".ruff_cache"})
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
@@ -172,7 +173,7 @@ def synthesize(
         # cdk.json runs `python3 app.py`: make that this interpreter, with the repo's paths.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join(
-            str(repo_root / part) for part in ("runtime", "devtools", ".")
+            str(repo_root / part) for part in ("runtime", "devtools", "examples/auction", ".")
         ),
         "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
         "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",

@@ -385,9 +385,8 @@ def ecs_service_group(service_name: str) -> str:
 #
 # * the **state table** (a global table, replicated to the other region) holds what must survive
 #   a failover, keyed by the *verified user id* (the token's ``sub``), never by a connection id,
-#   which changes on every reconnect: ``USER#<sub>`` (the user's last bid and counters),
-#   ``AUCTION#<id>`` (the live highest bid) and ``BID#<auction>#<amount>`` (one immutable record
-#   per accepted bid; accepted amounts strictly increase, so the amount is a unique id);
+#   which changes on every reconnect: ``SUBS#<sub>`` (the user's subscriptions), and the items
+#   of the routes a deployment adds (the demo auction's, examples/auction);
 # * the **connections table** (regional, *not* replicated: a connection id means nothing to the
 #   other region's API Gateway) holds ``WSCONN#<connection id>`` -> user, with a TTL, and the
 #   canary's hysteresis item ``CANARY#<api id>``.
@@ -404,31 +403,10 @@ DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME = "streamfleet-wsapi-connections"
 # Environment variables read by the WebSocket API's Lambdas.
 ENV_STATE_TABLE_NAME = "STATE_TABLE_NAME"
 ENV_CONNECTIONS_TABLE_NAME = "CONNECTIONS_TABLE_NAME"
-# The Region whose state-table replica decides every bid (default: the handler's own Region).
-ENV_STATE_HOME_REGION = "STATE_HOME_REGION"
 ENV_APIGW_MANAGEMENT_ENDPOINT = "APIGW_MANAGEMENT_ENDPOINT"  # optional override (local stand-in)
 
-USER_PREFIX = "USER#"
-AUCTION_PREFIX = "AUCTION#"
-BID_PREFIX = "BID#"
 WS_CONNECTION_PREFIX = "WSCONN#"
 CANARY_PREFIX = "CANARY#"
-BID_AMOUNT_DIGITS = 20  # zero-padded, so the keys of one auction sort by amount
-
-
-def user_pk(user_id: str) -> str:
-    """The state-table key of a user's state: ``USER#<sub>``."""
-    return f"{USER_PREFIX}{user_id}"
-
-
-def auction_pk(auction_id: str) -> str:
-    """The state-table key of an auction's live highest bid: ``AUCTION#<id>``."""
-    return f"{AUCTION_PREFIX}{auction_id}"
-
-
-def bid_pk(auction_id: str, amount: int) -> str:
-    """The state-table key of one accepted bid: ``BID#<auction>#<zero-padded amount>``."""
-    return f"{BID_PREFIX}{auction_id}#{amount:0{BID_AMOUNT_DIGITS}d}"
 
 
 def ws_connection_pk(connection_id: str) -> str:
@@ -449,18 +427,6 @@ WS_EXPIRES_AT = "expires_at"  # epoch seconds: the connections table's TTL attri
 
 # State items (state table). UPDATED_AT_MS (above) is their last-writer-wins timestamp.
 WRITER_REGION = "writer_region"
-AUCTION_ID = "auction"
-HIGHEST_AMOUNT = "highest"
-HIGHEST_BIDDER = "highest_bidder"
-BID_COUNT = "bids"
-BID_AMOUNT = "amount"
-BID_BIDDER = "bidder"
-BID_AT_MS = "at_ms"
-LAST_BID_AUCTION = "last_bid_auction"
-LAST_BID_AMOUNT = "last_bid_amount"
-LAST_BID_AT_MS = "last_bid_at_ms"
-BIDS_ACCEPTED = "bids_accepted"
-BIDS_REFUSED = "bids_refused"
 
 # Canary hysteresis item (connections table).
 CANARY_REPORTED_HEALTHY = "reported_healthy"
@@ -479,13 +445,12 @@ WSAPI_CONNECTIONS_TABLE = TableSpec(
 WS_ROUTE_SELECTION_FIELD = "action"  # route selection expression $request.body.action
 WS_ROUTE_HEARTBEAT = "heartbeat"
 WS_ROUTE_GET_STATE = "getState"
-WS_ROUTE_BID = "bid"
 WS_ROUTE_SUBSCRIBE = "subscribe"  # live delivery of ingested streams (below)
 WS_ROUTE_UNSUBSCRIBE = "unsubscribe"
+# The core's routes; a deployment may add its own (streamfleet.wsapi.handlers.extensions).
 WS_ROUTES = (
     WS_ROUTE_HEARTBEAT,
     WS_ROUTE_GET_STATE,
-    WS_ROUTE_BID,
     WS_ROUTE_SUBSCRIBE,
     WS_ROUTE_UNSUBSCRIBE,
 )
@@ -493,7 +458,6 @@ WS_APP_SUBPROTOCOL = "streamfleet.v1"  # the subprotocol $connect selects (never
 WS_BEARER_SUBPROTOCOL_PREFIX = "bearer."  # Sec-WebSocket-Protocol entry carrying the JWT
 WS_TOKEN_QUERY_PARAMETER = "token"  # ...or ?token=<jwt> in the query string
 WS_REPLY_STATE = "state"
-WS_REPLY_BID = "bid"
 WS_REPLY_ERROR = "error"
 WS_REPLY_SUBSCRIBED = "subscribed"
 WS_REPLY_UNSUBSCRIBED = "unsubscribed"
@@ -603,7 +567,6 @@ DEFAULT_MAX_USER_CONNECTIONS_PER_STREAM = 5
 HANDLERS_ENV = (
     ENV_STATE_TABLE_NAME,
     ENV_CONNECTIONS_TABLE_NAME,
-    ENV_STATE_HOME_REGION,
     ENV_APIGW_MANAGEMENT_ENDPOINT,
     ENV_CONNECTION_TTL_SECONDS,
     ENV_STREAMS_TABLE_NAME,

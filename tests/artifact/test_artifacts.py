@@ -23,6 +23,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from streamfleet import model
+from streamfleet_auction import names as auction_names
 from streamfleet_dev.emulator.ecs import HANDLER as TASK_EVENTS_ENTRY
 from streamfleet_dev.emulator.ecs import local_cluster_arn, rule_target
 from streamfleet_dev.emulator.lambda_runner import (
@@ -178,8 +179,9 @@ ROUTE_MESSAGES = {
         "requestId": "r-state",
         "auction": "a1",
     },
-    model.WS_ROUTE_BID: {
-        "action": model.WS_ROUTE_BID,
+    # The demo auction's route, which the default app adds.
+    auction_names.WS_ROUTE_BID: {
+        "action": auction_names.WS_ROUTE_BID,
         "requestId": "r-bid",
         "auction": "a1",
         "amount": 10,
@@ -201,7 +203,7 @@ ROUTE_MESSAGES = {
 EXPECTED_REPLY = {
     "r-heartbeat": model.WS_PONG_FRAME,
     "r-state": model.WS_REPLY_STATE,
-    "r-bid": model.WS_REPLY_BID,
+    "r-bid": auction_names.WS_REPLY_BID,
     "r-subscribe": f"{model.WS_REPLY_ERROR}:forbidden",  # default deny, not an internal error
     "r-unsubscribe": model.WS_REPLY_UNSUBSCRIBED,
     "r-default": f"{model.WS_REPLY_ERROR}:bad_request",

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from streamfleet_auction_cdk import PACKAGE_DIR, PACKAGE_NAME
 from streamfleet_cdk import assets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,20 +61,29 @@ def asset_references(templates: dict[str, Any]) -> dict[tuple[str, str, str], st
     return found
 
 
+# Entry modules of another top-level package (the demo auction's handler), by package name.
+OTHER_PACKAGES = {PACKAGE_NAME: PACKAGE_DIR}
+
+
 def importers_of(relative: str, references: dict[tuple[str, str, str], str]) -> set:
     """The artifacts whose entry point imports the package's file ``relative``."""
     entries = {
         key: assets.WORKER_ENTRY if key[2] == "worker" else key[2].rpartition(".")[0]
         for key in references
-        if key[2] == "worker" or key[2].startswith(f"{assets.PACKAGE_NAME}.")
+        if key[2] == "worker"
+        or key[2].startswith((f"{assets.PACKAGE_NAME}.", *(f"{n}." for n in OTHER_PACKAGES)))
     }
-    return {key for key, entry in entries.items() if relative in assets.module_closure((entry,))}
+    return {
+        key
+        for key, entry in entries.items()
+        if relative in assets.module_closure((entry,), packages=OTHER_PACKAGES)
+    }
 
 
 @pytest.mark.slow
 def test_a_change_to_a_module_changes_exactly_the_assets_that_import_it(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
-    for part in ("app.py", "cdk.json", "stacks", "streamfleet_cdk", "runtime"):
+    for part in ("app.py", "cdk.json", "stacks", "streamfleet_cdk", "runtime", "examples"):
         source = REPO / part
         if source.is_dir():
             shutil.copytree(source, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -109,6 +119,20 @@ def test_each_artifact_carries_the_modules_it_imports_and_no_other() -> None:
     assert {"__init__.py", "worker/__init__.py", "worker/__main__.py"} <= worker
     with pytest.raises(ValueError, match="not a module"):
         assets.module_closure(("streamfleet.no_such_module",))
+
+
+def test_the_demo_auction_ships_only_with_the_handler_that_installs_it() -> None:
+    """The core handler never imports the demo: its bundle carries none of it, even when the
+    demo's package is offered; the demo's entry carries the core modules it runs and its own."""
+    core = dict(assets.bundle_files(("streamfleet.wsapi.handlers",), OTHER_PACKAGES))
+    assert not [path for path in core if path.startswith(f"{PACKAGE_NAME}/")]
+    demo = dict(assets.bundle_files(("streamfleet_auction.handler",), OTHER_PACKAGES))
+    ours = {path for path in demo if path.startswith(f"{PACKAGE_NAME}/")}
+    assert {f"{PACKAGE_NAME}/handler.py", f"{PACKAGE_NAME}/auctions.py"} <= ours
+    assert set(core) <= set(demo)  # the core's routes, as the core handler runs them
+    # Its names (what its CDK spec imports) need nothing of the runtime.
+    names = ("streamfleet_auction.names",)
+    assert assets.module_closure(names, packages=OTHER_PACKAGES) == frozenset()
 
 
 def test_the_runtime_has_no_import_cycle() -> None:

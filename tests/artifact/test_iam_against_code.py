@@ -45,6 +45,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from streamfleet import model
+from streamfleet_auction import names as auction_names
 from streamfleet_dev.assembly import LOCAL_ACCOUNT, Bindings, Stack, reference_of, resolve
 from streamfleet_dev.checks import stored_log
 from streamfleet_dev.emulator.container import container_launch, image_python
@@ -55,6 +56,7 @@ from streamfleet_dev.tables import create_table
 from streamfleet_dev.upstream.process import UpstreamProcess
 from tests.assembly_support import (
     CANARY_ENTRY,
+    HANDLER_ENTRY,
     ROUTER_ENTRY,
     SECRET_NAME,
     CloudFormationResponses,
@@ -493,7 +495,12 @@ async def _drive_websocket(world) -> None:
             for message in (
                 {"action": model.WS_ROUTE_HEARTBEAT, "requestId": "h"},
                 {"action": model.WS_ROUTE_GET_STATE, "requestId": "s", "auction": "iam"},
-                {"action": model.WS_ROUTE_BID, "requestId": "b", "auction": "iam", "amount": 5},
+                {
+                    "action": auction_names.WS_ROUTE_BID,
+                    "requestId": "b",
+                    "auction": "iam",
+                    "amount": 5,
+                },
                 {"action": "nothing", "requestId": "d"},
             ):
                 await socket.send(json.dumps(message))
@@ -630,7 +637,7 @@ CHECKED_ELSEWHERE = {
 }
 KINDS = {
     "streamfleet.event_router.handler": "router",
-    "streamfleet.wsapi.handlers.handler": "handler",
+    HANDLER_ENTRY: "handler",  # the core's routes and the demo auction's
     "streamfleet.wsapi.authorizer.handler": "authorizer",
     "streamfleet.wsapi.canary.handler": "canary",
     FANOUT_ENTRY: "fanout",

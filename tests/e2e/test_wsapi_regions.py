@@ -26,6 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from streamfleet import model
+from streamfleet_auction import names as auction_names
 from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV, REPO_ROOT
 from streamfleet_dev.emulator.websocket_gateway import FailureMode
 from streamfleet_dev.wsapi.regions import LocalRegions, RegionsError, RegionsSettings
@@ -285,10 +286,10 @@ async def test_a_primary_state_store_outage_fails_over_and_loses_no_acknowledged
             item = await asyncio.to_thread(
                 region.dynamodb.get_item,
                 TableName=region.state_table,
-                Key={model.PK: {"S": model.auction_pk("dr")}},
+                Key={model.PK: {"S": auction_names.auction_pk("dr")}},
                 ConsistentRead=True,
             )
-            views.append(item.get("Item", {}).get(model.HIGHEST_BIDDER, {}).get("S"))
+            views.append(item.get("Item", {}).get(auction_names.HIGHEST_BIDDER, {}).get("S"))
         return views == ["bob", "bob"]
 
     await until(converged, "both replicas hold Bob's 101")

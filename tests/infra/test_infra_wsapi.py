@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import aws_cdk as cdk
@@ -37,6 +38,8 @@ from streamfleet.wsapi import authorizer as authorizer_runtime
 from streamfleet.wsapi.canary import config as canary_config
 from streamfleet.wsapi.canary import tokens as canary_tokens
 from streamfleet.wsapi.handlers import config as handlers_config
+from streamfleet_auction import names as auction_names
+from streamfleet_auction_cdk import BID_RECORD_ACTIONS, PACKAGE_DIR, PACKAGE_NAME
 from streamfleet_cdk import assets, live_delivery, websocket_api
 from streamfleet_cdk import canary as canary_construct
 from streamfleet_cdk.canary import (
@@ -56,7 +59,7 @@ from streamfleet_cdk.nag import AWS_SOLUTIONS, MIN_REASON_CHARS
 from streamfleet_cdk.websocket_api import (
     AUTHORIZER_ACTIONS,
     HANDLER_ACTIONS,
-    HANDLER_USER_STATE_ACTIONS,
+    HandlerExtension,
     JwtSettings,
     WebSocketApi,
     WebSocketApiProps,
@@ -99,7 +102,8 @@ from tests.wsapi_app_support import (
 # What CloudFormation resolves at deploy time, as the runtime would see it.
 DEPLOYED_API_ID = "a1b2c3d4e5"
 
-ROUTE_KEYS = {"$connect", "$disconnect", "$default", *model.WS_ROUTES}
+# The default app adds the demo auction's route to the core's.
+ROUTE_KEYS = {"$connect", "$disconnect", "$default", *model.WS_ROUTES, auction_names.WS_ROUTE_BID}
 LOG_ACTIONS = {"logs:CreateLogStream", "logs:PutLogEvents"}
 
 # Every acknowledgment per WebSocket stack: a new one fails this list on purpose.
@@ -355,7 +359,7 @@ def test_every_function_has_an_errors_and_a_throttles_alarm(built):
 def test_handler_runs_the_runtime_entry_with_its_config(built):
     for stack, template in stacks_of(built):
         handler = function_of(template, stack, stack.websocket.handler)
-        assert handler["Handler"] == "streamfleet.wsapi.handlers.handler"
+        assert handler["Handler"] == auction_names.HANDLER_ENTRY  # the core's, plus the demo
         assert handler["Timeout"] <= 29
         variables = variables_of(handler)
         state = deployed(
@@ -495,7 +499,7 @@ def test_the_auctions_home_moves_to_the_secondary_in_both_regions_at_once():
     built = build_websocket_app({context_key("ws_state_home_region"): SECONDARY_REGION})
     for stack, template in stacks_of(built):
         handler_env = variables_of(function_of(template, stack, stack.websocket.handler))
-        assert handler_env[model.ENV_STATE_HOME_REGION] == SECONDARY_REGION
+        assert handler_env[auction_names.ENV_STATE_HOME_REGION] == SECONDARY_REGION
         statements = role_statements(template, logical_id(stack, stack.websocket.handler_role))
         across = [s["Resource"] for s in statements if "dynamodb:LeadingKeys" in str(s)]
         # Only the primary, no longer the home, writes across Regions: the secondary's replica
@@ -519,13 +523,14 @@ def test_handler_role_has_exactly_its_table_and_reply_grants(built):
         )
         # Bids are decided in the primary's replica: the secondary may write its auctions and
         # bid records there, by name, and only its users' items in its own.
-        home, local_state = {}, set(HANDLER_ACTIONS["state_table"])
+        bids = {*HANDLER_ACTIONS["state_table"], *BID_RECORD_ACTIONS}
+        home, local_state = {}, bids
         if stack.region != PRIMARY_REGION:
             home_arn = (
                 f"arn:aws:dynamodb:{PRIMARY_REGION}:{TEST_ACCOUNT}:table/streamfleet-wsapi-state"
             )
-            home = {home_arn: set(HANDLER_ACTIONS["state_table"])}
-            local_state = {"dynamodb:GetItem", "dynamodb:UpdateItem"}
+            home = {home_arn: bids}
+            local_state = set(HANDLER_ACTIONS["state_table"])
             (statement,) = [
                 s
                 for s in role_statements(template, logical_id(stack, websocket.handler_role))
@@ -535,7 +540,7 @@ def test_handler_role_has_exactly_its_table_and_reply_grants(built):
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["AUCTION#*", "BID#*"]}
             }
         handler_env = variables_of(function_of(template, stack, websocket.handler))
-        assert handler_env[model.ENV_STATE_HOME_REGION] == PRIMARY_REGION
+        assert handler_env[auction_names.ENV_STATE_HOME_REGION] == PRIMARY_REGION
         assert grants == {
             **home,
             arn_text(stack, stack.state_table.table_arn): local_state,
@@ -557,11 +562,8 @@ def test_handler_role_has_exactly_its_table_and_reply_grants(built):
         }
     assert set(HANDLER_LIVE_ACTIONS["streams_table"]) == {"dynamodb:GetItem"}
     assert set(HANDLER_LIVE_ACTIONS["messages_table"]) == {"dynamodb:Query"}
-    assert set(HANDLER_ACTIONS["state_table"]) == {
-        "dynamodb:GetItem",
-        "dynamodb:PutItem",
-        "dynamodb:UpdateItem",
-    }
+    assert set(HANDLER_ACTIONS["state_table"]) == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
+    assert set(BID_RECORD_ACTIONS) == {"dynamodb:PutItem"}
     assert set(HANDLER_ACTIONS["connections_table"]) == {
         "dynamodb:GetItem",
         "dynamodb:PutItem",
@@ -577,7 +579,7 @@ def test_secondary_handler_grants_name_the_local_replica(built):
         f"{model.DEFAULT_WSAPI_STATE_TABLE_NAME}"
     )
     # Its users' items only: auctions and bid records are written in the home's replica.
-    assert grants[state_arn] == set(HANDLER_USER_STATE_ACTIONS)
+    assert grants[state_arn] == set(HANDLER_ACTIONS["state_table"])
 
 
 def test_authorizer_role_may_only_write_its_logs(built):
@@ -975,6 +977,12 @@ def test_every_domain_setting_is_read_from_context():
         ({"ws_api_burst_limit": 0}, "ws_api_burst_limit", "at least 1"),
         ({"ws_state_home_region": "eu-west-1"}, "ws_state_home_region", "must be the primary"),
         (
+            {"ws_state_home_region": "us-east-1", "demo_auction": False},
+            "ws_state_home_region",
+            "only used with streamfleet:demo_auction",
+        ),
+        ({"demo_auction": "maybe"}, "demo_auction", "expected true or false"),
+        (
             {"ws_state_table_name": model.DEFAULT_LEASE_TABLE_NAME},
             "ws_state_table_name",
             "must differ from streamfleet:lease_table_name",
@@ -1041,6 +1049,52 @@ def test_websocket_api_props_are_validated(overrides, message):
     tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps())
     with pytest.raises(ValueError, match=message):
         websocket_props(tables, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"entry": "handler"}, "entry: expected module.function"),
+        ({"routes": "bid"}, "routes: expected a tuple"),
+        ({"routes": ("subscribe",)}, "routes: 'subscribe' is a core route"),
+        ({"routes": ("$default",)}, "routes: '$default' is a core route"),
+        ({"routes": ("x", "x")}, "routes: a route appears twice"),
+        ({"environment": {"STATE_TABLE_NAME": "t"}}, "environment: STATE_TABLE_NAME is the core's"),
+    ],
+)
+def test_a_handler_extension_is_validated(spec, message):
+    with pytest.raises(ValueError, match=f"^handler_extension: {re.escape(message)}"):
+        HandlerExtension(**{"entry": "mine.handler.handler", **spec})
+
+
+def test_an_extension_adds_its_routes_environment_and_grants_and_nothing_else():
+    stack = construct_stack()
+    tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps())
+    granted = []
+    extension = HandlerExtension(
+        entry=auction_names.HANDLER_ENTRY,
+        packages={PACKAGE_NAME: PACKAGE_DIR},
+        routes=("vote",),
+        environment={"VOTES": "on"},
+        grant=granted.append,
+    )
+    api = WebSocketApi(
+        stack, "WebSocket", props=websocket_props(tables, handler_extension=extension)
+    )
+    assert granted == [api]
+    assert set(api.routes) == {"$connect", "$disconnect", "$default", *model.WS_ROUTES, "vote"}
+    handler = Template.from_stack(stack).to_json()["Resources"][logical_id(stack, api.handler)]
+    assert handler["Properties"]["Handler"] == auction_names.HANDLER_ENTRY
+    assert handler["Properties"]["Environment"]["Variables"]["VOTES"] == "on"
+    # Without one: the core's entry point and routes.
+    core_stack = construct_stack()
+    core_tables = WebSocketTables(core_stack, "Tables", props=WebSocketTablesProps())
+    core = WebSocketApi(core_stack, "WebSocket", props=websocket_props(core_tables))
+    assert set(core.routes) == {"$connect", "$disconnect", "$default", *model.WS_ROUTES}
+    core_handler = Template.from_stack(core_stack).to_json()["Resources"][
+        logical_id(core_stack, core.handler)
+    ]
+    assert core_handler["Properties"]["Handler"] == websocket_api.HANDLER_ENTRY
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from streamfleet_auction.extension import auction_extension
 from streamfleet_client import (
     ClientConfig,
     ConnectionLost,
@@ -136,6 +137,7 @@ async def test_the_client_reconnects_across_the_maximum_duration_and_keeps_its_s
             authorizer=authorizer(),
             state_table=state,
             connections_table=connections,
+            extensions=(auction_extension(),),  # its state is a bid's
         ) as running,
         ReconnectingClient(
             lambda attempt, force_refresh=False: Endpoint(running.url, user_token("erin")),

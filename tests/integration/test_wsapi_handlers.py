@@ -7,6 +7,7 @@ the Management API with boto3) against DynamoDB tables on moto's server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -29,12 +30,15 @@ from streamfleet.wsapi.handlers.config import (
 )
 from streamfleet.wsapi.handlers.messages import (
     BadMessage,
+    ExtensionMessage,
     GetState,
     Heartbeat,
-    PlaceBid,
     parse_message,
 )
 from streamfleet.wsapi.handlers.replier import management_endpoint
+from streamfleet_auction import names as auction
+from streamfleet_auction.extension import auction_extension
+from streamfleet_auction.messages import AuctionState, PlaceBid
 from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.emulator.websocket_gateway import GatewaySettings, LocalGateway, wsapi_gateway
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
@@ -76,6 +80,7 @@ async def atomic_gateway(atomic_tables: tuple[str, str]) -> AsyncIterator[LocalG
         authorizer=authorizer(),
         state_table=state,
         connections_table=connections,
+        extensions=(auction_extension(),),
     ) as running:
         yield running
 
@@ -307,20 +312,20 @@ async def test_fifty_concurrent_bids_lose_nothing(
     assert all(len(bidders) == 1 for bidders in holders.values())
     accepted = sorted(holders)
     items = scan(state_table)
-    auction = items[model.auction_pk("race")]
+    race = items[auction.auction_pk("race")]
     # The final highest is the highest accepted bid, which is the highest bid of all.
-    assert auction[model.HIGHEST_AMOUNT] == accepted[-1] == max(a for _, a, _ in bids)
-    assert auction[model.BID_COUNT] == len(accepted)
+    assert race[auction.HIGHEST_AMOUNT] == accepted[-1] == max(a for _, a, _ in bids)
+    assert race[auction.BID_COUNT] == len(accepted)
     # No accepted bid lost: each has its record...
     records = {
-        item[model.BID_AMOUNT]: item
+        item[auction.BID_AMOUNT]: item
         for pk, item in items.items()
-        if pk.startswith(model.BID_PREFIX + "race#")
+        if pk.startswith(auction.BID_PREFIX + "race#")
     }
     assert sorted(records) == accepted
     # ...and in the order DynamoDB applied them, accepted amounts strictly increase.
     by_time = sorted(records.values(), key=lambda r: r[model.UPDATED_AT_MS])
-    assert [r[model.BID_AMOUNT] for r in by_time] == accepted
+    assert [r[auction.BID_AMOUNT] for r in by_time] == accepted
     # Every refusal names a current highest at least as high as the refused amount.
     assert all(r["highest"] >= r["amount"] for r in replies if not r["accepted"])
 
@@ -535,11 +540,13 @@ def test_state_versions_increase_even_when_clocks_go_backwards(tables: tuple[str
     stamps = []
     for ms in (1_000_000, 1_000_000, 999_000):  # same millisecond, then a clock stepped back
         clock.ms = ms
-        outcome = handlers.state.write(model.user_pk("dave"), sets={}, adds={model.BIDS_REFUSED: 1})
+        outcome = handlers.state.write(
+            auction.user_pk("dave"), sets={}, adds={auction.BIDS_REFUSED: 1}
+        )
         stamps.append(outcome.timestamp_ms)
     assert stamps == [1_000_000, 1_000_001, 1_000_002]
-    item = scan(state)[model.user_pk("dave")]
-    assert item[model.BIDS_REFUSED] == 3 and item[model.UPDATED_AT_MS] == 1_000_002
+    item = scan(state)[auction.user_pk("dave")]
+    assert item[auction.BIDS_REFUSED] == 3 and item[model.UPDATED_AT_MS] == 1_000_002
     assert item[model.WRITER_REGION] == REGION
 
 
@@ -548,13 +555,72 @@ def test_state_versions_increase_even_when_clocks_go_backwards(tables: tuple[str
 
 def test_parse_message() -> None:
     assert parse_message('{"action":"heartbeat"}') == Heartbeat()
-    assert parse_message('{"action":"getState","auction":"a1"}') == GetState(None, "a1")
-    assert parse_message('{"action":"bid","auction":"a1","amount":5.0,"requestId":"r"}') == (
-        PlaceBid("a1", 5, "r")
+    assert parse_message('{"action":"getState","requestId":"r"}') == GetState("r")
+    demo = (auction_extension(),)
+    assert parse_message('{"action":"getState","auction":"a1"}', demo) == GetState(
+        None, (AuctionState("a1"),)
+    )
+    assert parse_message('{"action":"bid","auction":"a1","amount":5.0,"requestId":"r"}', demo) == (
+        ExtensionMessage("bid", PlaceBid("a1", 5), "r")
     )
     with pytest.raises(BadMessage) as bad:
-        parse_message('{"action":"bid","auction":"a1","amount":"x","requestId":"r1"}')
+        parse_message('{"action":"bid","auction":"a1","amount":"x","requestId":"r1"}', demo)
     assert bad.value.field == "amount" and bad.value.request_id == "r1"
+    # Without the demo, the core knows neither its route nor its getState field.
+    with pytest.raises(BadMessage) as bad:
+        parse_message('{"action":"bid","auction":"a1","amount":5,"requestId":"r2"}')
+    assert (bad.value.field, bad.value.request_id) == ("action", "r2")
+    assert str(bad.value) == (
+        "action: unknown action 'bid' (expected heartbeat, getState, subscribe, unsubscribe)"
+    )
+    with pytest.raises(BadMessage) as bad:
+        parse_message('{"action":"getState","auction":"a1"}')
+    assert str(bad.value) == "auction: unknown field for getState"
+
+
+def test_the_core_handlers_serve_no_demo_route(tables: tuple[str, str]) -> None:
+    """The deployed core without the demo: ``bid`` is an unknown action, as any other, and
+    ``getState`` answers with what the core owns (no ``state``, no ``auction``)."""
+    state, connections = tables
+    replier = RecordingReplier()
+    handlers = WsApiHandlers(HandlerConfig(state, connections, REGION), replier=replier)
+    context = {"sub": "frank"}
+    handlers(
+        {"requestContext": {"routeKey": "$connect", "connectionId": "c5", "authorizer": context}}
+    )
+
+    def send(body: dict[str, Any]) -> dict[str, Any]:
+        event = {
+            "requestContext": {"routeKey": "$default", "connectionId": "c5", "authorizer": context},
+            "body": json.dumps(body),
+        }
+        assert handlers(event) == {"statusCode": 200}
+        return replier.sent[-1][1]
+
+    refused = send({"action": "bid", "auction": "a1", "amount": 5, "requestId": "b1"})
+    assert refused == {
+        "type": "error",
+        "error": "bad_request",
+        "message": "action: unknown action 'bid' (expected heartbeat, getState, subscribe, "
+        "unsubscribe)",
+        "field": "action",
+        "region": REGION,
+        "requestId": "b1",
+    }
+    assert send({"action": "getState", "requestId": "s1"}) == {
+        "type": "state",
+        "user": "frank",
+        "region": REGION,
+        "requestId": "s1",
+    }
+    assert handlers.routes == model.WS_ROUTES
+    assert set(scan(state)) == set()  # nothing written
+
+
+def test_an_extension_may_not_take_a_core_route() -> None:
+    taken = dataclasses.replace(auction_extension(), routes={"subscribe": None})
+    with pytest.raises(ValueError, match="route 'subscribe' is taken"):
+        parse_message('{"action":"heartbeat"}', (taken,))
 
 
 def test_replies_use_the_regional_endpoint_not_the_failover_name() -> None:

@@ -25,12 +25,12 @@ from streamfleet import model
 from streamfleet.env import ConfigError
 from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi.handlers import WsApiHandlers
-from streamfleet.wsapi.handlers.config import (
-    HOME_CALL_MAX_MS,
-    HandlerConfig,
-    make_dynamodb_client,
-)
+from streamfleet.wsapi.handlers.config import HandlerConfig, make_dynamodb_client
 from streamfleet.wsapi.handlers.state_store import StateReplica
+from streamfleet_auction import names as auction
+from streamfleet_auction.auctions import Auctions
+from streamfleet_auction.config import HOME_CALL_MAX_MS, AuctionConfig, make_home_client
+from streamfleet_auction.extension import auction_extension
 from streamfleet_dev.emulator.aws_proxy import AwsProxy
 from streamfleet_dev.wsapi.tables import create_wsapi_tables, delete_wsapi_tables
 
@@ -61,13 +61,25 @@ def replicas(moto) -> Iterator[tuple[str, str]]:
         )
 
 
-def handlers_in(region: str, replicas: tuple[str, str], **kwargs: Any) -> WsApiHandlers:
+def handlers_in(
+    region: str,
+    replicas: tuple[str, str],
+    *,
+    home: StateReplica | None = None,
+    **kwargs: Any,
+) -> WsApiHandlers:
+    """The handlers of ``region`` with the demo auction installed, its home in ``HOME``."""
     state, connections = replicas
     return WsApiHandlers(
-        HandlerConfig(state, connections, region, home_region=HOME),
+        HandlerConfig(state, connections, region),
         replier=RecordingReplier(),
+        extensions=(auction_extension(AuctionConfig(home_region=HOME), home=home),),
         **kwargs,
     )
+
+
+def auctions_of(handlers: WsApiHandlers) -> Auctions:
+    return handlers.extension("auction").auctions  # type: ignore[attr-defined]
 
 
 def bid_event(user: str, amount: int, request_id: str = "r") -> dict[str, Any]:
@@ -89,36 +101,36 @@ def test_a_lower_bid_in_the_other_region_never_replaces_an_acknowledged_one(
 ) -> None:
     state, _ = replicas
     home, other = handlers_in(HOME, replicas), handlers_in(OTHER, replicas)
-    assert home.auctions.place_bid("alice", "a1", 100)["accepted"]
+    assert auctions_of(home).place_bid("alice", "a1", 100)["accepted"]
     # Not replicated yet: the secondary's replica has never seen Alice's bid.
-    assert model.auction_pk("a1") not in items(OTHER, state)
-    bob = other.auctions.place_bid("bob", "a1", 90)
+    assert auction.auction_pk("a1") not in items(OTHER, state)
+    bob = auctions_of(other).place_bid("bob", "a1", 90)
     assert (bob["accepted"], bob["highest"], bob["highestIsYou"]) == (False, 100, False)
-    equal = other.auctions.place_bid("bob", "a1", 100)
+    equal = auctions_of(other).place_bid("bob", "a1", 100)
     assert not equal["accepted"]
-    higher = other.auctions.place_bid("bob", "a1", 101)
+    higher = auctions_of(other).place_bid("bob", "a1", 101)
     assert higher["accepted"]
     # Every accepted bid, and its record, is in the home's replica; the other Region's replica
     # receives them only through replication (the user's own counters stay where they were).
     at_home = items(HOME, state)
-    assert at_home[model.auction_pk("a1")][model.HIGHEST_BIDDER] == "bob"
-    assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 2
+    assert at_home[auction.auction_pk("a1")][auction.HIGHEST_BIDDER] == "bob"
+    assert at_home[auction.auction_pk("a1")][auction.BID_COUNT] == 2
     recorded = {
-        k for k in at_home if k.startswith(model.bid_pk("a1", 0)[: -model.BID_AMOUNT_DIGITS])
+        k for k in at_home if k.startswith(auction.bid_pk("a1", 0)[: -auction.BID_AMOUNT_DIGITS])
     }
-    assert recorded == {model.bid_pk("a1", 100), model.bid_pk("a1", 101)}
-    assert at_home[model.bid_pk("a1", 101)][model.WRITER_REGION] == HOME
+    assert recorded == {auction.bid_pk("a1", 100), auction.bid_pk("a1", 101)}
+    assert at_home[auction.bid_pk("a1", 101)][model.WRITER_REGION] == HOME
     elsewhere = items(OTHER, state)
-    assert model.auction_pk("a1") not in elsewhere
-    assert elsewhere[model.user_pk("bob")][model.BIDS_ACCEPTED] == 1
+    assert auction.auction_pk("a1") not in elsewhere
+    assert elsewhere[auction.user_pk("bob")][auction.BIDS_ACCEPTED] == 1
 
 
 def test_a_state_read_says_when_it_may_lag_the_home(replicas: tuple[str, str]) -> None:
     home, other = handlers_in(HOME, replicas), handlers_in(OTHER, replicas)
-    home.auctions.place_bid("alice", "a1", 100)
-    at_home = home.auctions.get_state("alice", "a1")["auction"]
+    auctions_of(home).place_bid("alice", "a1", 100)
+    at_home = auctions_of(home).add_state("alice", "a1", {})["auction"]
     assert (at_home["highest"], at_home["homeRegion"], at_home["stale"]) == (100, HOME, False)
-    elsewhere = other.auctions.get_state("alice", "a1")["auction"]
+    elsewhere = auctions_of(other).add_state("alice", "a1", {})["auction"]
     assert (elsewhere["highest"], elsewhere["homeRegion"], elsewhere["stale"]) == (0, HOME, True)
 
 
@@ -145,7 +157,7 @@ def test_an_unreachable_home_refuses_the_bid_as_retryable_and_writes_nothing(
     )
     assert reply["retryable"] is True and reply["requestId"] == "r1"
     assert HOME in reply["message"] and "retry" in reply["message"]
-    assert model.auction_pk("a1") not in items(OTHER, state)
+    assert auction.auction_pk("a1") not in items(OTHER, state)
 
 
 def test_a_home_call_is_not_started_without_the_time_to_finish_it(
@@ -169,7 +181,7 @@ def test_a_fault_of_the_deployment_is_not_told_as_an_outage_of_the_home(
 ) -> None:
     """A home table that does not exist (a wrong STATE_HOME_REGION, say) is no outage: the
     bidder is not told to wait for the home Region, and the log names the error."""
-    missing = StateReplica(HOME, "no-such-table", make_dynamodb_client(HOME, home=True))
+    missing = StateReplica(HOME, "no-such-table", make_home_client(HOME))
     other = handlers_in(OTHER, replicas, home=missing)
     other(bid_event("bob", 90))
     assert other.replier.sent[-1]["error"] == "unavailable"
@@ -213,14 +225,14 @@ def test_a_bid_whose_answer_was_lost_is_acknowledged_when_retried(
     retried = handlers.replier.sent[-1]
     assert (retried["accepted"], retried["highest"], retried["highestIsYou"]) == (True, 100, True)
     at_home = items(HOME, state)
-    assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 1
-    assert model.bid_pk("a1", 100) in at_home
+    assert at_home[auction.auction_pk("a1")][auction.BID_COUNT] == 1
+    assert auction.bid_pk("a1", 100) in at_home
     # Someone else's equal bid is still refused.
-    assert not handlers.auctions.place_bid("bob", "a1", 100)["accepted"]
+    assert not auctions_of(handlers).place_bid("bob", "a1", 100)["accepted"]
     # The bidder's own counters moved once, however often the bid was acknowledged.
     handlers(bid_event("alice", 100))
-    alice = items(region, state)[model.user_pk("alice")]
-    assert (alice[model.BIDS_ACCEPTED], alice[model.LAST_BID_AMOUNT]) == (1, 100)
+    alice = items(region, state)[auction.user_pk("alice")]
+    assert (alice[auction.BIDS_ACCEPTED], alice[auction.LAST_BID_AMOUNT]) == (1, 100)
 
 
 def test_an_answer_lost_inside_the_sdks_own_retry_is_acknowledged(
@@ -230,7 +242,7 @@ def test_an_answer_lost_inside_the_sdks_own_retry_is_acknowledged(
     same call: the retry finds the bid already there and the bidder is told it was accepted."""
     state, _ = replicas
     with AwsProxy(default_backend=servers["moto"].endpoint) as proxy:
-        proxy.lose_first_answers(f"ADD #{model.BID_COUNT}")
+        proxy.lose_first_answers(f"ADD #{auction.BID_COUNT}")
         client = boto3.session.Session().client(
             "dynamodb",
             region_name=HOME,
@@ -238,25 +250,35 @@ def test_an_answer_lost_inside_the_sdks_own_retry_is_acknowledged(
             config=Config(retries={"max_attempts": 2, "mode": "standard"}),
         )
         other = handlers_in(OTHER, replicas, home=StateReplica(HOME, state, client))
-        reply = other.auctions.place_bid("alice", "a1", 100)
+        reply = auctions_of(other).place_bid("alice", "a1", 100)
         assert proxy.lose_first_answers(None) == 1  # the first answer really was lost
     assert (reply["accepted"], reply["highestIsYou"]) == (True, True)
     at_home = items(HOME, state)
-    assert at_home[model.auction_pk("a1")][model.BID_COUNT] == 1
-    assert at_home[model.bid_pk("a1", 100)][model.BID_BIDDER] == "alice"
-    assert items(OTHER, state)[model.user_pk("alice")][model.BIDS_ACCEPTED] == 1
+    assert at_home[auction.auction_pk("a1")][auction.BID_COUNT] == 1
+    assert at_home[auction.bid_pk("a1", 100)][auction.BID_BIDDER] == "alice"
+    assert items(OTHER, state)[auction.user_pk("alice")][auction.BIDS_ACCEPTED] == 1
 
 
-def test_the_home_region_is_read_from_the_environment() -> None:
-    env = {
-        model.ENV_STATE_TABLE_NAME: "s",
-        model.ENV_CONNECTIONS_TABLE_NAME: "c",
-        "AWS_REGION": OTHER,
-        model.ENV_STATE_HOME_REGION: HOME,
-    }
-    config = HandlerConfig.from_env(env)
-    assert (config.home_region, config.auction_home) == (HOME, HOME)
-    del env[model.ENV_STATE_HOME_REGION]
-    assert HandlerConfig.from_env(env).auction_home == OTHER
-    with pytest.raises(ConfigError, match=f"^{model.ENV_STATE_HOME_REGION}: 'east'"):
-        HandlerConfig.from_env({**env, model.ENV_STATE_HOME_REGION: "east"})
+def test_the_home_region_is_read_from_the_environment(replicas: tuple[str, str]) -> None:
+    env = {auction.ENV_STATE_HOME_REGION: HOME}
+    config = AuctionConfig.from_env(env)
+    assert (config.home_region, config.home(OTHER)) == (HOME, HOME)
+    assert AuctionConfig.from_env({}).home(OTHER) == OTHER
+    with pytest.raises(ConfigError, match=f"^{auction.ENV_STATE_HOME_REGION}: 'east'"):
+        AuctionConfig.from_env({auction.ENV_STATE_HOME_REGION: "east"})
+    # The handlers' extension reads it from their environment.
+    state, connections = replicas
+    handlers = WsApiHandlers(
+        HandlerConfig(state, connections, OTHER),
+        replier=RecordingReplier(),
+        extensions=(auction_extension(),),
+        environment=env,
+    )
+    assert auctions_of(handlers).home.region == HOME
+    with pytest.raises(ConfigError, match=auction.ENV_STATE_HOME_REGION):
+        WsApiHandlers(
+            HandlerConfig(state, connections, OTHER),
+            replier=RecordingReplier(),
+            extensions=(auction_extension(),),
+            environment={auction.ENV_STATE_HOME_REGION: "east"},
+        )

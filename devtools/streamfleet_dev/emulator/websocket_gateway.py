@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import SimpleNamespace
 from typing import Any
@@ -790,15 +790,25 @@ def wsapi_gateway(
     connections_table: str,
     dynamodb: Any | None = None,
     live: Any | None = None,
+    extensions: tuple[Any, ...] = (),
 ) -> LocalGateway:
     """A (not yet started) gateway serving the real handlers, which reply through its own
     Management API with the same boto3 code as in AWS. ``live``: the handlers'
-    :class:`~streamfleet.wsapi.handlers.config.LiveTables` (subscribe), if any."""
+    :class:`~streamfleet.wsapi.handlers.config.LiveTables` (subscribe), if any;
+    ``extensions``: the routes they add
+    (:class:`~streamfleet.wsapi.handlers.extensions.RouteExtension`), whose route keys the
+    gateway selects as the deployed API does."""
     from streamfleet.wsapi.handlers import WsApiHandlers
     from streamfleet.wsapi.handlers.config import HandlerConfig
 
+    routes = (
+        *settings.routes,
+        *(r for e in extensions for r in e.routes if r not in settings.routes),
+    )
+    settings = replace(settings, routes=routes)
+
     def factory(endpoint: str) -> LambdaFunction:
         config = HandlerConfig(state_table, connections_table, settings.region, endpoint, live=live)
-        return WsApiHandlers(config, dynamodb=dynamodb)
+        return WsApiHandlers(config, dynamodb=dynamodb, extensions=extensions)
 
     return LocalGateway(settings, authorizer=authorizer, handler_factory=factory)

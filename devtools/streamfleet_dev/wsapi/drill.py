@@ -68,6 +68,7 @@ from streamfleet.aws import AsyncClient
 from streamfleet.lease.dynamo import from_item
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.canary.tokens import SecretToken
+from streamfleet_auction import names as auction_names
 from streamfleet_client import (
     ClientConfig,
     ConnectionLost,
@@ -250,7 +251,11 @@ class DrillClient:
             amount = self.book.next_amount()
             try:
                 reply = await self.client.request(
-                    {"action": model.WS_ROUTE_BID, "auction": self.config.auction, "amount": amount}
+                    {
+                        "action": auction_names.WS_ROUTE_BID,
+                        "auction": self.config.auction,
+                        "amount": amount,
+                    }
                 )
             except NotConnected:  # never sent
                 self.unacknowledged += 1
@@ -258,7 +263,7 @@ class DrillClient:
                 self.unacknowledged += 1
                 self.unanswered_amounts.add(amount)
             else:
-                if reply.get("type") == model.WS_REPLY_BID:
+                if reply.get("type") == auction_names.WS_REPLY_BID:
                     self.bids.append(
                         AckedBid(
                             self.user,
@@ -331,6 +336,8 @@ def regions_settings(config: DrillConfig) -> RegionsSettings:
         disconnect_when_unhealthy=config.disconnect_when_unhealthy,
         table_prefix="drill",
         fault_seed=config.seed,
+        # Its clients bid, and it checks that every acknowledged bid survives: the demo auction.
+        handler_entry=auction_names.HANDLER_ENTRY,
     )
 
 
@@ -695,24 +702,36 @@ def _summarise(
     refusals = sum((c.refusals for c in drill_clients), Counter())
     unanswered = {c.user: c.unanswered_amounts for c in drill_clients}
     highest_bidder = {
-        name: str((items.get(model.auction_pk(config.auction)) or {}).get(model.HIGHEST_BIDDER))
+        name: str(
+            (items.get(auction_names.auction_pk(config.auction)) or {}).get(
+                auction_names.HIGHEST_BIDDER
+            )
+        )
         for name, items in final.items()
     }
     lost = {
         name: [
-            bid.amount for bid in accepted if model.bid_pk(config.auction, bid.amount) not in items
+            bid.amount
+            for bid in accepted
+            if auction_names.bid_pk(config.auction, bid.amount) not in items
         ]
         for name, items in final.items()
     }
     highest = {
-        name: int((items.get(model.auction_pk(config.auction)) or {}).get(model.HIGHEST_AMOUNT, 0))
+        name: int(
+            (items.get(auction_names.auction_pk(config.auction)) or {}).get(
+                auction_names.HIGHEST_AMOUNT, 0
+            )
+        )
         for name, items in final.items()
     }
     recorded_bids = {
         name: sorted(
-            int(item[model.BID_AMOUNT])
+            int(item[auction_names.BID_AMOUNT])
             for pk, item in items.items()
-            if pk.startswith(model.bid_pk(config.auction, 0)[: -model.BID_AMOUNT_DIGITS])
+            if pk.startswith(
+                auction_names.bid_pk(config.auction, 0)[: -auction_names.BID_AMOUNT_DIGITS]
+            )
         )
         for name, items in final.items()
     }

@@ -89,9 +89,14 @@ from streamfleet.wsapi.canary.tokens import (
 )
 from streamfleet.wsapi.fanout import Fanout, FanoutConfig
 from streamfleet.wsapi.handlers import WsApiHandlers
+from streamfleet.wsapi.handlers import handler as core_handler
 from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
+from streamfleet.wsapi.handlers.extensions import RouteExtension
 from streamfleet.wsapi.handlers.replier import ManagementApiReplier
 from streamfleet.wsapi.handlers.state_store import StateReplica
+from streamfleet_auction import names as auction_names
+from streamfleet_auction.config import AuctionConfig
+from streamfleet_auction.extension import auction_extension
 from streamfleet_dev.emulator.event_source import (
     EventSourceSettings,
     OnFailureDestination,
@@ -140,6 +145,12 @@ class RegionsError(RuntimeError):
 
 
 # --- Configuration ------------------------------------------------------------------------------
+
+# The WebSocket handler's entry points a template may name, and whether each installs the demo
+# auction: a fixed table, as each entry module names its own extensions (nothing is imported by
+# computed name).
+CORE_HANDLER_ENTRY = f"{core_handler.__module__}.{core_handler.__name__}"
+HANDLER_ENTRIES = {CORE_HANDLER_ENTRY: False, auction_names.HANDLER_ENTRY: True}
 
 
 @dataclass(frozen=True)
@@ -202,8 +213,13 @@ class RegionsSettings:
     # on by default, as strict as AWS can be.
     management_fault_rates: tuple[tuple[int, float], ...] = DEFAULT_MANAGEMENT_FAULT_RATES
     fault_seed: int | None = None  # the primary's gateway draws from it, the secondary's from +1
+    # The handler's entry point (one of HANDLER_ENTRIES), as the template names it: the app's
+    # default adds the demo auction. With live delivery from the assembly, the template's own.
+    handler_entry: str = auction_names.HANDLER_ENTRY
 
     def __post_init__(self) -> None:
+        if self.handler_entry not in HANDLER_ENTRIES:
+            raise RegionsError(f"handler_entry: one of {', '.join(HANDLER_ENTRIES)}")
         if not self.primary or not self.secondary or self.primary == self.secondary:
             raise RegionsError("primary, secondary: two different region names are required")
         for name in ("canary_period", "canary_timeout", "replication_interval"):
@@ -511,27 +527,24 @@ class LocalRegions:
 
         store = StoreSwitch(dynamodb, name)
 
-        def handlers(endpoint: str) -> WsApiHandlers:
+        extensions: tuple[RouteExtension, ...] = ()
+        if HANDLER_ENTRIES[self._handler_entry(name)]:
             # As deployed, every Region decides bids in the primary's replica; locally each
             # Region's table has a name of its own, so the home is handed over, not derived.
             home = None
             if name != s.primary:
                 primary = self.regions[s.primary]  # started first
                 home = StateReplica(primary.name, primary.state_table, primary.store)
+            extensions = (auction_extension(AuctionConfig(home_region=s.primary), home=home),)
+
+        def handlers(endpoint: str) -> WsApiHandlers:
             return WsApiHandlers(
-                HandlerConfig(
-                    state_table,
-                    connections_table,
-                    name,
-                    endpoint,
-                    live=live_tables,
-                    home_region=s.primary,
-                ),
+                HandlerConfig(state_table, connections_table, name, endpoint, live=live_tables),
                 dynamodb=store,
                 replier=ManagementApiReplier(
                     region=name, endpoint=endpoint, client_factory=management_client
                 ),
-                home=home,
+                extensions=extensions,
             )
 
         gateway = await LocalGateway(
@@ -724,17 +737,32 @@ class LocalRegions:
             base = EventSourceSettings()
         return replace(base, poll_interval=live.poll_interval)
 
-    def _websocket_stack(self, region: Region) -> Any:
+    def _websocket_stack(self, region: Region | str) -> Any:
         from streamfleet_dev.assembly import default_assembly
 
+        name = region if isinstance(region, str) else region.name
         stacks = [
             stack
             for stack in default_assembly().stacks
-            if stack.region == region.name and stack.of_type("AWS::Lambda::EventSourceMapping")
+            if stack.region == name and stack.of_type("AWS::Lambda::EventSourceMapping")
         ]
         if len(stacks) != 1:
-            raise RegionsError(f"{region.name}: no single WebSocket stack in the assembly")
+            raise RegionsError(f"{name}: no single WebSocket stack in the assembly")
         return stacks[0]
+
+    def _handler_entry(self, region: str) -> str:
+        """The WebSocket handler's entry point in ``region``: the template's, when live delivery
+        runs from the assembly (so the local API serves the routes the deployment would), else
+        :attr:`RegionsSettings.handler_entry`."""
+        live = self.settings.live
+        if live is None or not live.fanout_from_assembly:
+            return self.settings.handler_entry
+        found = {f.handler for f in self._websocket_stack(region).functions()} & set(
+            HANDLER_ENTRIES
+        )
+        if len(found) != 1:
+            raise RegionsError(f"{region}: no single WebSocket handler in the assembly")
+        return found.pop()
 
     def _fanout_for(self, region: Region, live: LiveSettings) -> Any:
         assert region.subscriptions_table is not None and self._log_dir is not None

@@ -4,12 +4,13 @@ gateway, two local regions, the failover drill) live in ``streamfleet_dev.wsapi`
 
 Module map:
 
-* :mod:`.handlers` — every route (``$connect``, ``$disconnect``, ``$default``, ``heartbeat``,
-  ``getState``, ``bid``, ``subscribe``, ``unsubscribe``); replies through the Management API;
-  the canary is confined to ``heartbeat``. A package, one concern a module: ``config``,
-  ``messages`` (parsing, refusals), ``replier`` (Management API), ``state_store`` (versioned
-  writes), ``connections``, ``auction``, ``subscribe`` (live delivery's replay); the package
-  itself dispatches and is the Lambda entry point;
+* :mod:`.handlers` — every core route (``$connect``, ``$disconnect``, ``$default``,
+  ``heartbeat``, ``getState``, ``subscribe``, ``unsubscribe``) and those a deployment adds
+  through ``extensions`` (the demo auction's ``bid``, ``examples/auction``); replies through the
+  Management API; the canary is confined to ``heartbeat``. A package, one concern a module:
+  ``config``, ``messages`` (parsing, refusals), ``extensions``, ``replier`` (Management API),
+  ``state_store`` (versioned writes), ``connections``, ``subscribe`` (live delivery's replay);
+  the package itself dispatches and is the Lambda entry point;
 * :mod:`.authorizer` — the REQUEST authorizer (JWT in ``?token=`` or ``bearer.<jwt>``
   subprotocol), users' and the canary's identities kept apart;
 * :mod:`.jwt` — the token policy around PyJWT (RS256/ES256/HS256);

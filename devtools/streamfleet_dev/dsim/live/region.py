@@ -12,6 +12,8 @@ from streamfleet.wsapi import fanout as fanout_module
 from streamfleet.wsapi.handlers import WsApiHandlers
 from streamfleet.wsapi.handlers.config import HandlerConfig, LiveTables
 from streamfleet.wsapi.handlers.replier import ManagementApiReplier
+from streamfleet_auction.config import AuctionConfig
+from streamfleet_auction.extension import auction_extension
 from streamfleet_dev.dsim.dynamodb_model import DynamoDBModel
 from streamfleet_dev.dsim.greenlets import TaskPool
 from streamfleet_dev.dsim.live.aws import (
@@ -64,6 +66,8 @@ class Region:
         # before a second Region existed, so its traces stay the same).
         endpoint = "https://sim.example/live" + ("" if name == PRIMARY else f"/{name}")
         self.gateway = Gateway(world, self, connection_prefix)
+        # As the app deploys them by default: with the demo auction, whose part of getState
+        # reads the user's item (the simulated clients never bid).
         self.handlers = WsApiHandlers(
             HandlerConfig(
                 state_table=self.names["state"],
@@ -85,6 +89,7 @@ class Region:
                 client_factory=lambda _endpoint: Management(world, "handler", HANDLER_SDK, self),
             ),
             clock=world.clock,
+            extensions=(auction_extension(AuctionConfig()),),
         )
         seed = world.schedule.seed
         self.fanout = fanout_module.Fanout(

@@ -11,11 +11,8 @@ One function serves every route; the event names the route in ``requestContext.r
   request carried) without touching DynamoDB: it is sent every 30 s by every client, what it
   must prove is that API Gateway and Lambda answer, and a literal ``pong`` is what third-party
   heartbeat options match (react-use-websocket's ``returnMessage: 'pong'``);
-* ``getState``: the user's state from the (global) state table, plus one auction's;
-* ``bid``: ``{"action": "bid", "auction": "a1", "amount": 123}`` on a live auction counter. The
-  bid is accepted only by a conditional write (``highest < amount``), so of two racing bids the
-  lower one is refused, never silently overwritten; each accepted bid also leaves an immutable
-  ``BID#<auction>#<amount>`` record;
+* ``getState``: the user (``user``) and, with live delivery, their subscriptions, from the
+  (global) state table; each installed extension adds its own keys;
 * ``subscribe``: ``{"action": "subscribe", "stream": "<id>", "after": <seq or null>,
   "afterEpoch": <epoch, default 0>}``: live
   delivery of an ingested stream (the fleet's connection ``<id>``), allowed only to its readers
@@ -35,8 +32,14 @@ One function serves every route; the event names the route in ``requestContext.r
 * ``$default``: anything else. Unknown actions and malformed messages get an error reply that
   names the offending field; no message can crash the handler.
 
-State is keyed by the verified ``sub`` (``USER#<sub>``), never by connection id, so a client
-that reconnects, to this region or to the other one after a failover, finds its state again.
+A deployment adds routes of its own through :mod:`.extensions`: its entry module builds the
+Lambda entry point with :func:`make_handler` and its extensions (the demo auction's ``bid``,
+``examples/auction``, is one). Nothing is imported by computed name, so each entry's asset
+carries exactly what it imports.
+
+State is keyed by the verified ``sub`` (``SUBS#<sub>``, and an extension's own keys), never by
+connection id, so a client that reconnects, to this region or to the other one after a
+failover, finds its state again.
 
 **The canary is confined**: a connection whose authorizer context says ``principalKind`` is
 ``canary`` (a token signed by the canary's own key, see :mod:`streamfleet.wsapi.authorizer`)
@@ -52,15 +55,10 @@ endpoint of this API (a custom domain name would follow the failover DNS and mig
 other region), or at ``APIGW_MANAGEMENT_ENDPOINT`` when set (the local stand-in sets it). A
 ``GoneException`` means the client left: its connection record is deleted.
 
-**One writer per auction**: every bid is decided by a conditional write in the auction's home
-Region's replica (``STATE_HOME_REGION``), whichever Region serves the bidder; the other Region
-writes it across Regions, and refuses the bid as retryable (``home_unavailable``) when the home
-does not answer. A state read is served from the local replica and says whether it may lag the
-home (``stale``). The user's own items (last bid, counters, subscriptions) are written in the
-Region that serves the user.
+The user's own items (subscriptions) are written in the Region that serves the user.
 
 Environment: ``STATE_TABLE_NAME``, ``CONNECTIONS_TABLE_NAME``, ``AWS_REGION`` (set by Lambda),
-optional ``STATE_HOME_REGION``, ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``;
+optional ``APIGW_MANAGEMENT_ENDPOINT`` and ``CONNECTION_TTL_SECONDS``;
 for live delivery all of ``STREAMS_TABLE_NAME`` (the fleet's lease table),
 ``MESSAGES_TABLE_NAME`` and ``SUBSCRIPTIONS_TABLE_NAME``, optionally
 ``SUBSCRIBE_NEWEST_MESSAGES`` (default 50) and ``REPLAY_MAX_MESSAGES`` (default 2,000) (names in
@@ -71,14 +69,16 @@ INFO/WARNING.
 The package, one concern a module: :mod:`.config` (the environment), :mod:`.messages` (what
 clients send, and the refusals), :mod:`.replier` (the Management API), :mod:`.state_store`
 (versioned writes of the state table), :mod:`.connections` (``$connect``/``$disconnect``),
-:mod:`.auction` (``getState``, ``bid``), :mod:`.subscribe` (``subscribe``, ``unsubscribe``);
-here, the dispatch of every event to them, the replies, and the Lambda entry point.
+:mod:`.subscribe` (``subscribe``, ``unsubscribe``), :mod:`.extensions` (the routes a deployment
+adds); here, the dispatch of every event to them, ``getState``, the replies, and the Lambda
+entry point (:func:`make_handler`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -89,7 +89,6 @@ from ... import model
 from ...clock import SYSTEM_CLOCK, Clock
 from ...env import EnvironmentCache
 from ...logs import configured, log_event
-from .auction import Auctions
 from .config import HandlerConfig, make_dynamodb_client
 from .connections import (
     Connections,
@@ -98,8 +97,10 @@ from .connections import (
     reader_tags_of,
     token_expires_at_of,
 )
+from .extensions import BoundExtension, ExtensionContext, RouteExtension
 from .messages import (
     BadMessage,
+    ExtensionMessage,
     GetState,
     Heartbeat,
     NotAuthorized,
@@ -107,7 +108,8 @@ from .messages import (
     Subscribe,
     Unsubscribe,
     message_text,
-    parse_message,
+    parse_routed,
+    route_fields,
 )
 from .replier import ConnectionGone, ManagementApiReplier, Replier
 from .state_store import StateReplica, StateStore, StateWriteConflict
@@ -130,29 +132,49 @@ class WsApiHandlers:
         dynamodb: Any | None = None,
         replier: Replier | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        home: StateReplica | None = None,
+        extensions: tuple[RouteExtension, ...] = (),
+        environment: Mapping[str, str] | None = None,
     ):
-        """``home``: the auctions' home replica, when it is not this Region's (default: the
-        table of the same name in ``config.home_region``)."""
+        """``extensions``: the routes a deployment adds (:mod:`.extensions`), each bound here
+        to these handlers' state table, client and clock; ``environment``: what they read
+        their own settings from (default: the process's)."""
         self.config = config
         self.dynamodb = dynamodb or make_dynamodb_client(config.region)
         local = StateReplica(config.region, config.state_table, self.dynamodb)
-        if config.auction_home == config.region:
-            home = local
-        else:
-            home = home or StateReplica(
-                config.auction_home,
-                config.state_table,
-                make_dynamodb_client(config.auction_home, home=True),
-            )
         self.replier = replier or ManagementApiReplier(
             region=config.region, endpoint=config.management_endpoint
         )
         self.clock = clock
         self.state = StateStore(local, clock)
         self.connections = Connections(config, self.dynamodb, clock)
-        self.auctions = Auctions(config, self.state, home)
         self.subscriptions = Subscriptions(config, self.dynamodb, self.state, clock)
+        self.extensions = tuple(extensions)
+        self._fields = route_fields(self.extensions)  # refuses two claims on one route
+        context = ExtensionContext(
+            config=config,
+            state=self.state,
+            dynamodb=self.dynamodb,
+            clock=clock,
+            environment=os.environ if environment is None else environment,
+        )
+        self.bound: tuple[BoundExtension, ...] = tuple(e.bind(context) for e in self.extensions)
+        self._serving = {
+            route: bound
+            for extension, bound in zip(self.extensions, self.bound, strict=True)
+            for route in extension.routes
+        }
+
+    def extension(self, name: str) -> BoundExtension:
+        """The installed extension called ``name``, as bound to these handlers."""
+        for extension, bound in zip(self.extensions, self.bound, strict=True):
+            if extension.name == name:
+                return bound
+        raise KeyError(name)
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """Every message route these handlers serve: the core's, then the extensions'."""
+        return tuple(self._fields)
 
     # Entry point -----------------------------------------------------------------------------
 
@@ -182,7 +204,7 @@ class WsApiHandlers:
         request_id = None
         try:
             text = message_text(event, self.config.max_message_bytes)
-            message = parse_message(text)
+            message = parse_routed(text, self.extensions, self._fields)
             request_id = message.request_id
             if isinstance(message, Heartbeat):
                 if principal_kind_of(request_context) == model.WS_PRINCIPAL_CANARY:
@@ -217,11 +239,11 @@ class WsApiHandlers:
             if isinstance(message, Unsubscribe):
                 reply = self.subscriptions.unsubscribe(user_id, connection_id, message.stream)
             elif isinstance(message, GetState):
-                reply = self.auctions.get_state(user_id, message.auction)
-            else:
-                reply = self.auctions.place_bid(
-                    user_id, message.auction, message.amount, time_left_ms=time_left_ms
-                )
+                reply = self.get_state(user_id, message)
+            elif isinstance(message, ExtensionMessage):
+                reply = self._serving[message.route].handle(user_id, message.message, time_left_ms)
+            else:  # every parsed message is one of the above
+                raise TypeError(f"no route serves {type(message).__name__}")
         except BadMessage as bad:
             request_id = bad.request_id
             reply = _error(bad.message, bad.field, full=str(bad), code="bad_request")
@@ -271,6 +293,18 @@ class WsApiHandlers:
             reply = _error("internal error", None, retryable=True, code="internal")
         self.reply(request_context, connection_id, reply, request_id)
         return {"statusCode": 200}
+
+    def get_state(self, user_id: str, message: GetState) -> dict[str, Any]:
+        """The ``getState`` reply: the user and, with live delivery, the streams they are
+        subscribed to (so a client that reconnects, in either Region, subscribes again from
+        the server's state); each extension then adds its own keys."""
+        reply: dict[str, Any] = {"type": model.WS_REPLY_STATE, "user": user_id}
+        if self.config.live is not None:
+            subscriptions = self.state.read(model.user_subscriptions_pk(user_id)) or {}
+            reply["subscriptions"] = sorted(subscriptions.get(model.WS_STREAMS) or ())
+        for bound, request in zip(self.bound, message.extensions, strict=True):
+            reply = bound.add_state(user_id, request, reply)
+        return reply
 
     def send_pong(self, request_context: Mapping[str, Any], connection_id: str) -> bool:
         """The heartbeat's reply: the TEXT frame ``pong``; ``False`` if the client is gone."""
@@ -375,30 +409,47 @@ def _error(
 
 # --- Lambda entry point -------------------------------------------------------------------------
 
-_HANDLERS = EnvironmentCache(
-    (*model.HANDLERS_ENV, "AWS_REGION"), lambda: WsApiHandlers(HandlerConfig.from_env())
-)
 
+def make_handler(
+    extensions: tuple[RouteExtension, ...] = (),
+) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """A Lambda entry point serving the core routes and ``extensions``' (the entry module of
+    an application that adds routes calls this with its own, by name: nothing is imported by
+    computed name).
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Lambda entry point for every route (``streamfleet.wsapi.handlers.handler``).
-
-    The clients live as long as the container; a configuration error fails every invocation
-    with a log line naming the variable.
+    The handlers live as long as the container, in a cache of their own rebuilt only when a
+    variable they read changes; a configuration error fails every invocation with a log line
+    naming the variable.
     """
-    handlers = configured(_HANDLERS, logger, context)
-    started = time.monotonic()
-    result = handlers(event, context)
-    request_context = event.get("requestContext") or {}
-    # DEBUG: one line per heartbeat of every client would dominate the log bill at INFO; the
-    # decisions (connect, refusals, errors) are logged where they are made.
-    log_event(
-        logger,
-        logging.DEBUG,
-        "wsapi_invocation",
-        route=request_context.get("routeKey"),
-        status=result.get("statusCode"),
-        connectionId=request_context.get("connectionId"),
-        durationMs=round((time.monotonic() - started) * 1000, 1),
+    names = (
+        *model.HANDLERS_ENV,
+        "AWS_REGION",
+        *(name for extension in extensions for name in extension.environment),
     )
-    return result
+    cache = EnvironmentCache(
+        names, lambda: WsApiHandlers(HandlerConfig.from_env(), extensions=extensions)
+    )
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        handlers = configured(cache, logger, context)
+        started = time.monotonic()
+        result = handlers(event, context)
+        request_context = event.get("requestContext") or {}
+        # DEBUG: one line per heartbeat of every client would dominate the log bill at INFO;
+        # the decisions (connect, refusals, errors) are logged where they are made.
+        log_event(
+            logger,
+            logging.DEBUG,
+            "wsapi_invocation",
+            route=request_context.get("routeKey"),
+            status=result.get("statusCode"),
+            connectionId=request_context.get("connectionId"),
+            durationMs=round((time.monotonic() - started) * 1000, 1),
+        )
+        return result
+
+    return handler
+
+
+# The core's entry point (``streamfleet.wsapi.handlers.handler``): the core routes only.
+handler = make_handler()

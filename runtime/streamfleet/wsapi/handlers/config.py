@@ -13,7 +13,6 @@ from botocore.config import Config
 
 from ... import model
 from ...env import ConfigError, required
-from ...validation import REGION_PATTERN
 
 DEFAULT_CONNECTION_TTL_SECONDS = model.WS_MAX_CONNECTION_SECONDS + 10 * 60
 DEFAULT_SUBSCRIBE_NEWEST = 50
@@ -32,16 +31,6 @@ BOTO_CONFIG = Config(
     retries={"max_attempts": 3, "mode": "standard"},
     max_pool_connections=16,
 )
-# Writes to the auction's home Region cross Regions from the other one: two short attempts, so a
-# home that cannot be reached is told within about 6 s (HOME_CALL_MAX_MS), and a home call is
-# started only with that much of the invocation left.
-HOME_CALL_MAX_MS = 6_500
-HOME_BOTO_CONFIG = Config(
-    connect_timeout=1.0,
-    read_timeout=2.0,
-    retries={"max_attempts": 2, "mode": "standard"},
-    max_pool_connections=16,
-)
 
 
 @dataclass(frozen=True)
@@ -55,21 +44,6 @@ class HandlerConfig:
     connection_ttl_seconds: int = DEFAULT_CONNECTION_TTL_SECONDS
     max_message_bytes: int = model.WS_MAX_FRAME_BYTES
     live: LiveTables | None = None  # None: subscribe answers not_supported
-    # Where auctions are written (None: this Region). Global tables resolve concurrent writes
-    # to one item last-writer-wins, so a conditional write in each Region could accept two
-    # bids that each replace the other; one home Region evaluates every bid's condition.
-    home_region: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.home_region is not None and not REGION_PATTERN.fullmatch(self.home_region):
-            raise ConfigError(
-                model.ENV_STATE_HOME_REGION, f"{self.home_region!r} is not a Region name"
-            )
-
-    @property
-    def auction_home(self) -> str:
-        """The Region whose replica of the state table decides every bid."""
-        return self.home_region or self.region
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HandlerConfig:
@@ -131,7 +105,6 @@ class HandlerConfig:
             management_endpoint=env.get(model.ENV_APIGW_MANAGEMENT_ENDPOINT, "").strip() or None,
             connection_ttl_seconds=ttl,
             live=live,
-            home_region=env.get(model.ENV_STATE_HOME_REGION, "").strip() or None,
         )
 
 
@@ -156,8 +129,7 @@ class LiveTables:
             )
 
 
-def make_dynamodb_client(region: str | None = None, *, home: bool = False) -> Any:
+def make_dynamodb_client(region: str | None = None, *, config: Config = BOTO_CONFIG) -> Any:
     """A boto3 DynamoDB client with short timeouts (endpoint from ``AWS_ENDPOINT_URL*``);
-    ``home``: the shorter budget of a client that writes across Regions."""
-    config = HOME_BOTO_CONFIG if home else BOTO_CONFIG
+    ``config``: another budget (a client that calls across Regions has a shorter one)."""
     return boto3.session.Session().client("dynamodb", region_name=region, config=config)

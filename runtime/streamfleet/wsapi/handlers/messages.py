@@ -1,28 +1,29 @@
 """What clients send: every message parsed and checked completely (:func:`parse_message`), and
-the refusals that answer a request with an error reply naming its cause."""
+the refusals that answer a request with an error reply naming its cause. The checks of a field
+(:func:`identifier`, :func:`whole_number`) are shared with the routes an extension adds
+(:mod:`.extensions`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ... import model, strict_json
 from ...request_body import BodyRefused, Refusal, decode_body
 from ...validation import ID_CHARSET_DOC, ID_PATTERN, MAX_ID_BYTES
+from .extensions import COMMON_FIELDS, RouteExtension
 
 MAX_REQUEST_ID_CHARS = model.MAX_WS_REQUEST_ID_CHARS
-MAX_AUCTION_ID_CHARS = 128
-MAX_BID_AMOUNT = 10**15  # below 2**53 (JavaScript clients) and BID_AMOUNT_DIGITS digits
 MAX_STREAM_ID_BYTES = MAX_ID_BYTES  # a stream is a fleet connection id (validation.check_id)
 MAX_SEQ = model.MAX_SEQ  # JavaScript clients count in doubles
 
+# The core routes' fields; an extension's routes, and its getState fields, come on top.
 FIELDS: dict[str, tuple[str, ...]] = {
-    model.WS_ROUTE_HEARTBEAT: ("action", "requestId"),
-    model.WS_ROUTE_GET_STATE: ("action", "requestId", "auction"),
-    model.WS_ROUTE_BID: ("action", "requestId", "auction", "amount"),
-    model.WS_ROUTE_SUBSCRIBE: ("action", "requestId", "stream", "after", "afterEpoch"),
-    model.WS_ROUTE_UNSUBSCRIBE: ("action", "requestId", "stream"),
+    model.WS_ROUTE_HEARTBEAT: COMMON_FIELDS,
+    model.WS_ROUTE_GET_STATE: COMMON_FIELDS,
+    model.WS_ROUTE_SUBSCRIBE: (*COMMON_FIELDS, "stream", "after", "afterEpoch"),
+    model.WS_ROUTE_UNSUBSCRIBE: (*COMMON_FIELDS, "stream"),
 }
 
 
@@ -44,14 +45,8 @@ class Heartbeat:
 @dataclass(frozen=True)
 class GetState:
     request_id: str | None = None
-    auction: str | None = None
-
-
-@dataclass(frozen=True)
-class PlaceBid:
-    auction: str
-    amount: int
-    request_id: str | None = None
+    # What each installed extension's StateRequest parsed (None for one without), in order.
+    extensions: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,16 @@ class Unsubscribe:
     request_id: str | None = None
 
 
-Message = Heartbeat | GetState | PlaceBid | Subscribe | Unsubscribe
+@dataclass(frozen=True)
+class ExtensionMessage:
+    """A message of a route an extension added: ``message`` is what its parser returned."""
+
+    route: str
+    message: Any
+    request_id: str | None = None
+
+
+Message = Heartbeat | GetState | Subscribe | Unsubscribe | ExtensionMessage
 
 
 def message_text(event: Mapping[str, Any], max_bytes: int) -> str:
@@ -90,7 +94,9 @@ def message_text(event: Mapping[str, Any], max_bytes: int) -> str:
         raise BadMessage(refused.field, message) from None
 
 
-def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
+def identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
+    """``payload[field]``: an identifier of at most ``max_chars`` characters of
+    :data:`~streamfleet.validation.ID_PATTERN`; :class:`BadMessage` naming ``field``."""
     value = payload[field]
     if not isinstance(value, str):
         raise BadMessage(field, f"expected a string, got {strict_json.json_type(value)}")
@@ -106,10 +112,19 @@ def _identifier(payload: Mapping[str, Any], field: str, max_chars: int) -> str:
 def _stream(payload: Mapping[str, Any]) -> str:
     if "stream" not in payload:
         raise BadMessage("stream", "required")
-    return _identifier(payload, "stream", MAX_STREAM_ID_BYTES)  # ASCII: characters are bytes
+    return identifier(payload, "stream", MAX_STREAM_ID_BYTES)  # ASCII: characters are bytes
 
 
-def _whole_number(payload: Mapping[str, Any], field: str, what: str) -> int:
+def whole_number(
+    payload: Mapping[str, Any],
+    field: str,
+    what: str,
+    *,
+    minimum: int = 0,
+    maximum: int = MAX_SEQ,
+) -> int:
+    """``payload[field]``: a whole number (a JSON number without a fraction) from ``minimum``
+    to ``maximum``; :class:`BadMessage` naming ``field``, ``what`` saying what was expected."""
     value = payload[field]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadMessage(field, f"expected {what}, got {strict_json.json_type(value)}")
@@ -117,8 +132,8 @@ def _whole_number(payload: Mapping[str, Any], field: str, what: str) -> int:
         if not value.is_integer():
             raise BadMessage(field, "expected a whole number, got a fraction")
         value = int(value)
-    if not 0 <= value <= MAX_SEQ:
-        raise BadMessage(field, f"must be between 0 and {MAX_SEQ}")
+    if not minimum <= value <= maximum:
+        raise BadMessage(field, f"must be between {minimum} and {maximum}")
     return value
 
 
@@ -127,31 +142,45 @@ def _after(payload: Mapping[str, Any]) -> int | None:
     in epoch ``afterEpoch`` (0 when absent)."""
     epoch = 0
     if payload.get("afterEpoch") is not None:
-        epoch = _whole_number(payload, "afterEpoch", "an epoch")
+        epoch = whole_number(payload, "afterEpoch", "an epoch")
     if payload.get("after") is None:
         return None
-    return model.log_position(epoch, _whole_number(payload, "after", "a seq or null"))
+    return model.log_position(epoch, whole_number(payload, "after", "a seq or null"))
 
 
-def _amount(payload: Mapping[str, Any]) -> int:
-    value = payload["amount"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadMessage("amount", f"expected a whole number, got {strict_json.json_type(value)}")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise BadMessage("amount", "expected a whole number, got a fraction")
-        value = int(value)
-    if not 1 <= value <= MAX_BID_AMOUNT:
-        raise BadMessage("amount", f"must be between 1 and {MAX_BID_AMOUNT}")
-    return value
+def route_fields(extensions: Sequence[RouteExtension] = ()) -> dict[str, tuple[str, ...]]:
+    """Every route's allowed fields: the core's, then each extension's routes, with each
+    extension's ``getState`` fields added to the core's. ``ValueError`` if two claim one route
+    or one ``getState`` field."""
+    fields = dict(FIELDS)
+    for extension in extensions:
+        for route, spec in extension.routes.items():
+            if route in fields or route.startswith("$"):
+                raise ValueError(f"{extension.name}: route {route!r} is taken")
+            fields[route] = (*COMMON_FIELDS, *spec.fields)
+        if extension.state_request is not None:
+            state = fields[model.WS_ROUTE_GET_STATE]
+            taken = set(state) & set(extension.state_request.fields)
+            if taken:
+                raise ValueError(f"{extension.name}: getState field {sorted(taken)[0]!r} is taken")
+            fields[model.WS_ROUTE_GET_STATE] = (*state, *extension.state_request.fields)
+    return fields
 
 
-def parse_message(text: str) -> Message:
+def parse_message(text: str, extensions: Sequence[RouteExtension] = ()) -> Message:
     """Validate one client message completely; :class:`BadMessage` names the first bad field.
 
     Strict: unknown and duplicated fields are refused, so a typo (``ammount``) is an error
-    instead of a silently missing value.
+    instead of a silently missing value. ``extensions``: the routes and ``getState`` fields
+    they add (:mod:`.extensions`); any other action is unknown.
     """
+    return parse_routed(text, extensions, route_fields(extensions))
+
+
+def parse_routed(
+    text: str, extensions: Sequence[RouteExtension], fields: Mapping[str, tuple[str, ...]]
+) -> Message:
+    """:func:`parse_message` with ``fields`` already computed by :func:`route_fields`."""
     try:
         payload = strict_json.loads(text)
     except strict_json.DuplicateMember as dup:
@@ -163,40 +192,39 @@ def parse_message(text: str) -> Message:
     if payload.get(model.WS_ROUTE_SELECTION_FIELD) == model.WS_ROUTE_HEARTBEAT:
         # Always a pong, whatever else came with it: a heartbeat only asks "are you there?".
         try:
-            request_id = _identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
+            request_id = identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
         except (KeyError, BadMessage):
             request_id = None
         return Heartbeat(request_id)
     request_id = None
     if "requestId" in payload:
-        request_id = _identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
+        request_id = identifier(payload, "requestId", MAX_REQUEST_ID_CHARS)
     try:
         if model.WS_ROUTE_SELECTION_FIELD not in payload:
             raise BadMessage("action", "required")
         action = payload["action"]
         if not isinstance(action, str):
             raise BadMessage("action", f"expected a string, got {strict_json.json_type(action)}")
-        if action not in FIELDS:
+        if action not in fields:
             shown = action[:40]
-            raise BadMessage("action", f"unknown action {shown!r} (expected {', '.join(FIELDS)})")
+            raise BadMessage("action", f"unknown action {shown!r} (expected {', '.join(fields)})")
         for key in payload:
-            if key not in FIELDS[action]:
+            if key not in fields[action]:
                 raise BadMessage(key, f"unknown field for {action}")
         if action == model.WS_ROUTE_GET_STATE:
-            auction = None
-            if "auction" in payload:
-                auction = _identifier(payload, "auction", MAX_AUCTION_ID_CHARS)
-            return GetState(request_id, auction)
+            return GetState(
+                request_id,
+                tuple(
+                    None if e.state_request is None else e.state_request.parse(payload)
+                    for e in extensions
+                ),
+            )
         if action == model.WS_ROUTE_SUBSCRIBE:
             return Subscribe(_stream(payload), _after(payload), request_id, "afterEpoch" in payload)
         if action == model.WS_ROUTE_UNSUBSCRIBE:
             return Unsubscribe(_stream(payload), request_id)
-        for field in ("auction", "amount"):
-            if field not in payload:
-                raise BadMessage(field, "required")
-        return PlaceBid(
-            _identifier(payload, "auction", MAX_AUCTION_ID_CHARS), _amount(payload), request_id
-        )
+        (route,) = [e.routes[action] for e in extensions if action in e.routes]
+        return ExtensionMessage(action, route.parse(payload), request_id)
     except BadMessage as bad:
         bad.request_id = request_id
         raise

@@ -1,4 +1,4 @@
-"""The demo auction: ``getState`` (the user's bids and subscriptions, and one auction as this
+"""The demo auction's logic: its part of ``getState`` (the user's bids, and one auction as this
 Region's replica holds it) and ``bid``, decided by a conditional write in the auctions' home
 Region whichever Region serves the bidder."""
 
@@ -10,29 +10,31 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ... import model
-from ...lease.dynamo import error_code, is_condition_failure, names, to_attr
-from .config import HOME_CALL_MAX_MS, HandlerConfig
-from .messages import Refused
-from .state_store import StateReplica, StateStore, StateWriteConflict
+from streamfleet import model
+from streamfleet.lease.dynamo import error_code, is_condition_failure, names, to_attr
+from streamfleet.wsapi.handlers.messages import Refused
+from streamfleet.wsapi.handlers.state_store import StateReplica, StateStore, StateWriteConflict
 
-# The package's logger: the handlers' log lines keep one name whichever module writes them.
-logger = logging.getLogger(__package__)
+from . import names as demo
+from .config import HOME_CALL_MAX_MS
+
+# The handlers' logger: their log lines keep one name whichever module writes them.
+logger = logging.getLogger("streamfleet.wsapi.handlers")
 
 
 class Auctions:
     """Every auction's bids, and the user's record of their own."""
 
-    def __init__(self, config: HandlerConfig, state: StateStore, home: StateReplica):
+    def __init__(self, state: StateStore, home: StateReplica):
         """``home``: the auctions' home replica (``state.local`` when it is this Region's)."""
-        self.config = config
         self.state = state
         self.local = state.local
         self.home = home
 
-    def get_state(self, user_id: str, auction: str | None) -> dict[str, Any]:
-        """The user's state and one auction's (the requested one, else the user's last)."""
-        user = self.state.read(model.user_pk(user_id))
+    def add_state(self, user_id: str, auction: str | None, core: dict[str, Any]) -> dict[str, Any]:
+        """The core's ``getState`` reply with the user's bids (``state``, after ``user``) and
+        one auction's (``auction``, last: the requested one, else the user's last)."""
+        user = self.state.read(demo.user_pk(user_id))
         state: dict[str, Any] = {
             "lastBid": None,
             "bidsAccepted": 0,
@@ -40,19 +42,18 @@ class Auctions:
             "updatedAtMs": None,
         }
         if user:
-            if model.LAST_BID_AUCTION in user:
+            if demo.LAST_BID_AUCTION in user:
                 state["lastBid"] = {
-                    "auction": user[model.LAST_BID_AUCTION],
-                    "amount": user.get(model.LAST_BID_AMOUNT),
-                    "atMs": user.get(model.LAST_BID_AT_MS),
+                    "auction": user[demo.LAST_BID_AUCTION],
+                    "amount": user.get(demo.LAST_BID_AMOUNT),
+                    "atMs": user.get(demo.LAST_BID_AT_MS),
                 }
-            state["bidsAccepted"] = user.get(model.BIDS_ACCEPTED, 0)
-            state["bidsRefused"] = user.get(model.BIDS_REFUSED, 0)
+            state["bidsAccepted"] = user.get(demo.BIDS_ACCEPTED, 0)
+            state["bidsRefused"] = user.get(demo.BIDS_REFUSED, 0)
             state["updatedAtMs"] = user.get(model.UPDATED_AT_MS)
-        reply: dict[str, Any] = {"type": model.WS_REPLY_STATE, "user": user_id, "state": state}
-        if self.config.live is not None:
-            subscriptions = self.state.read(model.user_subscriptions_pk(user_id)) or {}
-            reply["subscriptions"] = sorted(subscriptions.get(model.WS_STREAMS) or ())
+        # Placed after the core's type and user, before what else the core put there.
+        reply = {**{key: core[key] for key in ("type", "user") if key in core}, "state": state}
+        reply.update((key, value) for key, value in core.items() if key not in reply)
         auction = auction or (state["lastBid"] or {}).get("auction")
         if auction:
             reply["auction"] = self._auction_view(auction, user_id)
@@ -62,12 +63,12 @@ class Auctions:
         """The auction as this Region's replica holds it. Read here, not in the home Region, so
         a state read never waits on another Region; ``stale`` tells the client that this
         replica may lag the home by the replication lag (a bid's own reply never does)."""
-        item = self.state.read(model.auction_pk(auction)) or {}
+        item = self.state.read(demo.auction_pk(auction)) or {}
         return {
             "auction": auction,
-            "highest": item.get(model.HIGHEST_AMOUNT, 0),
-            "highestIsYou": item.get(model.HIGHEST_BIDDER) == user_id,
-            "bids": item.get(model.BID_COUNT, 0),
+            "highest": item.get(demo.HIGHEST_AMOUNT, 0),
+            "highestIsYou": item.get(demo.HIGHEST_BIDDER) == user_id,
+            "bids": item.get(demo.BID_COUNT, 0),
             "homeRegion": self.home.region,
             "stale": self.home is not self.local,
         }
@@ -81,7 +82,7 @@ class Auctions:
         time_left_ms: Callable[[], int] | None = None,
     ) -> dict[str, Any]:
         """Accept ``amount`` only if strictly above the auction's highest, atomically, in the
-        auction's home Region (:attr:`HandlerConfig.auction_home`) whichever Region serves the
+        auction's home Region (:meth:`~.config.AuctionConfig.home`) whichever Region serves the
         bidder: an acknowledged bid is then never replaced by a lower one from another Region.
 
         When the home cannot be reached (or there is not time left to reach it) the bid is
@@ -91,24 +92,24 @@ class Auctions:
         try:
             self._home_call_fits(time_left_ms)
             outcome = self.state.write(
-                model.auction_pk(auction),
+                demo.auction_pk(auction),
                 sets={
-                    model.AUCTION_ID: auction,
-                    model.HIGHEST_AMOUNT: amount,
-                    model.HIGHEST_BIDDER: user_id,
+                    demo.AUCTION_ID: auction,
+                    demo.HIGHEST_AMOUNT: amount,
+                    demo.HIGHEST_BIDDER: user_id,
                 },
-                adds={model.BID_COUNT: 1},
-                condition=f"attribute_not_exists(#{model.HIGHEST_AMOUNT}) OR "
-                f"#{model.HIGHEST_AMOUNT} < :amount",
-                condition_names=(model.HIGHEST_AMOUNT,),
+                adds={demo.BID_COUNT: 1},
+                condition=f"attribute_not_exists(#{demo.HIGHEST_AMOUNT}) OR "
+                f"#{demo.HIGHEST_AMOUNT} < :amount",
+                condition_names=(demo.HIGHEST_AMOUNT,),
                 condition_values={":amount": amount},
-                still_applies=lambda old: old.get(model.HIGHEST_AMOUNT, 0) < amount,
+                still_applies=lambda old: old.get(demo.HIGHEST_AMOUNT, 0) < amount,
                 replica=self.home,
             )
             old = outcome.current or {}
             # This bidder's own bid already decided: acknowledge it again rather than refuse it.
             ours_already = not outcome.written and (
-                old.get(model.HIGHEST_AMOUNT) == amount and old.get(model.HIGHEST_BIDDER) == user_id
+                old.get(demo.HIGHEST_AMOUNT) == amount and old.get(demo.HIGHEST_BIDDER) == user_id
             )
             accepted = outcome.written or ours_already
             if accepted:
@@ -128,35 +129,35 @@ class Auctions:
         if accepted:
             highest, is_you = amount, True
         else:
-            highest = old.get(model.HIGHEST_AMOUNT, 0)
-            is_you = old.get(model.HIGHEST_BIDDER) == user_id
+            highest = old.get(demo.HIGHEST_AMOUNT, 0)
+            is_you = old.get(demo.HIGHEST_BIDDER) == user_id
         try:
             if accepted:
                 # Once per accepted bid, however often it is acknowledged.
                 self.state.write(
-                    model.user_pk(user_id),
+                    demo.user_pk(user_id),
                     sets={
-                        model.LAST_BID_AUCTION: auction,
-                        model.LAST_BID_AMOUNT: amount,
-                        model.LAST_BID_AT_MS: outcome.timestamp_ms,
+                        demo.LAST_BID_AUCTION: auction,
+                        demo.LAST_BID_AMOUNT: amount,
+                        demo.LAST_BID_AT_MS: outcome.timestamp_ms,
                     },
-                    adds={model.BIDS_ACCEPTED: 1},
-                    condition=f"NOT (#{model.LAST_BID_AUCTION} = :auction AND "
-                    f"#{model.LAST_BID_AMOUNT} = :amount)",
-                    condition_names=(model.LAST_BID_AUCTION, model.LAST_BID_AMOUNT),
+                    adds={demo.BIDS_ACCEPTED: 1},
+                    condition=f"NOT (#{demo.LAST_BID_AUCTION} = :auction AND "
+                    f"#{demo.LAST_BID_AMOUNT} = :amount)",
+                    condition_names=(demo.LAST_BID_AUCTION, demo.LAST_BID_AMOUNT),
                     condition_values={":auction": auction, ":amount": amount},
                     still_applies=lambda old: (
-                        old.get(model.LAST_BID_AUCTION) != auction
-                        or old.get(model.LAST_BID_AMOUNT) != amount
+                        old.get(demo.LAST_BID_AUCTION) != auction
+                        or old.get(demo.LAST_BID_AMOUNT) != amount
                     ),
                 )
             else:
-                self.state.write(model.user_pk(user_id), sets={}, adds={model.BIDS_REFUSED: 1})
+                self.state.write(demo.user_pk(user_id), sets={}, adds={demo.BIDS_REFUSED: 1})
         except (BotoCoreError, ClientError, StateWriteConflict) as exc:
             # The auction item decided the bid; the user's counters are a convenience.
             logger.warning("wsapi user state update failed after a bid: %s", exc)
         return {
-            "type": model.WS_REPLY_BID,
+            "type": demo.WS_REPLY_BID,
             "auction": auction,
             "amount": amount,
             "accepted": accepted,
@@ -180,11 +181,11 @@ class Auctions:
             self.home.client.put_item(
                 TableName=self.home.table,
                 Item={
-                    model.PK: to_attr(model.bid_pk(auction, amount)),
-                    model.AUCTION_ID: to_attr(auction),
-                    model.BID_AMOUNT: to_attr(amount),
-                    model.BID_BIDDER: to_attr(user_id),
-                    model.BID_AT_MS: to_attr(at_ms),
+                    model.PK: to_attr(demo.bid_pk(auction, amount)),
+                    demo.AUCTION_ID: to_attr(auction),
+                    demo.BID_AMOUNT: to_attr(amount),
+                    demo.BID_BIDDER: to_attr(user_id),
+                    demo.BID_AT_MS: to_attr(at_ms),
                     model.UPDATED_AT_MS: to_attr(at_ms),
                     model.WRITER_REGION: to_attr(self.home.region),
                 },
