@@ -137,6 +137,7 @@ async def hedged(
     still in flight when one answers are left to finish; their answers are ignored.
     """
     pending: set[asyncio.Task[T]] = set()
+    sent: list[asyncio.Task[T]] = []
     attempt = 0
     next_send = clock.monotonic()
     last: BaseException | None = None
@@ -147,14 +148,17 @@ async def hedged(
                 reason = f" ({last})" if last else ""
                 raise StoreUnavailable(f"{what}: DynamoDB unavailable until the deadline{reason}")
             if now >= next_send and len(pending) < max_in_flight:
-                pending.add(asyncio.ensure_future(operation()))
+                sent.append(asyncio.ensure_future(operation()))
+                pending.add(sent[-1])
                 next_send = now + hedge_after
             wake = max(min(deadline, next_send) - now, 0.001)
             if not pending:  # backing off after a failed attempt
                 await asyncio.sleep(wake)
                 continue
             done, _ = await asyncio.wait(pending, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            # Oldest attempt first: a set iterates in its tasks' hash order, which differs from
+            # run to run, and then so would which of two answers wins and the backoff drawn.
+            for task in sorted(done, key=sent.index):
                 pending.discard(task)
                 exc = task.exception()
                 if exc is None:
