@@ -297,15 +297,25 @@ class EventIngestion(Construct):
             ),
         )
 
+    def metric_dead_lettered(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """Notifications in the dead-letter queue (no worker could handle them), the maximum;
+        default over 1 minute, as its alarm watches it."""
+        return self.dead_letter_queue.metric_approximate_number_of_messages_visible(
+            period=period or Duration.minutes(1), statistic="Maximum"
+        )
+
+    def metric_server_errors(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """The API's 5XX answers (a START or STOP may not have been recorded), summed; default
+        over 5 minutes, as its alarm watches it."""
+        return self.api.metric_server_error(period=period or Duration.minutes(5), statistic="Sum")
+
     def _build_dlq_alarm(self) -> cloudwatch.Alarm:
         """A dead-lettered notification means workers keep failing on one: worth a look."""
         return cloudwatch.Alarm(
             self,
             "DeadLetterAlarm",
             alarm_description="StreamFleet: notifications reached the dead-letter queue",
-            metric=self.dead_letter_queue.metric_approximate_number_of_messages_visible(
-                period=Duration.minutes(1), statistic="Maximum"
-            ),
+            metric=self.metric_dead_lettered(),
             threshold=0,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
             evaluation_periods=1,
@@ -469,7 +479,7 @@ class EventIngestion(Construct):
             self,
             "ServerErrorAlarm",
             alarm_description="StreamFleet: the events API answered 5XX (router or DynamoDB)",
-            metric=self.api.metric_server_error(period=Duration.minutes(5), statistic="Sum"),
+            metric=self.metric_server_errors(),
             threshold=1,
             evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

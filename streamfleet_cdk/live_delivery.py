@@ -476,13 +476,25 @@ class StreamFanout(Construct):
                 "StreamFleet: live delivery is behind the stored messages (the fan-out's "
                 f"IteratorAge is above {threshold:g} ms)"
             ),
-            metric=self.function.metric(
-                "IteratorAge", statistic="Maximum", period=Duration.minutes(1)
-            ),
+            metric=self.metric_iterator_age(),
             threshold=threshold,
             evaluation_periods=2,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+    def metric_iterator_age(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """How far live delivery is behind the stored messages: the age of the newest record
+        the fan-out read (Lambda's ``IteratorAge``), the maximum; default over 1 minute."""
+        return self.function.metric(
+            "IteratorAge", statistic="Maximum", period=period or Duration.minutes(1)
+        )
+
+    def metric_failed_records(self, *, period: Duration | None = None) -> cloudwatch.Metric:
+        """Records of batches the fan-out gave up on after its retries (in the FailedRecords
+        queue), the maximum; default over the alarm's period."""
+        return self.failed_records.metric_approximate_number_of_messages_visible(
+            period=period or ALARM_PERIOD, statistic="Maximum"
         )
 
     def metric_failed_posts(self, *, period: Duration | None = None) -> cloudwatch.Metric:
@@ -520,9 +532,7 @@ class StreamFanout(Construct):
                 "StreamFleet: the fan-out gave up on a batch of stored messages after its "
                 "retries (see the FailedRecords queue); subscribers repair it from the log"
             ),
-            metric=self.failed_records.metric_approximate_number_of_messages_visible(
-                period=ALARM_PERIOD, statistic="Maximum"
-            ),
+            metric=self.metric_failed_records(),
             threshold=1,
             evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from streamfleet import model
@@ -33,6 +34,15 @@ _PROJECTION_TYPES = {
     model.Projection.INCLUDE: dynamodb.ProjectionType.INCLUDE,
     model.Projection.ALL: dynamodb.ProjectionType.ALL,
 }
+
+
+# What reading a table takes, and nothing that writes: ``grant_read``'s actions.
+TABLE_READ_ACTIONS = (
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +148,21 @@ class FleetTables(Construct):
             spec=model.MESSAGES_TABLE,
             table_name=props.messages_table_name,
             ttl=props.message_ttl,
+        )
+
+    def grant_read(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` read both tables and the lease table's indexes (``GetItem``,
+        ``BatchGetItem``, ``Query``, ``Scan``): what the operator CLI reads, and a dashboard's
+        or an audit's view. No write, so it can never take or end a lease."""
+        lease_arn = self.lease_table.table_arn
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=list(TABLE_READ_ACTIONS),
+            resource_arns=[
+                lease_arn,
+                f"{lease_arn}/index/*",
+                self.messages_table.table_arn,
+            ],
         )
 
     def _build_table(

@@ -63,6 +63,7 @@ from streamfleet_cdk.functions import (
 )
 from streamfleet_cdk.live_delivery import LiveDeliveryTables
 from streamfleet_cdk.nag import acknowledge, nag_text
+from streamfleet_cdk.tables import TABLE_READ_ACTIONS
 
 HANDLER_ENTRY = f"{handlers_runtime.handler.__module__}.{handlers_runtime.handler.__name__}"
 # PyJWT verifies; its RS256/ES256 algorithms need cryptography (PyJWT's "crypto" extra, which
@@ -410,6 +411,19 @@ class WebSocketTables(Construct):
         self.connections_table: dynamodb.TableV2 = self._build_connections_table()
         self.subscriptions_table: dynamodb.TableV2 = self._build_subscriptions_table()
 
+    def grant_read(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` read the three tables (``GetItem``, ``BatchGetItem``, ``Query``,
+        ``Scan``): an operator's or an analytics job's view of users' state, connections and
+        subscriptions. No write."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=list(TABLE_READ_ACTIONS),
+            resource_arns=[
+                table.table_arn
+                for table in (self.state_table, self.connections_table, self.subscriptions_table)
+            ],
+        )
+
     @staticmethod
     def _partition_key(spec: model.TableSpec) -> dynamodb.Attribute:
         if spec.sort_key or spec.indexes:
@@ -577,6 +591,15 @@ class WebSocketApi(Construct):
             },
             statistic="Sum",
             period=period,
+        )
+
+    def grant_post_to_connections(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` (a team's own backend) post to this stage's clients: the Management
+        API's ``POST @connections/*`` on this API and stage only, nothing else of it."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=list(HANDLER_ACTIONS["connections"]),
+            resource_arns=[self.management_connections_arn],
         )
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -51,7 +52,15 @@ NAMED = {
 }
 
 
-def add_fleet_set(scope: Construct, construct_id: str) -> None:
+@dataclass(frozen=True)
+class FleetSet:
+    tables: FleetTables
+    ingestion: EventIngestion
+    fleet: WorkerFleet
+    fanout: StreamFanout
+
+
+def add_fleet_set(scope: Construct, construct_id: str) -> FleetSet:
     """One team's set, every construct with its defaults."""
     team = Construct(scope, construct_id)
     tables = FleetTables(team, "Tables", props=FleetTablesProps())
@@ -78,7 +87,7 @@ def add_fleet_set(scope: Construct, construct_id: str) -> None:
     )
     api = apigwv2.WebSocketApi(team, "WebSocket", api_name=f"{construct_id}-live")
     stage = apigwv2.WebSocketStage(team, "Stage", web_socket_api=api, stage_name="live")
-    StreamFanout(
+    fanout = StreamFanout(
         team,
         "Fanout",
         props=StreamFanoutProps(
@@ -89,6 +98,7 @@ def add_fleet_set(scope: Construct, construct_id: str) -> None:
             stage=stage,
         ),
     )
+    return FleetSet(tables, ingestion, fleet, fanout)
 
 
 def one_stack() -> list[Stack]:
