@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import jsii
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, Names, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_apigatewayv2_authorizers as authorizers
@@ -75,6 +75,7 @@ CONNECT = handlers_runtime.CONNECT
 DISCONNECT = handlers_runtime.DISCONNECT
 DEFAULT = handlers_runtime.DEFAULT
 AUTHORIZER_ID = "Authorizer"
+API_NAME_MAX_CHARS = 128
 ROUTE_SELECTION_EXPRESSION = f"$request.body.{model.WS_ROUTE_SELECTION_FIELD}"
 
 MAX_INTEGRATION_TIMEOUT_SECONDS = model.WS_INTEGRATION_TIMEOUT_SECONDS
@@ -201,6 +202,15 @@ class CustomDomain:
 
     domain_name: str
     certificate: acm.ICertificate
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.domain_name, str) or not self.domain_name.strip("."):
+            raise ValueError(f"domain_name: expected a DNS name, got {self.domain_name!r}")
+        if getattr(self.certificate, "certificate_arn", None) is None:
+            raise ValueError(
+                "certificate: expected an ACM certificate in this Region "
+                f"(acm.Certificate.from_certificate_arn(...)), got {self.certificate!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,27 +366,36 @@ class WebSocketTablesProps:
             replica by name instead (every other Region).
         replica_regions: Regions that get a replica of the state table.
         deletion_protection: DynamoDB deletion protection on the state table and its replicas.
-        state_table_name: physical name of the state table, shared by every Region.
-        connections_table_name: physical name of each Region's connections table.
+        state_table_name: physical name of the state table, shared by every Region; ``None``
+            lets CloudFormation generate one, so two sets in one account never claim the same
+            table. Required where ``declare_state_table`` is off: the other Regions find the
+            replica by name (CloudFormation has no cross-Region reference).
+        connections_table_name: physical name of each Region's connections table; ``None``:
+            generated.
         subscriptions_table_name: physical name of each Region's subscriptions table (which
-            connection of this Region receives which ingested stream).
+            connection of this Region receives which ingested stream); ``None``: generated.
     """
 
     declare_state_table: bool = True
     replica_regions: tuple[str, ...] = ()
     deletion_protection: bool = True
-    state_table_name: str = model.WSAPI_STATE_TABLE.default_name
-    connections_table_name: str = model.WSAPI_CONNECTIONS_TABLE.default_name
-    subscriptions_table_name: str = model.WSAPI_SUBSCRIPTIONS_TABLE.default_name
+    state_table_name: str | None = None
+    connections_table_name: str | None = None
+    subscriptions_table_name: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.replica_regions, str):
             raise ValueError("replica_regions: expected a tuple of Region names, got a string")
         if self.replica_regions and not self.declare_state_table:
             raise ValueError("replica_regions: only the stack that declares the table has them")
-        if self.state_table_name == self.connections_table_name:
+        if not self.declare_state_table and not self.state_table_name:
+            raise ValueError(
+                "state_table_name: required where the state table is referenced, not declared"
+            )
+        named = self.state_table_name, self.connections_table_name
+        if self.connections_table_name is not None and named[0] == named[1]:
             raise ValueError("connections_table_name: must differ from state_table_name")
-        if self.subscriptions_table_name in (self.state_table_name, self.connections_table_name):
+        if self.subscriptions_table_name is not None and self.subscriptions_table_name in named:
             raise ValueError("subscriptions_table_name: must differ from the other two tables")
 
 
@@ -434,7 +453,11 @@ class WebSocketTables(Construct):
         props = self._props
         spec = model.WSAPI_STATE_TABLE
         if not props.declare_state_table:
-            return dynamodb.TableV2.from_table_name(self, "StateTable", props.state_table_name)
+            return dynamodb.TableV2.from_table_name(
+                self,
+                "StateTable",
+                props.state_table_name,  # type: ignore[arg-type]
+            )
         return dynamodb.TableV2(
             self,
             "StateTable",
@@ -672,12 +695,23 @@ class WebSocketApi(Construct):
 
     # --- API ---
 
+    def _api_name(self) -> str:
+        """The stack's name and this construct's path in it: readable, and unique in the app
+        (two APIs of one stack, under different parents, share an id but not a path)."""
+        stack = Stack.of(self)
+        scopes = self.node.scopes
+        below = [scope.node.id for scope in scopes[scopes.index(stack) + 1 :]]
+        name = "-".join((stack.stack_name, *below))
+        if len(name) > API_NAME_MAX_CHARS:
+            return Names.unique_resource_name(self, max_length=API_NAME_MAX_CHARS, separator="-")
+        return name
+
     def _build_api(self) -> apigwv2.WebSocketApi:
         self._integration = integrations.WebSocketLambdaIntegration("Handler", self.handler)
         return apigwv2.WebSocketApi(
             self,
             "Api",
-            api_name=f"{Stack.of(self).stack_name}-{self.node.id}",
+            api_name=self._api_name(),
             description="StreamFleet: client-facing WebSocket API",
             route_selection_expression=ROUTE_SELECTION_EXPRESSION,
             connect_route_options=apigwv2.WebSocketRouteOptions(

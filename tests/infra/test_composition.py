@@ -1,8 +1,9 @@
-"""Two teams composing the fleet's constructs, as a platform team would: two complete fleet sets
-(tables, START/STOP API, workers, their STOPPED-event handler, a fan-out) in one stack, and two
-stacks in two Regions of one account. Nothing they create may share a physical name, and no
-metric or alarm of one may count the other's: a shared table name fails the second deploy, a
-shared dimension scales one fleet on the other's tasks and alarms on the other's errors.
+"""Two teams composing the library's constructs, as a platform team would: two complete sets
+(the fleet's tables, START/STOP API, workers and their STOPPED-event handler; the WebSocket
+API's tables, API and fan-out) in one stack, and two stacks in two Regions of one account.
+Nothing they create may share a physical name, and no metric or alarm of one may count the
+other's: a shared table name fails the second deploy, a shared dimension scales one fleet on the
+other's tasks and alarms on the other's errors.
 
 A queue a team brings, encrypted with its own KMS key, works: its senders and receivers are
 granted what SQS needs of the key.
@@ -20,8 +21,6 @@ from typing import Any
 
 import pytest
 from aws_cdk import App, Environment, Stack
-from aws_cdk import aws_apigatewayv2 as apigwv2
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sqs as sqs
@@ -31,6 +30,13 @@ from constructs import Construct
 from streamfleet_cdk.event_ingestion import EventIngestion, EventIngestionProps
 from streamfleet_cdk.live_delivery import MessagesStream, StreamFanout, StreamFanoutProps
 from streamfleet_cdk.tables import FleetTables, FleetTablesProps
+from streamfleet_cdk.websocket_api import (
+    JwtSettings,
+    WebSocketApi,
+    WebSocketApiProps,
+    WebSocketTables,
+    WebSocketTablesProps,
+)
 from streamfleet_cdk.worker_fleet import WorkerFleet, WorkerFleetProps
 
 ACCOUNT = "123456789012"
@@ -80,22 +86,29 @@ def add_fleet_set(scope: Construct, construct_id: str) -> FleetSet:
         ),
     )
     fleet.add_task_stopped_handler()
-    subscriptions = dynamodb.TableV2(
+    ws_tables = WebSocketTables(team, "WsTables", props=WebSocketTablesProps())
+    websocket = WebSocketApi(
         team,
-        "Subscriptions",
-        partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
+        "WebSocket",
+        props=WebSocketApiProps(
+            state_table=ws_tables.state_table,
+            connections_table=ws_tables.connections_table,
+            jwt=JwtSettings(
+                issuer="https://login.example.org/",
+                audience="clients",
+                jwks_url="https://login.example.org/.well-known/jwks.json",
+            ),
+        ),
     )
-    api = apigwv2.WebSocketApi(team, "WebSocket", api_name=f"{construct_id}-live")
-    stage = apigwv2.WebSocketStage(team, "Stage", web_socket_api=api, stage_name="live")
     fanout = StreamFanout(
         team,
         "Fanout",
         props=StreamFanoutProps(
             stream_arn=MessagesStream(team, "Stream", table=tables.messages_table).stream_arn,
-            subscriptions_table=subscriptions,
+            subscriptions_table=ws_tables.subscriptions_table,
             streams_table=tables.lease_table,
-            api=api,
-            stage=stage,
+            api=websocket.api,
+            stage=websocket.stage,
         ),
     )
     return FleetSet(tables, ingestion, fleet, fanout)

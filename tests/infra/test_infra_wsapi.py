@@ -19,6 +19,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_route53 as route53
 from aws_cdk.assertions import Annotations, Match, Template
 from cdk_nag import AwsSolutionsChecks
@@ -59,6 +60,7 @@ from streamfleet_cdk.nag import AWS_SOLUTIONS, MIN_REASON_CHARS
 from streamfleet_cdk.websocket_api import (
     AUTHORIZER_ACTIONS,
     HANDLER_ACTIONS,
+    CustomDomain,
     HandlerExtension,
     JwtSettings,
     WebSocketApi,
@@ -1162,15 +1164,40 @@ def test_tables_props_are_validated():
         WebSocketTablesProps(declare_state_table=False, replica_regions=("us-west-2",))
     with pytest.raises(ValueError, match=r"^connections_table_name: must differ"):
         WebSocketTablesProps(state_table_name="same", connections_table_name="same")
+    with pytest.raises(ValueError, match=r"^subscriptions_table_name: must differ"):
+        WebSocketTablesProps(connections_table_name="same", subscriptions_table_name="same")
+    # Another Region finds the replica by the name the primary gave it: no name, no replica.
+    with pytest.raises(ValueError, match=r"^state_table_name: required where"):
+        WebSocketTablesProps(declare_state_table=False)
+
+
+def test_a_custom_domain_is_validated():
+    stack = construct_stack()
+    certificate = acm.Certificate.from_certificate_arn(
+        stack, "Certificate", "arn:aws:acm:us-east-1:123456789012:certificate/abc"
+    )
+    with pytest.raises(ValueError, match=r"^certificate: expected an ACM certificate"):
+        CustomDomain(domain_name="ws.example.org", certificate=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^domain_name: expected a DNS name"):
+        CustomDomain(domain_name="", certificate=certificate)
 
 
 def test_tables_reference_the_state_replica_by_name():
     stack = construct_stack()
-    tables = WebSocketTables(stack, "Tables", props=WebSocketTablesProps(declare_state_table=False))
-    assert stack.resolve(tables.state_table.table_name) == model.DEFAULT_WSAPI_STATE_TABLE_NAME
+    tables = WebSocketTables(
+        stack,
+        "Tables",
+        props=WebSocketTablesProps(
+            declare_state_table=False,
+            state_table_name="ws-state",
+            connections_table_name="ws-connections",
+            subscriptions_table_name="ws-subscriptions",
+        ),
+    )
+    assert stack.resolve(tables.state_table.table_name) == "ws-state"
     assert declared_table_names(Template.from_stack(stack)) == {
-        model.DEFAULT_WSAPI_CONNECTIONS_TABLE_NAME,
-        model.DEFAULT_WSAPI_SUBSCRIPTIONS_TABLE_NAME,
+        "ws-connections",
+        "ws-subscriptions",
     }
 
 
