@@ -55,7 +55,9 @@ def test_the_taker_runs_the_real_connection_unless_the_simulation_passes_its_sta
     """The taker's seam: the worker never sets it, so what it claims runs the upstream
     ``Connection``; the simulation's holders pass :class:`HeldConnection`."""
     factory = {f.name: f.default for f in dataclasses.fields(LeaseTaker)}["connection_factory"]
-    assert factory is Connection
+    # Unset, the taker runs the module's Connection, looked up at each claim (the real-time
+    # fault simulation puts its observed subclass there).
+    assert factory is None
     assert HeldConnection is not Connection
 
 

@@ -78,8 +78,8 @@ class LeaseTaker:
       every :data:`AUDIT_EVERY_RECONCILES` reconciles this worker's own rows that it does not
       run are given back.
 
-    ``connection_factory`` runs each claimed lease: the worker's :class:`Connection` (the
-    default; the worker never sets it). It exists so that the deterministic lease simulation
+    ``connection_factory`` runs each claimed lease: unset (the worker never sets it), the
+    worker's :class:`Connection`. It exists so that the deterministic lease simulation
     (``streamfleet_dev.dsim.lease_core``) can run this class unchanged, its claim rules,
     reconcile and audit included, with a stand-in that holds and checkpoints the lease without
     dialling an upstream. It changes nothing in production.
@@ -91,7 +91,9 @@ class LeaseTaker:
     holdings: Holdings
     log: Callable[..., None]
     # Called as Connection is: (lease, context, *, acquired_at, on_finished). See above.
-    connection_factory: Callable[..., Connection] = Connection
+    # ``None``: this module's ``Connection``, looked up at each claim, so that the real-time
+    # fault simulation's observed subclass, put in its place, is the one that runs.
+    connection_factory: Callable[..., Connection] | None = None
     # Releases that failed (DynamoDB out) while this session stayed live: given back at the
     # next reconcile, not left owned-but-not-run until the audit finds them. With each, the
     # stream's own failure if that is why it ended (the retry holds it off too).
@@ -149,7 +151,7 @@ class LeaseTaker:
             return False
         if candidate.owner is not None:
             self.log("lease_taken_over", pk=lease.pk, previous_owner=candidate.owner)
-        holdings.connections[lease.pk] = self.connection_factory(
+        holdings.connections[lease.pk] = (self.connection_factory or Connection)(
             lease,
             self.context,
             acquired_at=self.store.session.clock.monotonic(),
