@@ -111,40 +111,56 @@ def _entry(message: StoredMessage, data: str, part: tuple[int, int] | None = Non
     return entry
 
 
-def _escaped_size(text: str) -> int:
-    """The bytes ``text`` takes inside a JSON string as :func:`_dumps` writes it. JSON escapes
-    each character on its own, so the size of a concatenation is the sum of the sizes."""
-    return len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2
+def _escaped(text: str) -> bytes:
+    """``text`` as it stands inside a JSON string that :func:`_dumps` writes, without the quotes.
+    JSON escapes each character on its own, so the escape of a concatenation is the
+    concatenation of the escapes."""
+    return json.dumps(text, ensure_ascii=False).encode("utf-8")[1:-1]
+
+
+def _entry_with_escaped_data(message: StoredMessage, data: bytes, part: tuple[int, int]) -> bytes:
+    """``_dumps(_entry(message, text, part))`` for the text whose escape is ``data``, without
+    escaping the text again: the members before and after ``data`` are written apart and joined
+    around it, in :func:`_entry`'s order."""
+    members = list(_entry(message, "", part).items())
+    split = [key for key, _ in members].index("data")
+    head = _dumps(dict(members[:split]))[:-1] + b',"data":"' + data + b'"'
+    after = dict(members[split + 1 :])
+    return head + (b"," + _dumps(after)[1:] if after else b"}")
 
 
 # The most bytes one character can take in :func:`_dumps`'s output (``\u001f``).
 _WIDEST_CHARACTER = 6
 
 
-def _slices(message: StoredMessage, room: int) -> list[str]:
+def _slices(message: StoredMessage, room: int) -> list[bytes]:
     """``message.data`` cut into the fewest slices whose entries each fit in ``room`` bytes:
-    each slice as long as fits.
+    each slice as long as fits; each slice escaped, as its entry holds it.
 
     The data's escapes vary, so a slice's size is measured, not computed from its length; the
-    sizes are additive, so each slice grows by pieces that surely fit (a sixth of the room
-    left, in characters) until not even one more character does: about one encoding of the
-    slice in all, where a bisection would encode it once per halving."""
+    escapes are additive, so each slice grows by pieces that surely fit (a sixth of the room
+    left, in characters) until not even one more character does: the data is escaped about
+    once in all, and each piece's escape is kept for the slice's entry."""
     data = message.data
     budget = room - len(_dumps(_entry(message, "", (99999, 99999))))
-    slices: list[str] = []
+    slices: list[bytes] = []
     start = 0
     while start < len(data):
         end, left = start, budget
+        pieces: list[bytes] = []
         while end < len(data):
             step = max(1, left // _WIDEST_CHARACTER)
-            size = _escaped_size(data[end : end + step])
-            if size > left:
-                break  # only when step is one character: the slice is full
-            end, left = min(end + step, len(data)), left - size
-        end = max(end, start + 1)  # a slice holds at least one character, whatever its size
-        slices.append(data[start:end])
+            piece = _escaped(data[end : end + step])
+            if len(piece) > left:  # only when step is one character: the slice is full
+                if end == start:  # a slice holds at least one character, whatever its size
+                    pieces.append(piece)
+                    end += 1
+                break
+            pieces.append(piece)
+            end, left = min(end + step, len(data)), left - len(piece)
+        slices.append(b"".join(pieces))
         start = end
-    return slices or [""]
+    return slices or [b""]
 
 
 SOURCES = (SOURCE_REPLAY, SOURCE_LIVE)
@@ -198,11 +214,13 @@ def pack_frames(
         entries, used = [], 0
 
     for message in sorted({m.seq: m for m in messages}.values()):
-        encoded = _dumps(_entry(message, message.data))
-        if len(encoded) > cut_room:
+        # Each character takes a byte at least: data longer than the room is cut without
+        # being encoded whole first.
+        encoded = None if len(message.data) > cut_room else _dumps(_entry(message, message.data))
+        if encoded is None or len(encoded) > cut_room:
             pieces = _slices(message, cut_room)
             encoded_parts = [
-                _dumps(_entry(message, piece, (index, len(pieces))))
+                _entry_with_escaped_data(message, piece, (index, len(pieces)))
                 for index, piece in enumerate(pieces)
             ]
         else:

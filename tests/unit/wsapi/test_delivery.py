@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from streamfleet import model
 from streamfleet.worker.protocol import JsonSeqProtocol
 from streamfleet.worker.sink import MessageSink
 from streamfleet.wsapi.delivery import (
@@ -114,3 +115,41 @@ def test_a_message_in_parts_fills_each_frame_and_none_exceeds_the_limit(seed):
     assert all(len(frame) > limit - 64 for frame in frames[:-1])
     parts = [json.loads(frame)["messages"][0] for frame in frames]
     assert "".join(part["data"] for part in parts) == data
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_frame_is_the_compact_json_of_what_it_carries(seed):
+    """A part's entry is written around data escaped once, not by dumping the entry: it must
+    still be, byte for byte, what ``json.dumps`` writes for it (members in order, ``format`` and
+    ``at`` after ``data`` when the message has them), so that every path sends the same bytes."""
+    rng = random.Random(seed)
+
+    def text(size: int) -> str:
+        return "".join(rng.choices('ab"\\\u00e9\U0001f600\n\x1f', k=size))
+
+    messages = [
+        StoredMessage(seq=1, data=text(9), received_at_ms=1_700_000_000_000),
+        StoredMessage(seq=2, data=text(40_000), received_at_ms=1_700_000_000_001, json=True),
+        StoredMessage(seq=model.log_position(1, 1), data=text(40_000)),
+    ]
+
+    frames = pack_frames("s", messages, region="eu-west-1", source=SOURCE_LIVE)
+
+    for frame in frames:
+        assert frame == json.dumps(
+            json.loads(frame), separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+    entries = [entry for frame in frames for entry in json.loads(frame)["messages"]]
+    assert {(entry["seq"], entry["epoch"], "part" in entry) for entry in entries} == {
+        (1, 0, False),
+        (2, 0, True),
+        (1, 1, True),
+    }
+    for entry in entries:
+        message = messages[
+            [1, 2, model.EPOCH_STRIDE + 1].index(model.log_position(entry["epoch"], entry["seq"]))
+        ]
+        assert entry.get("format") == ("json" if message.json else None)
+        assert entry.get("at") == message.received_at_ms
+        order = ("seq", "epoch", "part", "parts", "data", "format", "at")
+        assert list(entry) == [key for key in order if key in entry]
