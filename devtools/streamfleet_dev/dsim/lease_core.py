@@ -83,7 +83,7 @@ TIMING = LeaseTiming(
     lease_seconds=10.0, heartbeat_seconds=2.0, max_clock_skew_seconds=1.0, safety_margin_seconds=0.5
 )
 RECONCILE_SECONDS = 3.0
-CHECKPOINT_SECONDS = 1.0
+CHECKPOINT_SECONDS = 2.0
 WALL_BASE_MS = 1_800_000_000_000  # the virtual clock's 0, on the wall
 TABLE = "dsim-leases"
 URL = "wss://upstream.example.com/stream"

@@ -103,7 +103,7 @@ class Schedule:
             streams=streams,
             clients=tuple(clients),
             duration=duration,
-            message_every=_unless(heavy, 0.1, rng.choice((0.1, 0.3, 1.0))),
+            message_every=_unless(heavy, 0.2, rng.choice((0.25, 0.5, 1.0))),
             large_share=_unless(heavy, 0.3, rng.choice((0.0, 0.02, 0.1))),
             restart_share=rng.choice((0.0, 0.01, 0.03)),
             rewrite_share=rng.choice((0.0, 0.05)),
