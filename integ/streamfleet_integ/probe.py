@@ -7,7 +7,8 @@ a client do, and reports what it saw as JSON the assertions match.
   Answers ``{"accepted": <201 or 200>, "statusCode": ..., "body": ...}``.
 * ``{"action": "subscribe", "url": "wss://..."}``: connects to that WebSocket URL with a user
   token it mints from the key in Secrets Manager, subscribes to the stream and reads frames
-  until one arrives that the fan-out sent (``source: live``) or the time is up. Answers
+  until it has had the reply, a replayed frame and one the fan-out sent (``source: live``),
+  or the time is up. Answers
   ``{"subscribed": ..., "replayed": ..., "live": ..., "region": <Region of the last frame>}``.
 
 Configuration from the environment (the integ stack sets it): ``API_URL``, ``CONNECTION_ID``,
@@ -36,6 +37,7 @@ from streamfleet.wsapi.handshake import Endpoint
 TOKEN_LIFETIME_SECONDS = 300
 HTTP_TIMEOUT_SECONDS = 20
 DEFAULT_LISTEN_SECONDS = 60
+WANTED = ("subscribed", "replayed", "live")
 
 
 def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
@@ -103,7 +105,9 @@ def subscribe(url: str) -> dict[str, Any]:
                 }
             )
         )
-        while not seen["live"] and (left := deadline - time.monotonic()) > 0:
+        # Until all three: a live frame may come before the reply, the subscriber being
+        # registered before the replay is read (the handler's order, so that none is missed).
+        while not all(seen[k] for k in WANTED) and (left := deadline - time.monotonic()) > 0:
             try:
                 frame = json.loads(socket.recv(timeout=left))
             except TimeoutError:
