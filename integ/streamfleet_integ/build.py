@@ -2,8 +2,9 @@
 
 The four stacks come from ``app.py``'s :func:`add_stacks`, the code ``cdk deploy`` runs, with
 the run's context (:mod:`streamfleet_integ.settings`); the only change to them is that every
-resource is deleted with its stack (tables, log groups), so that the runner's destroy leaves
-nothing behind and the next run can create the same names. One more stack, in the primary
+resource is deleted with its stack (tables, log groups), so that the destroy leaves nothing
+behind and the next run can create the same names: all but each Region's API Gateway
+CloudWatch role, which the app retains on purpose. One more stack, in the primary
 Region, holds the probe (:mod:`streamfleet_integ.probe`) and integ-tests' assertion resources.
 
 The assertions, in order (each waits for the one before):
@@ -50,6 +51,7 @@ from streamfleet_cdk.functions import python_function
 from streamfleet_integ.settings import ASSERTIONS_STACK_NAME, IntegSettings, check_config
 
 INTEG_TEST_ID = "StreamFleetInteg"
+RETAINED_ROLE_TYPE = "AWS::IAM::Role"
 PACKAGE_NAME = "streamfleet_integ"
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROBE_HANDLER = f"{PACKAGE_NAME}.probe.handler"
@@ -158,7 +160,10 @@ def build(app: cdk.App, settings: IntegSettings) -> IntegApp:
     fleet, websocket = add_stacks(app)
     under_test = [*fleet, *websocket]
     for stack in under_test:
-        RemovalPolicies.of(stack).destroy()
+        # Roles keep their own policy: every role is deleted with its stack but each Region's
+        # API Gateway CloudWatch role, which the account setting goes on pointing at (the app
+        # retains it on purpose; deleting it would break the logging of every other stage).
+        RemovalPolicies.of(stack).destroy(exclude_resource_types=[RETAINED_ROLE_TYPE])
     stack = cdk.Stack(
         app,
         ASSERTIONS_STACK_NAME,

@@ -32,7 +32,7 @@ from streamfleet_integ.settings import INTEG_DIR, REPO_ROOT
 CDK_CLI = REPO_ROOT / "node_modules" / ".bin" / "cdk"
 INTEG_APP = "integ_streamfleet.py"
 ASSEMBLY_DIR = INTEG_DIR / "cdk.out"
-RESULTS_FILE = ASSEMBLY_DIR / "assertion-results.json"
+RESULTS_FILE_NAME = "assertion-results.json"
 RESULTS_PREFIX = "AssertionResults"
 
 
@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stacks, assertion_stack = manifest_case(ASSEMBLY_DIR)
     app = ("--app", str(ASSEMBLY_DIR), "--require-approval", "never")
+    results = ASSEMBLY_DIR / RESULTS_FILE_NAME
     passed = False
     try:
-        RESULTS_FILE.unlink(missing_ok=True)
+        results.unlink(missing_ok=True)
         deployed = cdk("deploy", *app, *stacks) == 0 and (
             cdk(
                 "deploy",
@@ -93,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--exclusively",
                 "--no-rollback",
                 "--outputs-file",
-                str(RESULTS_FILE),
+                str(results),
                 assertion_stack,
             )
             == 0
         )
-        passed = report(assertion_results(RESULTS_FILE, assertion_stack), sys.stdout) and deployed
+        passed = report(assertion_results(results, assertion_stack), sys.stdout) and deployed
     finally:
         if options.no_clean:
             print(f"integ: --no-clean: the stacks stay; delete them with: {destroy_hint()}")

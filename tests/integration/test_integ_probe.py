@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import boto3
 import pytest
@@ -25,13 +23,10 @@ from streamfleet import model
 from streamfleet.wsapi import jwt
 from streamfleet.wsapi.authorizer import Authorizer, AuthorizerConfig
 from streamfleet.wsapi.delivery import StoredMessage, pack_frames
+from streamfleet_integ import probe
 from tests import wsapi_live_support
 from tests.wsapi_live_support import LiveTablesSet, live_gateway
 from tests.wsapi_support import REGION
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integ"))
-
-from streamfleet_integ import probe
 
 live_tables = wsapi_live_support.live_tables  # the fixture
 
