@@ -1,4 +1,5 @@
-"""``make integ``'s runner (integ/streamfleet_integ/run.py) with a stand-in CDK CLI.
+"""``make integ``'s runner (integ/streamfleet_integ/run.py) with a stand-in CDK CLI, and its
+preflight with a stand-in AWS session.
 
 The stand-in records each call and plays its part: ``synth`` writes the test case's manifest,
 the assertion stack's ``deploy`` writes its outputs (the assertions' results), and any call can
@@ -9,13 +10,16 @@ destroy), the verdict, and that the destroy runs whatever failed, unless ``--no-
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from streamfleet_integ import run
+from streamfleet.wsapi import jwt
+from streamfleet_integ import preflight, run
+from streamfleet_integ.settings import CONTEXT_FILE_VARIABLE, EXAMPLE_CONTEXT_FILE
 
 STACKS = ["StreamFleet-Primary", "StreamFleet-Secondary"]
 ASSERTIONS = "StreamFleet-Integ-Assertions"
@@ -120,3 +124,87 @@ def test_a_failed_preflight_runs_nothing(cli, monkeypatch):
     monkeypatch.setattr(run.preflight, "main", lambda: 1)
     assert run.main([]) == 1
     assert calls(cli) == []
+
+
+# --- the preflight, with a stand-in AWS session ---
+
+
+class Session:
+    """``boto3.Session`` as the preflight uses it: credentials, and STS's answer."""
+
+    def __init__(self, credentials: object, account: str = "210987654321") -> None:
+        self._credentials = credentials
+        self._account = account
+
+    def get_credentials(self) -> object:
+        return self._credentials
+
+    def client(self, service: str, region_name: str) -> object:
+        assert (service, region_name) == ("sts", "us-east-1")
+        account = self._account
+
+        class Sts:
+            def get_caller_identity(self) -> dict[str, str]:
+                return {"Account": account, "Arn": f"arn:aws:iam::{account}:role/tester"}
+
+        return Sts()
+
+
+@pytest.fixture
+def settings_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    document = json.loads(EXAMPLE_CONTEXT_FILE.read_text())
+    # The example's placeholder public key is no key: give the canary a real one.
+    key = jwt.generate_signing_key(jwt.ES256, "canary")
+    document["streamfleet:canary_public_keys"] = json.dumps(jwt.jwks_document([key]))
+    path = tmp_path / "context.json"
+    path.write_text(json.dumps(document))
+    monkeypatch.setenv(CONTEXT_FILE_VARIABLE, str(path))
+    return path
+
+
+def test_with_credentials_the_preflight_says_what_the_run_will_do(settings_file, monkeypatch):
+    monkeypatch.setattr(preflight.boto3, "Session", lambda: Session(credentials=object()))
+    out, err = io.StringIO(), io.StringIO()
+    assert preflight.main(out, err) == 0
+    assert err.getvalue() == ""
+    plan = out.getvalue()
+    assert "integ: account 210987654321 (arn:aws:iam::210987654321:role/tester)" in plan
+    assert "us-east-1 (primary) and us-west-2 (secondary)" in plan
+    assert "wss://feed.test.example.net/stream" in plan
+    assert ", served by the secondary" in plan  # the example names a custom domain
+    assert "destroy --app cdk.out --all --force" in plan
+
+
+@pytest.mark.parametrize(
+    ("session", "change", "error"),
+    [
+        (Session(credentials=None), {}, "error: no AWS credentials: set AWS_PROFILE"),
+        (
+            Session(credentials=object()),
+            {"streamfleet:account": "123456789012"},
+            "error: streamfleet:account is 123456789012, the credentials are of 210987654321",
+        ),
+        (
+            Session(credentials=object()),
+            {"streamfleet:jwt_issuer": "https://issuer.example.com/"},
+            "error: streamfleet:jwt_issuer: still the example.com placeholder",
+        ),
+        (
+            Session(credentials=object()),
+            {"streamfleet:worker_cpu": 300},
+            "error: streamfleet:worker_cpu: expected one of",
+        ),
+    ],
+)
+def test_the_preflight_refuses_with_how_to_run_and_one_error_line(
+    settings_file, monkeypatch, session, change, error
+):
+    settings_file.write_text(json.dumps({**json.loads(settings_file.read_text()), **change}))
+    monkeypatch.setattr(preflight.boto3, "Session", lambda: session)
+    out, err = io.StringIO(), io.StringIO()
+    assert preflight.main(out, err) == 1
+    assert out.getvalue() == ""
+    lines = err.getvalue().strip().splitlines()
+    assert lines[0] == preflight.HOW_TO_RUN.splitlines()[0]
+    assert lines[-1].startswith(error), lines[-1]
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]
