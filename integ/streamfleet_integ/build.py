@@ -7,6 +7,12 @@ behind and the next run can create the same names: all but each Region's API Gat
 CloudWatch role, which the app retains on purpose. One more stack, in the primary
 Region, holds the probe (:mod:`streamfleet_integ.probe`) and integ-tests' assertion resources.
 
+cdk-nag is not applied here, unlike ``app.py``: the stacks under test are built by the app's
+own code, which the gate's nag tests hold to zero unacknowledged findings (this run's settings
+change sizes and removal policies, not what nag checks for, though that is not tested on this
+app), and the assertion stack is integ-tests' scaffolding (a provider allowed each API it calls
+on ``*``, by its design), where nag could only add suppressions for a test account.
+
 The assertions, in order (each waits for the one before):
 
 1. an unsigned ``POST /events`` is refused (403): the API takes signed requests only;
