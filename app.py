@@ -21,16 +21,19 @@ for _root in (str(_HERE / "examples" / "auction"), str(_HERE / "runtime")):
 import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
-from stacks import add_fleet_stacks, add_websocket_stacks  # noqa: E402
+from stacks import FleetStack, WebSocketApiStack, add_fleet_stacks, add_websocket_stacks  # noqa: E402
 from streamfleet_cdk.config import AppConfig, ContextError  # noqa: E402
 
 
-def add_stacks(app: cdk.App) -> None:
+def add_stacks(
+    app: cdk.App,
+) -> tuple[tuple[FleetStack, FleetStack], tuple[WebSocketApiStack, WebSocketApiStack]]:
     """Every stack of the app, from ``app``'s context: each Region's fleet stack (which owns the
-    Region's API Gateway CloudWatch role and alarm topic), then its WebSocket API stack."""
+    Region's API Gateway CloudWatch role and alarm topic), then its WebSocket API stack.
+    Returns ``(primary, secondary)`` of each kind (the integration test asserts on them)."""
     config = AppConfig.from_context(app.node)
     fleet = add_fleet_stacks(app, config)
-    add_websocket_stacks(app, config, region_owners=fleet)
+    return fleet, add_websocket_stacks(app, config, region_owners=fleet)
 
 
 def main() -> int:
