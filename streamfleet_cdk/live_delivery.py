@@ -202,10 +202,16 @@ class MessagesStream(Construct):
         table: dynamodb.ITableV2,
         log_level: str = DEFAULT_LOG_LEVEL,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        log_removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
     ) -> None:
+        """``log_removal_policy``: what happens to the lookup's log group when it leaves the
+        stack or the stack is deleted (``DESTROY`` by default: it only records deployments)."""
         super().__init__(scope, construct_id)
         self.log_group = at_rest.log_group(
-            self, "LookupLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+            self,
+            "LookupLogs",
+            retention=log_retention,
+            removal_policy=at_rest.check_removal_policy("log_removal_policy", log_removal_policy),
         )
         self.role = iam.Role(
             self,
@@ -292,6 +298,9 @@ class StreamFanoutProps:
         iterator_age_alarm: the alarm threshold on the stream's ``IteratorAge`` (maximum, one
             minute, 2 of 2): delivery is this far behind the writes.
         log_level / log_retention: the function's logs.
+        log_removal_policy: what happens to its log group when it leaves the stack or the
+            stack is deleted; ``RemovalPolicy.DESTROY`` by default (the group goes with the
+            fan-out).
         service_name: the service dimension of the fan-out's metrics (``SERVICE_NAME``) and of
             the alarm on them; ``None`` derives one from the construct's path in the app, so two
             fan-outs in one account and Region never alarm on each other's posts.
@@ -317,6 +326,7 @@ class StreamFanoutProps:
     iterator_age_alarm: Duration = field(default_factory=lambda: Duration.seconds(30))
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
     service_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -348,6 +358,7 @@ class StreamFanoutProps:
             raise ValueError("iterator_age_alarm: at least one second")
         check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
 
 
 class StreamFanout(Construct):
@@ -371,7 +382,7 @@ class StreamFanout(Construct):
             self, max_length=MAX_SERVICE_NAME_CHARS, separator="-"
         )
         self.log_group = at_rest.log_group(
-            self, "Logs", retention=props.log_retention, removal_policy=RemovalPolicy.DESTROY
+            self, "Logs", retention=props.log_retention, removal_policy=props.log_removal_policy
         )
         self.role = iam.Role(
             self,

@@ -291,6 +291,9 @@ class WebSocketApiProps:
             function (``None``: unreserved).
         log_level: application log level of both functions (JSON logs).
         log_retention: retention of the Lambdas' logs and the access logs.
+        log_removal_policy: what happens to those three log groups when they leave the stack
+            or the stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps
+            them, for ``log_retention``).
         live: where ``subscribe`` reads and writes (live delivery of the fleet's streams,
             :class:`~streamfleet_cdk.live_delivery.LiveDeliveryTables`); ``None``: subscribe
             answers ``not_supported``.
@@ -315,6 +318,7 @@ class WebSocketApiProps:
     authorizer_reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     live: LiveDeliveryTables | None = None
     handler_extension: HandlerExtension | None = None
 
@@ -343,6 +347,7 @@ class WebSocketApiProps:
             "authorizer_reserved_concurrency", self.authorizer_reserved_concurrency
         )
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
 
 
 def _check_whole(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
@@ -374,6 +379,10 @@ class WebSocketTablesProps:
             generated.
         subscriptions_table_name: physical name of each Region's subscriptions table (which
             connection of this Region receives which ingested stream); ``None``: generated.
+        removal_policy: what happens to the declared state table (and its replicas) when it
+            leaves the stack or the stack is deleted; ``RemovalPolicy.RETAIN`` (the default)
+            keeps the users' state. The connections and subscriptions tables are always
+            removed with the stack: reconnecting clients rebuild their items.
     """
 
     declare_state_table: bool = True
@@ -382,10 +391,12 @@ class WebSocketTablesProps:
     state_table_name: str | None = None
     connections_table_name: str | None = None
     subscriptions_table_name: str | None = None
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
     def __post_init__(self) -> None:
         if isinstance(self.replica_regions, str):
             raise ValueError("replica_regions: expected a tuple of Region names, got a string")
+        at_rest.check_removal_policy("removal_policy", self.removal_policy)
         if self.replica_regions and not self.declare_state_table:
             raise ValueError("replica_regions: only the stack that declares the table has them")
         if not self.declare_state_table and not self.state_table_name:
@@ -469,7 +480,7 @@ class WebSocketTables(Construct):
             ),
             deletion_protection=props.deletion_protection,
             replicas=[dynamodb.ReplicaTableProps(region=r) for r in props.replica_regions],
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=props.removal_policy,
         )
 
     def _build_connections_table(self) -> dynamodb.TableV2:
@@ -637,7 +648,12 @@ class WebSocketApi(Construct):
     # --- Lambdas ---
 
     def _build_log_group(self, construct_id: str) -> logs.LogGroup:
-        return at_rest.log_group(self, construct_id, retention=self._props.log_retention)
+        return at_rest.log_group(
+            self,
+            construct_id,
+            retention=self._props.log_retention,
+            removal_policy=self._props.log_removal_policy,
+        )
 
     def _build_role(self, construct_id: str, description: str) -> iam.Role:
         return iam.Role(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import Duration, Names, Size, Stack
+from aws_cdk import Duration, Names, RemovalPolicy, Size, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
@@ -138,6 +138,9 @@ class WorkerFleetProps:
         message_retention_days: how long stored messages are kept (the worker writes each
             message's TTL attribute, ``expires_at``, that far ahead: ``MESSAGE_RETENTION_DAYS``).
         log_retention: how long worker logs (and the created VPC's flow logs) are kept.
+        log_removal_policy: what happens to those log groups when they leave the stack or the
+            stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps them,
+            for ``log_retention``).
     """
 
     lease_table: dynamodb.ITableV2
@@ -164,6 +167,7 @@ class WorkerFleetProps:
     stop_timeout: Duration = field(default_factory=lambda: Duration.seconds(30))
     message_retention_days: int = model.DEFAULT_MESSAGE_RETENTION_DAYS
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
     def __post_init__(self) -> None:
         check_allowed_upstreams("allowed_upstreams", self.allowed_upstreams)
@@ -181,6 +185,7 @@ class WorkerFleetProps:
                     f"nat_gateways: {self.nat_gateways} is more than the VPC's {zones} AZs"
                 )
         _check_whole("message_retention_days", self.message_retention_days, minimum=1)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
         self._check_size()
         self._check_capacity()
         self._check_timing()
@@ -293,7 +298,9 @@ class WorkerFleet(Construct):
         self.service_name: str = props.service_name or Names.unique_resource_name(
             self, max_length=MAX_SERVICE_NAME_CHARS, separator="-"
         )
-        self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
+        self.log_group = at_rest.log_group(
+            self, "Logs", retention=props.log_retention, removal_policy=props.log_removal_policy
+        )
         self.vpc: ec2.IVpc = props.vpc or self._build_vpc()
         self.cluster = self._build_cluster()
         self.task_role = self._build_task_role()
@@ -342,7 +349,12 @@ class WorkerFleet(Construct):
         free, the NAT's per-GB charge is not); flow logs record every flow for investigations.
         """
         zones = self._props.availability_zones
-        flow_logs = at_rest.log_group(self, "FlowLogs", retention=self._props.log_retention)
+        flow_logs = at_rest.log_group(
+            self,
+            "FlowLogs",
+            retention=self._props.log_retention,
+            removal_policy=self._props.log_removal_policy,
+        )
         return ec2.Vpc(
             self,
             "Vpc",
