@@ -93,10 +93,11 @@ class WebSocketCanaryProps:
     Attributes:
         api: the WebSocket API to judge (its id is the metric's ``ApiId``).
         stage: its stage; the canary dials the stage's regional URL.
-        domain_name: the API's custom domain in this Region, if it has one: the canary then
-            dials the domain's URL, as users do, but connects to this Region's regional domain
-            name (``CANARY_CONNECT_HOST``), so the domain's certificate and mapping are
-            probed here whatever DNS answers.
+        domain_name: the API's custom domain in this Region, if it has one (``None`` by
+            default: the stage's regional URL is dialled): the canary then dials the domain's
+            URL, as users do, but connects to this Region's regional domain name
+            (``CANARY_CONNECT_HOST``), so the domain's certificate and mapping are probed here
+            whatever DNS answers.
         domain_mapping: the domain's mapping to the stage (``None`` by default); given, the
             canary's function is created after it, so a first deploy never probes a domain not
             yet mapped (and reports its Region unhealthy).
@@ -116,17 +117,18 @@ class WebSocketCanaryProps:
             not a failed probe. ``None``: the Region's refusal is the canary's only evidence.
         disconnect_when_unhealthy: while the Region reports unhealthy, close every client
             connection of it each run, so clients that take any frame for "alive" reconnect
-            through the failover name (``CANARY_DISCONNECT_WHEN_UNHEALTHY``).
-        token_transport: how the canary presents its token (``subprotocol`` or ``query``).
+            through the failover name (``CANARY_DISCONNECT_WHEN_UNHEALTHY``); on by default.
+        token_transport: how the canary presents its token (``subprotocol``, the default, or
+            ``query``).
         healthy_runs_to_recover: consecutive healthy probes needed before a failed-over Region
-            reports healthy again (fail-back hysteresis, K in the design).
-        probe_timeout: how long one probe may take, handshake to pong.
+            reports healthy again (fail-back hysteresis, K in the design); 5 by default.
+        probe_timeout: how long one probe may take, handshake to pong; 5 s by default.
         reserved_concurrency: concurrency reserved for the canary, so a flood elsewhere in the
             account cannot throttle the probe (which would read as unhealthy and fail the Region
             over). It runs once a minute, so 2 leaves room for a late run overlapping the next
             (``None``: unreserved).
-        log_level: application log level (JSON logs).
-        log_retention: retention of the canary's logs.
+        log_level: application log level (JSON logs); ``INFO`` by default.
+        log_retention: retention of the canary's logs; one month by default.
         log_removal_policy: what happens to its log group when it leaves the stack or the
             stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps it,
             for ``log_retention``).

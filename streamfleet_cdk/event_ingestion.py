@@ -83,14 +83,15 @@ class EventIngestionProps:
             connection rows in it, nothing else.
         allowed_upstreams: ``scheme://host[:port]`` entries the router accepts in a START's
             ``ws_url`` (``*.`` prefixes a domain wildcard); the workers enforce the same list.
-        iam_auth: require IAM (SigV4) authorization on every method. Turning it off leaves the
-            API open to anyone who knows its URL; cdk-nag then reports APIG4 (on purpose).
-        throttling_rate_limit: stage-wide steady-state requests per second.
-        throttling_burst_limit: stage-wide burst, in requests.
-        stage_name: the API's stage (the first path segment of its URL).
-        tracing: X-Ray active tracing of the router too. The stage itself always traces: with
-            X-Ray's default sampling rule, the first request of each second and 5% of the rest,
-            so the stage's throttle bounds what its traces can cost.
+        iam_auth: require IAM (SigV4) authorization on every method (on by default). Turning it
+            off leaves the API open to anyone who knows its URL; cdk-nag then reports APIG4 (on
+            purpose).
+        throttling_rate_limit: stage-wide steady-state requests per second; 50 by default.
+        throttling_burst_limit: stage-wide burst, in requests; 100 by default.
+        stage_name: the API's stage (the first path segment of its URL); ``v1`` by default.
+        tracing: X-Ray active tracing of the router too (off by default). The stage itself
+            always traces: with X-Ray's default sampling rule, the first request of each second
+            and 5% of the rest, so the stage's throttle bounds what its traces can cost.
         execution_logging_level: API Gateway execution logging (``ERROR``, the default, or
             ``INFO``; ``None`` turns it off). Like the access logs (always on), it is written
             through the Region's API Gateway CloudWatch role (see
@@ -101,16 +102,19 @@ class EventIngestionProps:
             principals, as their IAM policies allow. Named: those principals (and whoever
             :meth:`EventIngestion.grant_invoke` is given) and nobody else, whatever their IAM
             policies say.
-        web_acl_arn: a WAFv2 web ACL (REGIONAL scope) to associate with the stage.
-        log_retention: how long the router's logs and the API's access logs are kept.
+        web_acl_arn: a WAFv2 web ACL (REGIONAL scope) to associate with the stage (``None`` by
+            default: none).
+        log_retention: how long the router's logs and the API's access logs are kept; one month
+            by default.
         log_removal_policy: what happens to those two log groups when they leave the stack or
             the stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps
             them, for ``log_retention``).
         reserved_concurrency: concurrency reserved for (and the cap of) the router
             (``None``: unreserved).
-        log_level: the router's application log level (JSON logs).
-        router_memory_mib: the router's memory (and so its CPU share).
-        router_timeout: the router's timeout; at most 29 s (API Gateway's integration limit).
+        log_level: the router's application log level (JSON logs); ``INFO`` by default.
+        router_memory_mib: the router's memory (and so its CPU share); 256 MiB by default.
+        router_timeout: the router's timeout; at most 29 s (API Gateway's integration limit),
+            15 s by default.
         queue: the notification queue to send to, brought by the team (its own dead-letter
             queue, retention and alarms are then the team's); ``None`` (the default) builds
             one, with a dead-letter queue and its alarm. A queue encrypted with a KMS key of

@@ -51,15 +51,15 @@ class FleetTablesProps:
     """How :class:`FleetTables` declares the tables.
 
     Attributes:
-        replica_regions: Regions that get a replica besides the stack's own Region. Empty means
-            a single-Region table (still a global table, so replicas can be added later without
-            replacing it).
+        replica_regions: Regions that get a replica besides the stack's own Region. Empty (the
+            default) means a single-Region table (still a global table, so replicas can be
+            added later without replacing it).
         deletion_protection: DynamoDB's own guard against ``DeleteTable``, on every replica. A
             lost lease table means every connection loses its owner at once, so it defaults on.
         message_ttl: enable TTL on the messages table's ``model.MESSAGES_TABLE.ttl_attribute``,
             so stored messages expire instead of growing the table forever (the workers write
-            it from ``MESSAGE_RETENTION_DAYS``). Every other table gets its spec's TTL
-            attribute, if it has one (the lease table: ended sessions).
+            it from ``MESSAGE_RETENTION_DAYS``); on by default. Every other table gets its
+            spec's TTL attribute, if it has one (the lease table: ended sessions).
         lease_table_name: physical name of the lease table; ``None`` lets CloudFormation
             generate one from the stack's name, so two sets in one account never claim the same
             table. Name it when a stack in another Region must find the replicas
@@ -75,8 +75,9 @@ class FleetTablesProps:
             claim leases. MRSC needs three Regions of one Region set: the stack's, one replica
             and ``witness_region`` (or two replicas and no witness). The messages table stays
             eventually consistent: its writes are idempotent (``(pk, seq)``) and MRSC would only
-            add latency to them. CDK checks the Region set at synth.
-        witness_region: the MRSC witness Region (holds no replica, only votes).
+            add latency to them. CDK checks the Region set at synth. Off by default.
+        witness_region: the MRSC witness Region (holds no replica, only votes); ``None`` by
+            default.
     """
 
     replica_regions: tuple[str, ...] = ()

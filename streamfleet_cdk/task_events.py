@@ -91,17 +91,19 @@ class TaskStoppedHandlerProps:
             ``service:<name>``); a token such as ``FargateService.service_name`` is fine.
         lease_table: the lease table (or its Region's replica) with the model's indexes.
         queue: the intake queue the workers poll (the handler announces connections there).
-        reserved_concurrency: concurrency reserved for (and the cap of) the handler
-            (``None``: unreserved).
-        log_level: the handler's application log level (JSON logs).
-        log_retention: how long its logs are kept.
+        reserved_concurrency: concurrency reserved for (and the cap of) the handler, 10 by
+            default (``None``: unreserved).
+        log_level: the handler's application log level (JSON logs); ``INFO`` by default.
+        log_retention: how long its logs are kept; one month by default.
         log_removal_policy: what happens to its log group when it leaves the stack or the
             stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps it,
             for ``log_retention``).
-        memory_mib: its memory (and so its CPU share).
-        timeout: its timeout.
-        retry_attempts: how often EventBridge retries an invocation it could not deliver.
-        max_event_age: how long EventBridge and Lambda keep trying with one event.
+        memory_mib: its memory (and so its CPU share); 256 MiB by default.
+        timeout: its timeout; 30 s by default.
+        retry_attempts: how often EventBridge retries an invocation it could not deliver; 3 by
+            default.
+        max_event_age: how long EventBridge and Lambda keep trying with one event; 5 minutes by
+            default.
     """
 
     cluster: ecs.ICluster

@@ -268,9 +268,10 @@ class WebSocketApiProps:
         connections_table: this Region's connection records (``WSCONN#``), with a TTL.
         jwt: the tokens the ``$connect`` authorizer accepts.
         custom_domain: a custom domain mapped to the stage (``None``: the regional URL only).
-        stage_name: the stage, the first path segment of the regional URL.
-        throttling_rate_limit: stage-wide steady-state messages (and connects) per second.
-        throttling_burst_limit: stage-wide burst.
+        stage_name: the stage, the first path segment of the regional URL; ``v1`` by default.
+        throttling_rate_limit: stage-wide steady-state messages (and connects) per second; 500
+            by default.
+        throttling_burst_limit: stage-wide burst; 1000 by default.
         identity_source: identity sources API Gateway requires before it invokes the
             authorizer. Empty by default, on purpose: the authorizer reads the token from the
             ``token`` query parameter *or* a ``bearer.<jwt>`` entry of ``Sec-WebSocket-
@@ -281,16 +282,18 @@ class WebSocketApiProps:
             Protocol``) to refuse token-less handshakes without an invocation.
         connection_ttl_seconds: TTL of a connection record (``None``: the handler's default,
             API Gateway's two-hour limit plus a margin).
-        handler_memory_mib: the handler's memory.
-        handler_timeout: the handler's timeout; at most 29 s (API Gateway's limit).
+        handler_memory_mib: the handler's memory; 256 MiB by default.
+        handler_timeout: the handler's timeout; at most 29 s (API Gateway's limit), 10 s by
+            default.
         reserved_concurrency: concurrency reserved for (and the cap of) the handler
             (``None``: unreserved).
         authorizer_reserved_concurrency: concurrency reserved for (and the cap of) the
             authorizer, which runs on every ``$connect``, token or not: a connection flood is
             refused at this cap instead of taking the account's concurrency from every other
             function (``None``: unreserved).
-        log_level: application log level of both functions (JSON logs).
-        log_retention: retention of the Lambdas' logs and the access logs.
+        log_level: application log level of both functions (JSON logs); ``INFO`` by default.
+        log_retention: retention of the Lambdas' logs and the access logs; one month by
+            default.
         log_removal_policy: what happens to those three log groups when they leave the stack
             or the stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps
             them, for ``log_retention``).
@@ -367,10 +370,11 @@ class WebSocketTablesProps:
 
     Attributes:
         declare_state_table: declare the state table here, as a global table with replicas in
-            ``replica_regions`` (the primary Region's stack); ``False`` references the local
-            replica by name instead (every other Region).
-        replica_regions: Regions that get a replica of the state table.
-        deletion_protection: DynamoDB deletion protection on the state table and its replicas.
+            ``replica_regions`` (the primary Region's stack; the default); ``False`` references
+            the local replica by name instead (every other Region).
+        replica_regions: Regions that get a replica of the state table; none by default.
+        deletion_protection: DynamoDB deletion protection on the state table and its replicas;
+            on by default.
         state_table_name: physical name of the state table, shared by every Region; ``None``
             lets CloudFormation generate one, so two sets in one account never claim the same
             table. Required where ``declare_state_table`` is off: the other Regions find the

@@ -120,24 +120,32 @@ class WorkerFleetProps:
             track; ``None`` derives one from the construct's path in the app, so two fleets in
             one account and Region never scale on, or alarm on, each other's tasks. Name it to
             keep dashboards across a rename of the stack.
-        cpu: Fargate CPU units per task.
-        memory_limit_mib: memory per task; must be a valid Fargate pairing with ``cpu``.
+        cpu: Fargate CPU units per task; 512 by default.
+        memory_limit_mib: memory per task; must be a valid Fargate pairing with ``cpu``; 1024
+            MiB by default.
         desired_count: tasks at creation; ``None`` leaves the count to auto scaling (a
             deployment then never resets it), ``0`` keeps a standby Region empty.
-        min_capacity: fewest tasks auto scaling keeps (``0`` for a standby Region).
-        max_capacity: most tasks auto scaling starts.
-        target_connections_per_task: the average ``ActiveConnections`` per task to hold.
-        scale_out_cooldown: wait after a scale-out before the next one.
-        scale_in_cooldown: wait after a scale-in; long, since each scale-in hands connections off.
+        min_capacity: fewest tasks auto scaling keeps (``0`` for a standby Region); 1 by
+            default.
+        max_capacity: most tasks auto scaling starts; 10 by default.
+        target_connections_per_task: the average ``ActiveConnections`` per task to hold; 700
+            by default.
+        scale_out_cooldown: wait after a scale-out before the next one; 2 minutes by default.
+        scale_in_cooldown: wait after a scale-in; long, since each scale-in hands connections
+            off: 15 minutes by default.
         max_connections: connections one worker holds at most (``MAX_CONNECTIONS``); at least
-            the target, or the fleet could never reach it and never scale out.
-        lease_seconds: ``LEASE_SECONDS``: how long a session vouches for its connections.
-        heartbeat_seconds: ``HEARTBEAT_EVERY``: session renewal interval.
-        reconcile_seconds: ``RECONCILE_EVERY``: orphan scan interval.
-        stop_timeout: SIGTERM to SIGKILL; must exceed the worker's shutdown budget (handoff).
+            the target, or the fleet could never reach it and never scale out; 1000 by default.
+        lease_seconds: ``LEASE_SECONDS``: how long a session vouches for its connections; 20
+            by default.
+        heartbeat_seconds: ``HEARTBEAT_EVERY``: session renewal interval; 5 by default.
+        reconcile_seconds: ``RECONCILE_EVERY``: orphan scan interval; 10 by default.
+        stop_timeout: SIGTERM to SIGKILL; must exceed the worker's shutdown budget (handoff);
+            30 s by default.
         message_retention_days: how long stored messages are kept (the worker writes each
-            message's TTL attribute, ``expires_at``, that far ahead: ``MESSAGE_RETENTION_DAYS``).
-        log_retention: how long worker logs (and the created VPC's flow logs) are kept.
+            message's TTL attribute, ``expires_at``, that far ahead: ``MESSAGE_RETENTION_DAYS``);
+            7 by default.
+        log_retention: how long worker logs (and the created VPC's flow logs) are kept; one
+            month by default.
         log_removal_policy: what happens to those log groups when they leave the stack or the
             stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps them,
             for ``log_retention``).

@@ -412,16 +412,47 @@ def props_classes() -> list[type]:
     return found
 
 
-def test_every_props_field_is_documented_in_its_class_docstring():
+def attribute_entries(cls: type) -> dict[str, str]:
+    """The ``Attributes:`` section of ``cls``'s docstring: each entry's names (``a`` or
+    ``a / b``) -> its text, continuation lines included."""
+    _, _, section = (inspect.getdoc(cls) or "").partition("Attributes:")
+    entries: dict[str, str] = {}
+    names = None
+    for line in section.splitlines():
+        entry = re.match(r"    (\w[\w /]*?): (.*)", line)
+        if entry:
+            names = entry[1]
+            entries[names] = entry[2]
+        elif names is not None:
+            entries[names] += " " + line.strip()
+    return entries
+
+
+def test_every_props_field_is_documented_with_its_default():
+    """Every field is in its class's ``Attributes:`` (what ``help()`` shows a team); a field
+    of a ``*Props`` class with a default says it (or, for ``None``, what ``None`` means)."""
     classes = props_classes()
     assert {"FleetTablesProps", "EventIngestionProps", "WebSocketCanaryProps"} <= {
         cls.__name__ for cls in classes
     }
-    undocumented = []
+    undocumented, no_default = [], []
     for cls in classes:
-        doc = inspect.getdoc(cls) or ""
-        _, marker, section = doc.partition("Attributes:")
+        entries = attribute_entries(cls)
+        section = " ".join(f"{names}: {text}" for names, text in entries.items())
         for field in dataclasses.fields(cls):
-            if not marker or not re.search(rf"\b{field.name}\b", section):
-                undocumented.append(f"{cls.__module__}.{cls.__name__}.{field.name}")
+            name = f"{cls.__module__}.{cls.__name__}.{field.name}"
+            if not re.search(rf"\b{field.name}\b", section):
+                undocumented.append(name)
+                continue
+            has_default = not (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
+            if not cls.__name__.endswith("Props") or not has_default:
+                continue
+            [text] = [t for n, t in entries.items() if re.search(rf"\b{field.name}\b", n)]
+            said = "default" in text or (field.default is None and "``None``" in text)
+            if not said:
+                no_default.append(name)
     assert not undocumented, undocumented
+    assert not no_default, no_default
