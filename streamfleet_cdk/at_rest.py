@@ -7,7 +7,8 @@ their service's own keys, not a customer managed KMS key, and judged for checkov
   a KMS key and does not recognise SSE-SQS as encryption.
 
 A queue a team brings may use its own KMS key: :func:`grant_queue_key` grants what its senders
-and receivers need of it.
+and receivers need of it. :func:`check_removal_policy` is every props class's check of a
+table's or a log group's ``RemovalPolicy``.
 
 Where a key *is* needed, the app has one: the alarm topic's (:mod:`streamfleet_cdk.alarms`),
 because CloudWatch can publish to an encrypted topic only through a key policy that allows it.
@@ -42,14 +43,28 @@ QUEUE_KMS_REASON = (
 )
 
 
+def check_removal_policy(field: str, value: object) -> RemovalPolicy:
+    """A ``RemovalPolicy`` for a table or a log group; ``ValueError`` naming ``field``
+    otherwise. ``SNAPSHOT`` is refused too: CloudFormation snapshots neither, so the policy
+    could not do what it says (CDK's ``validateSnapshotRemovalPolicy`` flag, where an app sets
+    it, refuses it only later, at synth)."""
+    if not isinstance(value, RemovalPolicy):
+        raise ValueError(f"{field}: expected an aws_cdk.RemovalPolicy, got {value!r}")
+    if value is RemovalPolicy.SNAPSHOT:
+        raise ValueError(f"{field}: SNAPSHOT is not supported by DynamoDB tables or log groups")
+    return value
+
+
 def log_group(
     scope: Construct,
     construct_id: str,
     *,
     retention: logs.RetentionDays,
-    removal_policy: RemovalPolicy | None = None,
+    removal_policy: RemovalPolicy,
 ) -> logs.LogGroup:
-    """A log group kept for ``retention``, encrypted by CloudWatch Logs (see the module)."""
+    """A log group kept for ``retention``, encrypted by CloudWatch Logs (see the module), and
+    retained or deleted with its stack as ``removal_policy`` says (each construct's
+    ``log_removal_policy``)."""
     group = logs.LogGroup(scope, construct_id, retention=retention, removal_policy=removal_policy)
     skip_checkov(group, "CKV_AWS_158", LOG_GROUP_KMS_REASON)
     return group

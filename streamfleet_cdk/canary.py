@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aws_cdk import Duration, Stack
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -93,10 +93,14 @@ class WebSocketCanaryProps:
     Attributes:
         api: the WebSocket API to judge (its id is the metric's ``ApiId``).
         stage: its stage; the canary dials the stage's regional URL.
-        domain_name: the API's custom domain in this Region, if it has one: the canary then
-            dials the domain's URL, as users do, but connects to this Region's regional domain
-            name (``CANARY_CONNECT_HOST``), so the domain's certificate and mapping are
-            probed here whatever DNS answers.
+        domain_name: the API's custom domain in this Region, if it has one (``None`` by
+            default: the stage's regional URL is dialled): the canary then dials the domain's
+            URL, as users do, but connects to this Region's regional domain name
+            (``CANARY_CONNECT_HOST``), so the domain's certificate and mapping are probed here
+            whatever DNS answers.
+        domain_mapping: the domain's mapping to the stage (``None`` by default); given, the
+            canary's function is created after it, so a first deploy never probes a domain not
+            yet mapped (and reports its Region unhealthy).
         state_table: where the canary keeps its hysteresis streaks: the Region's connections
             table (per-Region state that must not be replicated), whose client records it also
             reads to close them while the Region is unhealthy.
@@ -113,24 +117,28 @@ class WebSocketCanaryProps:
             not a failed probe. ``None``: the Region's refusal is the canary's only evidence.
         disconnect_when_unhealthy: while the Region reports unhealthy, close every client
             connection of it each run, so clients that take any frame for "alive" reconnect
-            through the failover name (``CANARY_DISCONNECT_WHEN_UNHEALTHY``).
-        token_transport: how the canary presents its token (``subprotocol`` or ``query``).
+            through the failover name (``CANARY_DISCONNECT_WHEN_UNHEALTHY``); on by default.
+        token_transport: how the canary presents its token (``subprotocol``, the default, or
+            ``query``).
         healthy_runs_to_recover: consecutive healthy probes needed before a failed-over Region
-            reports healthy again (fail-back hysteresis, K in the design).
-        probe_timeout: how long one probe may take, handshake to pong.
+            reports healthy again (fail-back hysteresis, K in the design); 5 by default.
+        probe_timeout: how long one probe may take, handshake to pong; 5 s by default.
         reserved_concurrency: concurrency reserved for the canary, so a flood elsewhere in the
             account cannot throttle the probe (which would read as unhealthy and fail the Region
             over). It runs once a minute, so 2 leaves room for a late run overlapping the next
             (``None``: unreserved).
-        log_level: application log level (JSON logs).
-        log_retention: retention of the canary's logs.
+        log_level: application log level (JSON logs); ``INFO`` by default.
+        log_retention: retention of the canary's logs; one month by default.
+        log_removal_policy: what happens to its log group when it leaves the stack or the
+            stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps it,
+            for ``log_retention``).
     """
 
     api: apigwv2.IWebSocketApi
     stage: apigwv2.WebSocketStage
     state_table: dynamodb.ITableV2
     domain_name: apigwv2.IDomainName | None = None
-    domain_mapping: apigwv2.ApiMapping | None = None  # the domain's mapping to the stage
+    domain_mapping: apigwv2.ApiMapping | None = None
     jwt_audience: str
     signing_key_secret_name: str | None = None
     public_keys: str | None = None
@@ -143,10 +151,12 @@ class WebSocketCanaryProps:
     reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
     def __post_init__(self) -> None:
         check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
         if self.token_transport not in tuple(TokenTransport):
             choices = ", ".join(t.value for t in TokenTransport)
             raise ValueError(f"token_transport: expected one of {choices}")
@@ -187,7 +197,9 @@ class WebSocketCanary(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, props: WebSocketCanaryProps) -> None:
         super().__init__(scope, construct_id)
         self._props = props
-        self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
+        self.log_group = at_rest.log_group(
+            self, "Logs", retention=props.log_retention, removal_policy=props.log_removal_policy
+        )
         self.signing_key = self._build_signing_key()
         # The alarm first: the canary reads its state (the alarm does not depend on the canary).
         self.metric = self._build_metric()

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import Duration, IStableListProducer, Lazy, Names, Stack, Token
+from aws_cdk import Duration, IStableListProducer, Lazy, Names, RemovalPolicy, Stack, Token
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
@@ -83,14 +83,15 @@ class EventIngestionProps:
             connection rows in it, nothing else.
         allowed_upstreams: ``scheme://host[:port]`` entries the router accepts in a START's
             ``ws_url`` (``*.`` prefixes a domain wildcard); the workers enforce the same list.
-        iam_auth: require IAM (SigV4) authorization on every method. Turning it off leaves the
-            API open to anyone who knows its URL; cdk-nag then reports APIG4 (on purpose).
-        throttling_rate_limit: stage-wide steady-state requests per second.
-        throttling_burst_limit: stage-wide burst, in requests.
-        stage_name: the API's stage (the first path segment of its URL).
-        tracing: X-Ray active tracing of the router too. The stage itself always traces: with
-            X-Ray's default sampling rule, the first request of each second and 5% of the rest,
-            so the stage's throttle bounds what its traces can cost.
+        iam_auth: require IAM (SigV4) authorization on every method (on by default). Turning it
+            off leaves the API open to anyone who knows its URL; cdk-nag then reports APIG4 (on
+            purpose).
+        throttling_rate_limit: stage-wide steady-state requests per second; 50 by default.
+        throttling_burst_limit: stage-wide burst, in requests; 100 by default.
+        stage_name: the API's stage (the first path segment of its URL); ``v1`` by default.
+        tracing: X-Ray active tracing of the router too (off by default). The stage itself
+            always traces: with X-Ray's default sampling rule, the first request of each second
+            and 5% of the rest, so the stage's throttle bounds what its traces can cost.
         execution_logging_level: API Gateway execution logging (``ERROR``, the default, or
             ``INFO``; ``None`` turns it off). Like the access logs (always on), it is written
             through the Region's API Gateway CloudWatch role (see
@@ -101,16 +102,28 @@ class EventIngestionProps:
             principals, as their IAM policies allow. Named: those principals (and whoever
             :meth:`EventIngestion.grant_invoke` is given) and nobody else, whatever their IAM
             policies say.
-        web_acl_arn: a WAFv2 web ACL (REGIONAL scope) to associate with the stage.
-        log_retention: how long the router's logs and the API's access logs are kept.
+        web_acl_arn: a WAFv2 web ACL (REGIONAL scope) to associate with the stage (``None`` by
+            default: none).
+        log_retention: how long the router's logs and the API's access logs are kept; one month
+            by default.
+        log_removal_policy: what happens to those two log groups when they leave the stack or
+            the stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps
+            them, for ``log_retention``).
         reserved_concurrency: concurrency reserved for (and the cap of) the router
             (``None``: unreserved).
-        log_level: the router's application log level (JSON logs).
-        router_memory_mib: the router's memory (and so its CPU share).
-        router_timeout: the router's timeout; at most 29 s (API Gateway's integration limit).
-        queue_retention: how long an unclaimed notification stays in the queue. Notifications
-            only shorten the wait (workers also scan for orphans), so a short retention is safe.
-        max_receive_count: receives before a notification moves to the dead-letter queue.
+        log_level: the router's application log level (JSON logs); ``INFO`` by default.
+        router_memory_mib: the router's memory (and so its CPU share); 256 MiB by default.
+        router_timeout: the router's timeout; at most 29 s (API Gateway's integration limit),
+            15 s by default.
+        queue: the notification queue to send to, brought by the team (its own dead-letter
+            queue, retention and alarms are then the team's); ``None`` (the default) builds
+            one, with a dead-letter queue and its alarm. A queue encrypted with a KMS key of
+            its own gets the router ``kms:GenerateDataKey`` and ``kms:Decrypt`` on that key.
+        queue_retention: how long an unclaimed notification stays in the queue built here
+            (1 day by default; not used with a brought ``queue``). Notifications only shorten
+            the wait (workers also scan for orphans), so a short retention is safe.
+        max_receive_count: receives before a notification moves to the dead-letter queue
+            (5 by default; not used with a brought ``queue``).
             A worker that cannot take a notification (full, or stopping) hands it back,
             and that is a receive too: keep it above the number of workers that may stop
             at once (a deployment's batch) plus one, or a notification can reach the DLQ
@@ -130,10 +143,12 @@ class EventIngestionProps:
     invoke_principals: tuple[str, ...] = ()
     web_acl_arn: str | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL
     router_memory_mib: int = 256
     router_timeout: Duration = field(default_factory=lambda: Duration.seconds(15))
+    queue: sqs.IQueue | None = None
     queue_retention: Duration = field(default_factory=lambda: Duration.days(1))
     max_receive_count: int = 5
 
@@ -147,6 +162,7 @@ class EventIngestionProps:
         check_invoke_principals("invoke_principals", self.invoke_principals)
         check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
         _check_whole("router_memory_mib", self.router_memory_mib, minimum=128, maximum=10240)
         timeout = self.router_timeout.to_seconds()
         if not 1 <= timeout <= MAX_ROUTER_TIMEOUT_SECONDS:
@@ -208,9 +224,12 @@ class EventIngestion(Construct):
     ``SendMessage`` to the queue and write its own log group. Nothing else.
 
     Attributes:
-        queue: the fleet's notification queue (SSE-SQS, TLS only).
-        dead_letter_queue: where notifications land after ``max_receive_count`` receives.
-        dlq_alarm: in ALARM as soon as one message is in the dead-letter queue.
+        queue: the fleet's notification queue: the one built here (SSE-SQS, TLS only), or
+            :attr:`EventIngestionProps.queue`.
+        dead_letter_queue: where notifications land after ``max_receive_count`` receives;
+            ``None`` with a brought queue (its dead-letter queue, if any, is the team's).
+        dlq_alarm: in ALARM as soon as one message is in the dead-letter queue; ``None`` with
+            a brought queue.
         function: the event router Lambda.
         function_role: the router's execution role.
         function_log_group: the router's log group.
@@ -223,9 +242,15 @@ class EventIngestion(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, props: EventIngestionProps) -> None:
         super().__init__(scope, construct_id)
         self._props = props
-        self.dead_letter_queue = self._build_dead_letter_queue()
-        self.queue = self._build_queue()
-        self.dlq_alarm = self._build_dlq_alarm()
+        self.dead_letter_queue: sqs.Queue | None = None
+        self.dlq_alarm: cloudwatch.Alarm | None = None
+        self.queue: sqs.IQueue
+        if props.queue is None:
+            self.dead_letter_queue = self._build_dead_letter_queue()
+            self.queue = self._build_queue(self.dead_letter_queue)
+            self.dlq_alarm = self._build_dlq_alarm()
+        else:
+            self.queue = props.queue
         self.function_log_group = self._build_log_group("RouterLogs")
         self.function_role = self._build_function_role()
         self.function = self._build_function()
@@ -285,7 +310,7 @@ class EventIngestion(Construct):
         """Keeps notifications no worker could handle, for 14 days, for inspection."""
         return at_rest.queue(self, "DeadLetterQueue", retention_period=DEAD_LETTER_RETENTION)
 
-    def _build_queue(self) -> sqs.Queue:
+    def _build_queue(self, dead_letter_queue: sqs.Queue) -> sqs.Queue:
         """The notification queue; SSE-SQS, so neither the router nor the workers need KMS."""
         return at_rest.queue(
             self,
@@ -293,13 +318,16 @@ class EventIngestion(Construct):
             visibility_timeout=QUEUE_VISIBILITY_TIMEOUT,
             retention_period=self._props.queue_retention,
             dead_letter_queue=sqs.DeadLetterQueue(
-                queue=self.dead_letter_queue, max_receive_count=self._props.max_receive_count
+                queue=dead_letter_queue, max_receive_count=self._props.max_receive_count
             ),
         )
 
     def metric_dead_lettered(self, *, period: Duration | None = None) -> cloudwatch.Metric:
         """Notifications in the dead-letter queue (no worker could handle them), the maximum;
-        default over 1 minute, as its alarm watches it."""
+        default over 1 minute, as its alarm watches it. Only for the queue built here: a
+        brought queue's dead-letter queue is not known to this construct."""
+        if self.dead_letter_queue is None:
+            raise ValueError("queue: brought by the team; its dead-letter queue is not known here")
         return self.dead_letter_queue.metric_approximate_number_of_messages_visible(
             period=period or Duration.minutes(1), statistic="Maximum"
         )
@@ -325,7 +353,12 @@ class EventIngestion(Construct):
     # --- Router ---
 
     def _build_log_group(self, construct_id: str) -> logs.LogGroup:
-        return at_rest.log_group(self, construct_id, retention=self._props.log_retention)
+        return at_rest.log_group(
+            self,
+            construct_id,
+            retention=self._props.log_retention,
+            removal_policy=self._props.log_removal_policy,
+        )
 
     def _build_function_role(self) -> iam.Role:
         """The router's role with exactly :data:`ROUTER_ACTIONS` (no managed policy)."""
@@ -344,6 +377,7 @@ class EventIngestion(Construct):
             role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=[resources[name]])
             )
+        at_rest.grant_queue_key(self.queue, role)
         return role
 
     def _build_function(self) -> lambda_.Function:

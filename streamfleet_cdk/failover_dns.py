@@ -88,8 +88,8 @@ class FailoverRecordsProps:
         record_name: the client-facing name (the custom domain of both Regions' APIs).
         primary: the PRIMARY half (``None``: declared by another stack).
         secondary: the SECONDARY half (``None``: declared by another stack).
-        kind: alias (A) records or CNAMEs.
-        cname_ttl: the CNAMEs' TTL (aliases take the target's).
+        kind: alias (A) records (``RecordKind.ALIAS``, the default) or CNAMEs.
+        cname_ttl: the CNAMEs' TTL, 60 s by default (aliases take the target's).
     """
 
     zone: route53.IHostedZone

@@ -202,10 +202,16 @@ class MessagesStream(Construct):
         table: dynamodb.ITableV2,
         log_level: str = DEFAULT_LOG_LEVEL,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        log_removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
     ) -> None:
+        """``log_removal_policy``: what happens to the lookup's log group when it leaves the
+        stack or the stack is deleted (``DESTROY`` by default: it only records deployments)."""
         super().__init__(scope, construct_id)
         self.log_group = at_rest.log_group(
-            self, "LookupLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+            self,
+            "LookupLogs",
+            retention=log_retention,
+            removal_policy=at_rest.check_removal_policy("log_removal_policy", log_removal_policy),
         )
         self.role = iam.Role(
             self,
@@ -273,25 +279,33 @@ class StreamFanoutProps:
         streams_table: the fleet's lease table (its replica here): each stream's ``readers``,
             checked at every delivery; read only.
         api: this Region's WebSocket API; stage: its stage (the Management API endpoint).
-        batch_size: records per invocation at most. A batch of one shard's records goes out in
-            a few posts per subscriber and stream, so bigger batches mean fewer posts.
+        batch_size: records per invocation at most (100 by default). A batch of one shard's
+            records goes out in a few posts per subscriber and stream, so bigger batches mean
+            fewer posts.
         max_batching_window: how long Lambda may wait to fill a batch (latency added to every
             message; zero by default: a live feed).
-        parallelization_factor: concurrent batches per shard (order is kept per item either
-            way; the client reorders anything else).
+        parallelization_factor: concurrent batches per shard, 1 by default (order is kept per
+            item either way; the client reorders anything else).
         retry_attempts: retries of a failing batch before its records are given up on (and
-            recorded on the on-failure queue); subscribers then repair the gap from the log.
-        max_record_age: records older than this are given up on (they are in the table).
-        post_threads: concurrent posts in one invocation.
+            recorded on the on-failure queue), 10 by default; subscribers then repair the gap
+            from the log.
+        max_record_age: records older than this are given up on (they are in the table); one
+            hour by default.
+        post_threads: concurrent posts in one invocation; 16 by default.
         subscriber_budget: how long one subscriber's posts of a batch may take, plus
             ``FRAME_ALLOWANCE_MS`` per frame, before it is closed to resume from the log: with
-            the post timeouts, what bounds how long one slow reader holds its shard.
-        memory_mib / timeout: the function's.
-        reserved_concurrency: reserved (and the cap of) the fan-out's concurrency: a shard runs
-            one batch at a time (times ``parallelization_factor``), so this bounds shards.
+            the post timeouts, what bounds how long one slow reader holds its shard; 1 s by
+            default.
+        memory_mib / timeout: the function's (512 MiB and 60 s by default).
+        reserved_concurrency: reserved (and the cap of) the fan-out's concurrency, 10 by
+            default (``None``: unreserved): a shard runs one batch at a time (times
+            ``parallelization_factor``), so this bounds shards.
         iterator_age_alarm: the alarm threshold on the stream's ``IteratorAge`` (maximum, one
-            minute, 2 of 2): delivery is this far behind the writes.
-        log_level / log_retention: the function's logs.
+            minute, 2 of 2): delivery is this far behind the writes; 30 s by default.
+        log_level / log_retention: the function's logs (``INFO``, one month by default).
+        log_removal_policy: what happens to its log group when it leaves the stack or the
+            stack is deleted; ``RemovalPolicy.DESTROY`` by default (the group goes with the
+            fan-out).
         service_name: the service dimension of the fan-out's metrics (``SERVICE_NAME``) and of
             the alarm on them; ``None`` derives one from the construct's path in the app, so two
             fan-outs in one account and Region never alarm on each other's posts.
@@ -317,6 +331,7 @@ class StreamFanoutProps:
     iterator_age_alarm: Duration = field(default_factory=lambda: Duration.seconds(30))
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
     service_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -348,6 +363,7 @@ class StreamFanoutProps:
             raise ValueError("iterator_age_alarm: at least one second")
         check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
 
 
 class StreamFanout(Construct):
@@ -371,7 +387,7 @@ class StreamFanout(Construct):
             self, max_length=MAX_SERVICE_NAME_CHARS, separator="-"
         )
         self.log_group = at_rest.log_group(
-            self, "Logs", retention=props.log_retention, removal_policy=RemovalPolicy.DESTROY
+            self, "Logs", retention=props.log_retention, removal_policy=props.log_removal_policy
         )
         self.role = iam.Role(
             self,

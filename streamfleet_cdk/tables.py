@@ -21,6 +21,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from streamfleet import model
+from streamfleet_cdk.at_rest import check_removal_policy
 
 # The model spells DynamoDB scalar types as their wire letters; CDK wants its own enum.
 _ATTRIBUTE_TYPES = {
@@ -50,29 +51,33 @@ class FleetTablesProps:
     """How :class:`FleetTables` declares the tables.
 
     Attributes:
-        replica_regions: Regions that get a replica besides the stack's own Region. Empty means
-            a single-Region table (still a global table, so replicas can be added later without
-            replacing it).
+        replica_regions: Regions that get a replica besides the stack's own Region. Empty (the
+            default) means a single-Region table (still a global table, so replicas can be
+            added later without replacing it).
         deletion_protection: DynamoDB's own guard against ``DeleteTable``, on every replica. A
             lost lease table means every connection loses its owner at once, so it defaults on.
         message_ttl: enable TTL on the messages table's ``model.MESSAGES_TABLE.ttl_attribute``,
             so stored messages expire instead of growing the table forever (the workers write
-            it from ``MESSAGE_RETENTION_DAYS``). Every other table gets its spec's TTL
-            attribute, if it has one (the lease table: ended sessions).
+            it from ``MESSAGE_RETENTION_DAYS``); on by default. Every other table gets its
+            spec's TTL attribute, if it has one (the lease table: ended sessions).
         lease_table_name: physical name of the lease table; ``None`` lets CloudFormation
             generate one from the stack's name, so two sets in one account never claim the same
             table. Name it when a stack in another Region must find the replicas
             (:class:`FleetTableReplicas`): CloudFormation has no cross-Region reference.
         messages_table_name: physical name of the messages table; ``None``: generated, as above.
-        removal_policy_retain: keep the tables (and their replicas) when they leave the stack or
-            the stack is deleted. Turn off only for throw-away test deployments.
+        removal_policy: what happens to the tables (and their replicas) when they leave the
+            stack or the stack is deleted; ``RemovalPolicy.RETAIN`` (the default) keeps them.
+            ``DESTROY`` only for throw-away deployments (``deletion_protection`` must then be
+            off too, or CloudFormation cannot delete them). ``SNAPSHOT`` is refused: DynamoDB
+            has none.
         strong_consistency: declare the *lease* table with multi-Region strong consistency
             (MRSC), so a conditional write is atomic across Regions and both Regions' fleets may
             claim leases. MRSC needs three Regions of one Region set: the stack's, one replica
             and ``witness_region`` (or two replicas and no witness). The messages table stays
             eventually consistent: its writes are idempotent (``(pk, seq)``) and MRSC would only
-            add latency to them. CDK checks the Region set at synth.
-        witness_region: the MRSC witness Region (holds no replica, only votes).
+            add latency to them. CDK checks the Region set at synth. Off by default.
+        witness_region: the MRSC witness Region (holds no replica, only votes); ``None`` by
+            default.
     """
 
     replica_regions: tuple[str, ...] = ()
@@ -80,7 +85,7 @@ class FleetTablesProps:
     message_ttl: bool = True
     lease_table_name: str | None = None
     messages_table_name: str | None = None
-    removal_policy_retain: bool = True
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     strong_consistency: bool = False
     witness_region: str | None = None
 
@@ -90,6 +95,7 @@ class FleetTablesProps:
             raise ValueError("replica_regions: expected a tuple of Region names, got a string")
         if len(set(self.replica_regions)) != len(self.replica_regions):
             raise ValueError(f"replica_regions: duplicate Region in {self.replica_regions!r}")
+        check_removal_policy("removal_policy", self.removal_policy)
         if self.witness_region and not self.strong_consistency:
             raise ValueError("witness_region: only meaningful with strong_consistency")
         if self.strong_consistency:
@@ -192,7 +198,7 @@ class FleetTables(Construct):
             deletion_protection=self._props.deletion_protection,
             time_to_live_attribute=spec.ttl_attribute if ttl else None,
             replicas=self._build_replicas(),
-            removal_policy=self._build_removal_policy(),
+            removal_policy=self._props.removal_policy,
             multi_region_consistency=dynamodb.MultiRegionConsistency.STRONG if strong else None,
             witness_region=self._props.witness_region if strong else None,
         )
@@ -220,10 +226,6 @@ class FleetTables(Construct):
     def _build_replicas(self) -> list[dynamodb.ReplicaTableProps]:
         """One replica per extra Region; each inherits the table's PITR and deletion guard."""
         return [dynamodb.ReplicaTableProps(region=region) for region in self._props.replica_regions]
-
-    def _build_removal_policy(self) -> RemovalPolicy:
-        """RETAIN unless the deployment is explicitly disposable."""
-        return RemovalPolicy.RETAIN if self._props.removal_policy_retain else RemovalPolicy.DESTROY
 
 
 class FleetTableReplicas(Construct):

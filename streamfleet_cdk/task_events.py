@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aws_cdk import Duration
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ecs as ecs
@@ -91,14 +91,19 @@ class TaskStoppedHandlerProps:
             ``service:<name>``); a token such as ``FargateService.service_name`` is fine.
         lease_table: the lease table (or its Region's replica) with the model's indexes.
         queue: the intake queue the workers poll (the handler announces connections there).
-        reserved_concurrency: concurrency reserved for (and the cap of) the handler
-            (``None``: unreserved).
-        log_level: the handler's application log level (JSON logs).
-        log_retention: how long its logs are kept.
-        memory_mib: its memory (and so its CPU share).
-        timeout: its timeout.
-        retry_attempts: how often EventBridge retries an invocation it could not deliver.
-        max_event_age: how long EventBridge and Lambda keep trying with one event.
+        reserved_concurrency: concurrency reserved for (and the cap of) the handler, 10 by
+            default (``None``: unreserved).
+        log_level: the handler's application log level (JSON logs); ``INFO`` by default.
+        log_retention: how long its logs are kept; one month by default.
+        log_removal_policy: what happens to its log group when it leaves the stack or the
+            stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps it,
+            for ``log_retention``).
+        memory_mib: its memory (and so its CPU share); 256 MiB by default.
+        timeout: its timeout; 30 s by default.
+        retry_attempts: how often EventBridge retries an invocation it could not deliver; 3 by
+            default.
+        max_event_age: how long EventBridge and Lambda keep trying with one event; 5 minutes by
+            default.
     """
 
     cluster: ecs.ICluster
@@ -108,6 +113,7 @@ class TaskStoppedHandlerProps:
     reserved_concurrency: int | None = DEFAULT_RESERVED_CONCURRENCY
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     memory_mib: int = 256
     timeout: Duration = field(default_factory=lambda: Duration.seconds(30))
     retry_attempts: int = 3
@@ -116,6 +122,7 @@ class TaskStoppedHandlerProps:
     def __post_init__(self) -> None:
         check_reserved_concurrency("reserved_concurrency", self.reserved_concurrency)
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
         _check_whole("memory_mib", self.memory_mib, minimum=128, maximum=10240)
         _check_whole("retry_attempts", self.retry_attempts, minimum=0, maximum=185)
         timeout = self.timeout.to_seconds()
@@ -157,7 +164,9 @@ class TaskStoppedHandler(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._props = props
-        self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
+        self.log_group = at_rest.log_group(
+            self, "Logs", retention=props.log_retention, removal_policy=props.log_removal_policy
+        )
         self.role = self._build_role()
         self.function = self._build_function()
         self.function.configure_async_invoke(

@@ -268,9 +268,10 @@ class WebSocketApiProps:
         connections_table: this Region's connection records (``WSCONN#``), with a TTL.
         jwt: the tokens the ``$connect`` authorizer accepts.
         custom_domain: a custom domain mapped to the stage (``None``: the regional URL only).
-        stage_name: the stage, the first path segment of the regional URL.
-        throttling_rate_limit: stage-wide steady-state messages (and connects) per second.
-        throttling_burst_limit: stage-wide burst.
+        stage_name: the stage, the first path segment of the regional URL; ``v1`` by default.
+        throttling_rate_limit: stage-wide steady-state messages (and connects) per second; 500
+            by default.
+        throttling_burst_limit: stage-wide burst; 1000 by default.
         identity_source: identity sources API Gateway requires before it invokes the
             authorizer. Empty by default, on purpose: the authorizer reads the token from the
             ``token`` query parameter *or* a ``bearer.<jwt>`` entry of ``Sec-WebSocket-
@@ -281,16 +282,21 @@ class WebSocketApiProps:
             Protocol``) to refuse token-less handshakes without an invocation.
         connection_ttl_seconds: TTL of a connection record (``None``: the handler's default,
             API Gateway's two-hour limit plus a margin).
-        handler_memory_mib: the handler's memory.
-        handler_timeout: the handler's timeout; at most 29 s (API Gateway's limit).
+        handler_memory_mib: the handler's memory; 256 MiB by default.
+        handler_timeout: the handler's timeout; at most 29 s (API Gateway's limit), 10 s by
+            default.
         reserved_concurrency: concurrency reserved for (and the cap of) the handler
             (``None``: unreserved).
         authorizer_reserved_concurrency: concurrency reserved for (and the cap of) the
             authorizer, which runs on every ``$connect``, token or not: a connection flood is
             refused at this cap instead of taking the account's concurrency from every other
             function (``None``: unreserved).
-        log_level: application log level of both functions (JSON logs).
-        log_retention: retention of the Lambdas' logs and the access logs.
+        log_level: application log level of both functions (JSON logs); ``INFO`` by default.
+        log_retention: retention of the Lambdas' logs and the access logs; one month by
+            default.
+        log_removal_policy: what happens to those three log groups when they leave the stack
+            or the stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps
+            them, for ``log_retention``).
         live: where ``subscribe`` reads and writes (live delivery of the fleet's streams,
             :class:`~streamfleet_cdk.live_delivery.LiveDeliveryTables`); ``None``: subscribe
             answers ``not_supported``.
@@ -315,6 +321,7 @@ class WebSocketApiProps:
     authorizer_reserved_concurrency: int | None = None
     log_level: str = DEFAULT_LOG_LEVEL
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     live: LiveDeliveryTables | None = None
     handler_extension: HandlerExtension | None = None
 
@@ -343,6 +350,7 @@ class WebSocketApiProps:
             "authorizer_reserved_concurrency", self.authorizer_reserved_concurrency
         )
         check_log_level("log_level", self.log_level)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
 
 
 def _check_whole(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
@@ -362,10 +370,11 @@ class WebSocketTablesProps:
 
     Attributes:
         declare_state_table: declare the state table here, as a global table with replicas in
-            ``replica_regions`` (the primary Region's stack); ``False`` references the local
-            replica by name instead (every other Region).
-        replica_regions: Regions that get a replica of the state table.
-        deletion_protection: DynamoDB deletion protection on the state table and its replicas.
+            ``replica_regions`` (the primary Region's stack; the default); ``False`` references
+            the local replica by name instead (every other Region).
+        replica_regions: Regions that get a replica of the state table; none by default.
+        deletion_protection: DynamoDB deletion protection on the state table and its replicas;
+            on by default.
         state_table_name: physical name of the state table, shared by every Region; ``None``
             lets CloudFormation generate one, so two sets in one account never claim the same
             table. Required where ``declare_state_table`` is off: the other Regions find the
@@ -374,6 +383,10 @@ class WebSocketTablesProps:
             generated.
         subscriptions_table_name: physical name of each Region's subscriptions table (which
             connection of this Region receives which ingested stream); ``None``: generated.
+        removal_policy: what happens to the declared state table (and its replicas) when it
+            leaves the stack or the stack is deleted; ``RemovalPolicy.RETAIN`` (the default)
+            keeps the users' state. The connections and subscriptions tables are always
+            removed with the stack: reconnecting clients rebuild their items.
     """
 
     declare_state_table: bool = True
@@ -382,10 +395,12 @@ class WebSocketTablesProps:
     state_table_name: str | None = None
     connections_table_name: str | None = None
     subscriptions_table_name: str | None = None
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
     def __post_init__(self) -> None:
         if isinstance(self.replica_regions, str):
             raise ValueError("replica_regions: expected a tuple of Region names, got a string")
+        at_rest.check_removal_policy("removal_policy", self.removal_policy)
         if self.replica_regions and not self.declare_state_table:
             raise ValueError("replica_regions: only the stack that declares the table has them")
         if not self.declare_state_table and not self.state_table_name:
@@ -469,7 +484,7 @@ class WebSocketTables(Construct):
             ),
             deletion_protection=props.deletion_protection,
             replicas=[dynamodb.ReplicaTableProps(region=r) for r in props.replica_regions],
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=props.removal_policy,
         )
 
     def _build_connections_table(self) -> dynamodb.TableV2:
@@ -637,7 +652,12 @@ class WebSocketApi(Construct):
     # --- Lambdas ---
 
     def _build_log_group(self, construct_id: str) -> logs.LogGroup:
-        return at_rest.log_group(self, construct_id, retention=self._props.log_retention)
+        return at_rest.log_group(
+            self,
+            construct_id,
+            retention=self._props.log_retention,
+            removal_policy=self._props.log_removal_policy,
+        )
 
     def _build_role(self, construct_id: str, description: str) -> iam.Role:
         return iam.Role(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import jsii
-from aws_cdk import Duration, Names, Size, Stack
+from aws_cdk import Duration, Names, RemovalPolicy, Size, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
@@ -120,24 +120,35 @@ class WorkerFleetProps:
             track; ``None`` derives one from the construct's path in the app, so two fleets in
             one account and Region never scale on, or alarm on, each other's tasks. Name it to
             keep dashboards across a rename of the stack.
-        cpu: Fargate CPU units per task.
-        memory_limit_mib: memory per task; must be a valid Fargate pairing with ``cpu``.
+        cpu: Fargate CPU units per task; 512 by default.
+        memory_limit_mib: memory per task; must be a valid Fargate pairing with ``cpu``; 1024
+            MiB by default.
         desired_count: tasks at creation; ``None`` leaves the count to auto scaling (a
             deployment then never resets it), ``0`` keeps a standby Region empty.
-        min_capacity: fewest tasks auto scaling keeps (``0`` for a standby Region).
-        max_capacity: most tasks auto scaling starts.
-        target_connections_per_task: the average ``ActiveConnections`` per task to hold.
-        scale_out_cooldown: wait after a scale-out before the next one.
-        scale_in_cooldown: wait after a scale-in; long, since each scale-in hands connections off.
+        min_capacity: fewest tasks auto scaling keeps (``0`` for a standby Region); 1 by
+            default.
+        max_capacity: most tasks auto scaling starts; 10 by default.
+        target_connections_per_task: the average ``ActiveConnections`` per task to hold; 700
+            by default.
+        scale_out_cooldown: wait after a scale-out before the next one; 2 minutes by default.
+        scale_in_cooldown: wait after a scale-in; long, since each scale-in hands connections
+            off: 15 minutes by default.
         max_connections: connections one worker holds at most (``MAX_CONNECTIONS``); at least
-            the target, or the fleet could never reach it and never scale out.
-        lease_seconds: ``LEASE_SECONDS``: how long a session vouches for its connections.
-        heartbeat_seconds: ``HEARTBEAT_EVERY``: session renewal interval.
-        reconcile_seconds: ``RECONCILE_EVERY``: orphan scan interval.
-        stop_timeout: SIGTERM to SIGKILL; must exceed the worker's shutdown budget (handoff).
+            the target, or the fleet could never reach it and never scale out; 1000 by default.
+        lease_seconds: ``LEASE_SECONDS``: how long a session vouches for its connections; 20
+            by default.
+        heartbeat_seconds: ``HEARTBEAT_EVERY``: session renewal interval; 5 by default.
+        reconcile_seconds: ``RECONCILE_EVERY``: orphan scan interval; 10 by default.
+        stop_timeout: SIGTERM to SIGKILL; must exceed the worker's shutdown budget (handoff);
+            30 s by default.
         message_retention_days: how long stored messages are kept (the worker writes each
-            message's TTL attribute, ``expires_at``, that far ahead: ``MESSAGE_RETENTION_DAYS``).
-        log_retention: how long worker logs (and the created VPC's flow logs) are kept.
+            message's TTL attribute, ``expires_at``, that far ahead: ``MESSAGE_RETENTION_DAYS``);
+            7 by default.
+        log_retention: how long worker logs (and the created VPC's flow logs) are kept; one
+            month by default.
+        log_removal_policy: what happens to those log groups when they leave the stack or the
+            stack is deleted; ``RemovalPolicy.RETAIN`` by default (CloudWatch Logs keeps them,
+            for ``log_retention``).
     """
 
     lease_table: dynamodb.ITableV2
@@ -164,6 +175,7 @@ class WorkerFleetProps:
     stop_timeout: Duration = field(default_factory=lambda: Duration.seconds(30))
     message_retention_days: int = model.DEFAULT_MESSAGE_RETENTION_DAYS
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    log_removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
     def __post_init__(self) -> None:
         check_allowed_upstreams("allowed_upstreams", self.allowed_upstreams)
@@ -181,6 +193,7 @@ class WorkerFleetProps:
                     f"nat_gateways: {self.nat_gateways} is more than the VPC's {zones} AZs"
                 )
         _check_whole("message_retention_days", self.message_retention_days, minimum=1)
+        at_rest.check_removal_policy("log_removal_policy", self.log_removal_policy)
         self._check_size()
         self._check_capacity()
         self._check_timing()
@@ -293,7 +306,9 @@ class WorkerFleet(Construct):
         self.service_name: str = props.service_name or Names.unique_resource_name(
             self, max_length=MAX_SERVICE_NAME_CHARS, separator="-"
         )
-        self.log_group = at_rest.log_group(self, "Logs", retention=props.log_retention)
+        self.log_group = at_rest.log_group(
+            self, "Logs", retention=props.log_retention, removal_policy=props.log_removal_policy
+        )
         self.vpc: ec2.IVpc = props.vpc or self._build_vpc()
         self.cluster = self._build_cluster()
         self.task_role = self._build_task_role()
@@ -342,7 +357,12 @@ class WorkerFleet(Construct):
         free, the NAT's per-GB charge is not); flow logs record every flow for investigations.
         """
         zones = self._props.availability_zones
-        flow_logs = at_rest.log_group(self, "FlowLogs", retention=self._props.log_retention)
+        flow_logs = at_rest.log_group(
+            self,
+            "FlowLogs",
+            retention=self._props.log_retention,
+            removal_policy=self._props.log_removal_policy,
+        )
         return ec2.Vpc(
             self,
             "Vpc",

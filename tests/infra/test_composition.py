@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aws_cdk import App, Environment, Stack
+from aws_cdk import App, Environment, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sqs as sqs
@@ -64,16 +64,24 @@ class FleetSet:
     ingestion: EventIngestion
     fleet: WorkerFleet
     fanout: StreamFanout
+    ws_tables: WebSocketTables
+    websocket: WebSocketApi
 
 
-def add_fleet_set(scope: Construct, construct_id: str) -> FleetSet:
-    """One team's set, every construct with its defaults."""
+def add_fleet_set(
+    scope: Construct, construct_id: str, *, log_removal_policy: RemovalPolicy | None = None
+) -> FleetSet:
+    """One team's set, every construct with its defaults; ``log_removal_policy``, if given, is
+    every construct's that owns a log group."""
     team = Construct(scope, construct_id)
+    logs = {} if log_removal_policy is None else {"log_removal_policy": log_removal_policy}
     tables = FleetTables(team, "Tables", props=FleetTablesProps())
     ingestion = EventIngestion(
         team,
         "Ingestion",
-        props=EventIngestionProps(lease_table=tables.lease_table, allowed_upstreams=UPSTREAMS),
+        props=EventIngestionProps(
+            lease_table=tables.lease_table, allowed_upstreams=UPSTREAMS, **logs
+        ),
     )
     fleet = WorkerFleet(
         team,
@@ -83,9 +91,10 @@ def add_fleet_set(scope: Construct, construct_id: str) -> FleetSet:
             messages_table=tables.messages_table,
             queue=ingestion.queue,
             allowed_upstreams=UPSTREAMS,
+            **logs,
         ),
     )
-    fleet.add_task_stopped_handler()
+    fleet.add_task_stopped_handler(**logs)
     ws_tables = WebSocketTables(team, "WsTables", props=WebSocketTablesProps())
     websocket = WebSocketApi(
         team,
@@ -98,20 +107,24 @@ def add_fleet_set(scope: Construct, construct_id: str) -> FleetSet:
                 audience="clients",
                 jwks_url="https://login.example.org/.well-known/jwks.json",
             ),
+            **logs,
         ),
     )
     fanout = StreamFanout(
         team,
         "Fanout",
         props=StreamFanoutProps(
-            stream_arn=MessagesStream(team, "Stream", table=tables.messages_table).stream_arn,
+            stream_arn=MessagesStream(
+                team, "Stream", table=tables.messages_table, **logs
+            ).stream_arn,
             subscriptions_table=ws_tables.subscriptions_table,
             streams_table=tables.lease_table,
             api=websocket.api,
             stage=websocket.stage,
+            **logs,
         ),
     )
-    return FleetSet(tables, ingestion, fleet, fanout)
+    return FleetSet(tables, ingestion, fleet, fanout, ws_tables, websocket)
 
 
 def one_stack() -> list[Stack]:

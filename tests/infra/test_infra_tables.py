@@ -190,16 +190,22 @@ def test_construct_props_turn_off_ttl_and_retention_and_rename_tables():
         "Tables",
         props=FleetTablesProps(
             message_ttl=False,
-            removal_policy_retain=False,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+            deletion_protection=False,
             lease_table_name="leases-test",
             messages_table_name="messages-test",
         ),
     )
     template = Template.from_stack(stack)
-    template.has_resource(
-        GLOBAL_TABLE,
-        {"Properties": {"TableName": "leases-test"}, "DeletionPolicy": "Delete"},
-    )
+    for name in ("leases-test", "messages-test"):
+        template.has_resource(
+            GLOBAL_TABLE,
+            {
+                "Properties": {"TableName": name},
+                "DeletionPolicy": "Delete",
+                "UpdateReplacePolicy": "Delete",
+            },
+        )
     template.has_resource_properties(
         GLOBAL_TABLE,
         {
@@ -217,6 +223,9 @@ def test_construct_props_turn_off_ttl_and_retention_and_rename_tables():
     [
         ({"replica_regions": "us-west-2"}, "^replica_regions: .*string"),
         ({"replica_regions": ("us-west-2", "us-west-2")}, "^replica_regions: duplicate"),
+        ({"removal_policy": False}, "^removal_policy: expected an aws_cdk.RemovalPolicy"),
+        ({"removal_policy": "RETAIN"}, "^removal_policy: expected an aws_cdk.RemovalPolicy"),
+        ({"removal_policy": cdk.RemovalPolicy.SNAPSHOT}, "^removal_policy: SNAPSHOT"),
     ],
 )
 def test_construct_props_are_validated(kwargs, message):
