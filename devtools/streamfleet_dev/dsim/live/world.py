@@ -318,17 +318,23 @@ class Readers:
 
     def start(self) -> None:
         world = self._world
-        for stream in world.schedule.streams:
-            until_answered(
-                lambda stream=stream: world.control_db.put_item(
-                    TableName=world.names["streams"],
-                    Item={
-                        model.PK: to_attr(model.connection_pk(stream)),
-                        model.READERS: to_attr(list(GROUPS)),
-                        model.ORIGIN_SEQ: to_attr(0),
-                    },
+        # The START is a readers write too: a change raced with an early subscribe waits for it,
+        # or the START, answered later (throttled, retried), would land over that change.
+        self._busy = True
+        try:
+            for stream in world.schedule.streams:
+                until_answered(
+                    lambda stream=stream: world.control_db.put_item(
+                        TableName=world.names["streams"],
+                        Item={
+                            model.PK: to_attr(model.connection_pk(stream)),
+                            model.READERS: to_attr(list(GROUPS)),
+                            model.ORIGIN_SEQ: to_attr(0),
+                        },
+                    )
                 )
-            )
+        finally:
+            self._busy = False
 
     def exclude_for(self, stream: str, group: str, seconds: float) -> None:
         self.change(stream, group, exclude=True)
