@@ -217,3 +217,12 @@ def test_a_restarted_client_that_ignores_get_states_subscriptions_is_caught(
             seed,
             problems,
         )
+
+
+def test_a_readers_change_raced_with_the_start_lands_after_it() -> None:
+    """A fresh seed of make sim: a subscribe sent before the streams' START was answered, and
+    the adversary's readers change raced with it. The change must wait for the START, or the
+    START lands over it and the checker sees an excluded reader served."""
+    outcome = run_schedule(Schedule.generate(311491429))
+    assert outcome.problems == []
+    assert "readers of s1 exclude team:red" in outcome.trace
