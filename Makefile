@@ -154,7 +154,7 @@ destroy: $(CDK_ENV) ## Delete a stage's stacks and their dependents, after a y/n
 # checks settings and credentials first: without them it says how to run it, one error line,
 # exit 1, and nothing is synthesized. ARGS=--no-clean keeps the stacks.
 .PHONY: integ
-integ: $(CDK_ENV) ## Integration test on a real account, both Regions (~1-1.5 h, deletes what it deploys): integ/README.md
+integ: $(CDK_ENV) ## Integration test on a real account, both Regions (an estimated 1-1.5 h, deletes what it deploys): integ/README.md
 	cd integ && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(abspath $(PYTHON)) -m streamfleet_integ.run $(ARGS)
 
 cli: ## The operator CLI: make cli ARGS="workers --json" (TABLE_NAME, QUEUE_URL, AWS_* from the environment)

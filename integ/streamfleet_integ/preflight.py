@@ -41,8 +41,8 @@ It needs:
     upstream (wss://, sending by itself), the identity provider and the probe's key secret, the
     canary's key secret and public key, and for the DNS failover assertion the custom domain.
 
-It deploys the four stacks and a probe stack, asserts (about 1 to 1.5 hours in all, mostly
-deployment and deletion), then deletes them all (ARGS=--no-clean keeps them).
+It deploys the four stacks and a probe stack, asserts (an estimated 1 to 1.5 hours in all, never
+timed, mostly deployment and deletion), then deletes them all (ARGS=--no-clean keeps them).
 It runs as integ-runner would, with the pinned CDK CLI: integ/README.md says why.
 """
 
@@ -51,9 +51,9 @@ integ: account {account} ({arn})
 integ: Regions {primary} (primary) and {secondary} (secondary); upstream {upstream}
 integ: assertions: unsigned START refused, signed START, stored, delivered (replay and live),
 integ:   canary healthy, primary failed, alarm and health check unhealthy{dns}, fail-back
-integ: about 1 to 1.5 hours. Cost: a NAT gateway per Region, one Fargate task, a Route 53
-integ:   health check, alarms, Lambda and on-demand DynamoDB for that long: a dollar or two
-integ:   (list prices as remembered, not a quote)
+integ: an estimated 1 to 1.5 hours (never timed). Cost: a NAT gateway per Region, one
+integ:   Fargate task, a Route 53 health check, alarms, Lambda and on-demand DynamoDB for that
+integ:   long: a dollar or two (list prices as remembered, not a quote)
 integ: a run that stops before its destroy leaves its stacks; delete them with
 integ:   cd integ && ../node_modules/.bin/cdk destroy --app cdk.out --all --force
 """

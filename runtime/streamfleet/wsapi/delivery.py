@@ -160,7 +160,7 @@ def _slices(message: StoredMessage, room: int) -> list[bytes]:
             end, left = min(end + step, len(data)), left - len(piece)
         slices.append(b"".join(pieces))
         start = end
-    return slices or [b""]
+    return slices
 
 
 SOURCES = (SOURCE_REPLAY, SOURCE_LIVE)
