@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
+from streamfleet.wsapi import delivery, fanout
 from streamfleet.wsapi.fanout import Fanout
+from streamfleet.wsapi.handlers import subscribe
+from streamfleet.wsapi.handlers.subscribe import Subscriptions
 from streamfleet_client.streams import StreamCursor
 from streamfleet_dev.dsim.live import Schedule, heartbeat, run_schedule
 from streamfleet_dev.dsim.live.aws import Gateway
@@ -33,6 +36,12 @@ CATCHES_MOVING_BACK = (5, 10, 19)
 CATCHES_POSITIONS_PER_REGION = (2, 4, 13)  # schedules with a regional failover
 CATCHES_IGNORING_MISSED_PONGS = (75, 88, 94)  # schedules whose primary Region is cut off
 CATCHES_IGNORING_SERVER_STATE = (5, 10, 13)  # schedules with a client restart
+CATCHES_NO_READERS_CHECK_AFTER_REPLAY = (6, 18, 38)
+CATCHES_NO_TOKEN_CHECK_AFTER_REPLAY = (1, 13, 37)
+CATCHES_A_CUT_PER_PATH = (10, 86, 89)
+CATCHES_EVERY_HOLE_SKIPPED = (6, 111, 128)
+CATCHES_NO_EPOCH_ON_THE_WIRE = (6, 11, 13)
+CATCHES_AN_UNBOUNDED_REPLAY = (80, 138)  # replays of over 1 MiB of large messages
 
 
 def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() -> None:
@@ -226,3 +235,87 @@ def test_a_readers_change_raced_with_the_start_lands_after_it() -> None:
     outcome = run_schedule(Schedule.generate(311491429))
     assert outcome.problems == []
     assert "readers of s1 exclude team:red" in outcome.trace
+
+
+def _missed(seeds: tuple[int, ...], *signs: str) -> list[tuple[int, list[str]]]:
+    """The seeds of ``seeds`` whose run reports no problem containing one of ``signs``, with
+    the problems it reports."""
+    missed = []
+    for seed in seeds:
+        problems = run_schedule(Schedule.generate(seed)).problems
+        if not any(sign in problem for problem in problems for sign in signs):
+            missed.append((seed, problems))
+    return missed
+
+
+def test_a_subscribe_that_serves_its_replay_without_reading_the_readers_again_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker can fail on a replay read across a readers change: what was stored after
+    the START that excluded the reader reaches them."""
+    monkeypatch.setattr(Subscriptions, "_check_readers_after_replay", lambda *args: None)
+    assert _missed(CATCHES_NO_READERS_CHECK_AFTER_REPLAY, "was posted to it") == []
+
+
+def test_a_subscribe_that_serves_its_replay_past_the_tokens_end_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker can fail on a replay read across a token's end: what was stored after it
+    reaches the connection."""
+    monkeypatch.setattr(Subscriptions, "_check_token_after_replay", lambda *args: None)
+    sign = "stored after its token expired was posted"
+    assert _missed(CATCHES_NO_TOKEN_CHECK_AFTER_REPLAY, sign) == []
+
+
+def test_parts_cut_for_their_own_envelope_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker can fail on large messages: a replay and the fan-out that each cut a
+    message's parts for their own envelope (their source, their Region's name) cut it
+    differently, and a client that joins parts of both paths gets other bytes."""
+    original = delivery.pack_frames
+
+    def cut_for_its_own_envelope(stream: str, messages: Any, **kwargs: Any) -> Any:
+        widest = delivery.SOURCES, delivery.REGION_ROOM
+        delivery.SOURCES, delivery.REGION_ROOM = (kwargs["source"],), 0
+        try:
+            return original(stream, messages, **kwargs)
+        finally:
+            delivery.SOURCES, delivery.REGION_ROOM = widest
+
+    for where in (subscribe, fanout):
+        monkeypatch.setattr(where, "pack_frames", cut_for_its_own_envelope)
+    signs = ("other bytes than stored", "never delivered")
+    assert _missed(CATCHES_A_CUT_PER_PATH, *signs) == []
+
+
+def test_a_hole_skipped_while_it_may_still_be_filled_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker can fail on holes: a subscribe that skips every hole after its ``after``,
+    though a batch still landing fills it, tells the client to pass over stored messages."""
+    monkeypatch.setattr(subscribe, "hole_is_unfillable", lambda after, replay, now_ms: bool(replay))
+    monkeypatch.setattr(
+        delivery.StoredMessage, "follows_unfillable_hole", lambda self, after, now_ms: True
+    )
+    assert _missed(CATCHES_EVERY_HOLE_SKIPPED, "though the log holds") == []
+
+
+def test_entries_without_their_epoch_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker can fail on epochs: entries that carry their seq alone (a client takes
+    them for epoch 0) put a restarted stream's messages in the wrong place."""
+    original = delivery._entry
+
+    def without_epoch(message: Any, data: str, part: Any = None) -> dict[str, Any]:
+        entry = original(message, data, part)
+        del entry["epoch"]
+        return entry
+
+    monkeypatch.setattr(delivery, "_entry", without_epoch)
+    signs = ("where the log has", "epoch change", "never delivered", "other bytes than stored")
+    assert _missed(CATCHES_NO_EPOCH_ON_THE_WIRE, *signs) == []
+
+
+def test_a_replay_unbounded_in_bytes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker can fail on the work bound: a subscribe whose replay is bounded in
+    messages only posts several megabytes in one invocation."""
+    monkeypatch.setattr(subscribe, "REPLAY_MAX_BYTES", 1 << 60)
+    assert _missed(CATCHES_AN_UNBOUNDED_REPLAY, "bytes of message data (bound") == []

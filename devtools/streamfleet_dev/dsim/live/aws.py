@@ -270,9 +270,9 @@ class Gateway:
             return {}
         if connection.dropped:
             return {}  # accepted, and lost with the connection
-        world.on_post(connection_id, data)
+        message_bytes = world.on_post(connection_id, data)
         if owner == "handler":
-            world.posted_bytes[world.scheduler.current()] += len(data)
+            world.replayed_bytes[world.scheduler.current()] += message_bytes
         at = max(connection.delivered_until, world.scheduler.now + world.latency())
         connection.delivered_until = at
         world.scheduler.spawn(

@@ -10,7 +10,7 @@ from streamfleet_dev.dsim.live.client import AppLog, Client
 from streamfleet_dev.dsim.live.liveness import check_cut_off_connections_given_up
 from streamfleet_dev.dsim.live.restarts import check_restarted_clients_resubscribed
 from streamfleet_dev.dsim.live.schedule import ClientPlan
-from streamfleet_dev.dsim.live.world import SUBSCRIBE_POST_BOUND, Stored, World
+from streamfleet_dev.dsim.live.world import REPLAYED_DATA_BOUND, Stored, World
 
 
 def check(world: World, clients: list[Client]) -> int:
@@ -23,9 +23,11 @@ def check(world: World, clients: list[Client]) -> int:
     _check_revocations(world, {c.plan.user: c.plan for c in clients})
     check_cut_off_connections_given_up(world)
     check_restarted_clients_resubscribed(world, clients)
-    for task, sent in world.posted_bytes.items():
-        if sent > SUBSCRIBE_POST_BOUND:
-            world.problem(f"{task.name} posted {sent} bytes (bound {SUBSCRIBE_POST_BOUND})")
+    for task, sent in world.replayed_bytes.items():
+        if sent > REPLAYED_DATA_BOUND:
+            world.problem(
+                f"{task.name} posted {sent} bytes of message data (bound {REPLAYED_DATA_BOUND})"
+            )
     return delivered
 
 

@@ -24,9 +24,9 @@ from streamfleet_dev.dsim.live.schedule import GROUPS, Schedule
 
 WALL_BASE_MS = 1_800_000_000_000
 SETTLE_S = 400.0  # the quiet period: the quiet watch (20 s, doubling to 320 s) finds lost tails
-# What one handler invocation may post: a subscribe's replay budget, one message past it (at
-# most 400 KB, DynamoDB's item limit), and each frame's envelope.
-SUBSCRIBE_POST_BOUND = REPLAY_MAX_BYTES * 3 // 2 + 400 * 1024
+# The message data one handler invocation may post: a subscribe's replay budget, which its
+# first message may exceed alone (at most 400 KB, DynamoDB's item limit, so never here).
+REPLAYED_DATA_BOUND = REPLAY_MAX_BYTES
 
 
 # --- The world ----------------------------------------------------------------------------------
@@ -64,7 +64,8 @@ class World:
         self.trace: list[str] = []
         self.problems: list[str] = []
         self.requests = 0
-        self.posted_bytes: dict[Task, int] = defaultdict(int)  # by handler invocation
+        # The message data (UTF-8 bytes, before escaping) posted by each handler invocation.
+        self.replayed_bytes: dict[Task, int] = defaultdict(int)
         self.faults = 0
         self.faults_on = True
         self.log: dict[str, dict[int, Stored]] = defaultdict(dict)
@@ -281,19 +282,22 @@ class World:
     ) -> None:
         self.posted[connection_id] = Posted(user, token_expires_at, region)
 
-    def on_post(self, connection_id: str, data: bytes) -> None:
-        posted = self.posted.get(connection_id)
-        if posted is None:
-            return
+    def on_post(self, connection_id: str, data: bytes) -> int:
+        """Record the message positions a frame posted to a connection; the bytes of message
+        data it carries."""
         try:
             frame = json.loads(data)
         except ValueError:
-            return
+            return 0
         if not isinstance(frame, dict) or frame.get("type") != model.WS_REPLY_MESSAGES:
-            return
-        for entry in frame.get("messages") or ():
-            position = model.log_position(int(entry.get("epoch", 0)), int(entry["seq"]))
-            posted.positions.append((str(frame["stream"]), position, self.now_ms))
+            return 0
+        entries = frame.get("messages") or ()
+        posted = self.posted.get(connection_id)
+        if posted is not None:
+            for entry in entries:
+                position = model.log_position(int(entry.get("epoch", 0)), int(entry["seq"]))
+                posted.positions.append((str(frame["stream"]), position, self.now_ms))
+        return sum(len(str(entry.get("data", "")).encode("utf-8")) for entry in entries)
 
 
 def until_answered(call: Callable[[], Any]) -> Any:

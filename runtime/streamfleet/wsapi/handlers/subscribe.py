@@ -138,19 +138,8 @@ class Subscriptions:
                     " afterEpoch cannot follow",
                     message.request_id,
                 )
-        # The replay may hold messages stored after a START that changed the readers in the
-        # meantime: read them again, so nothing stored after that START was answered is served.
-        try:
-            self._readable_row(live, stream, tags)
-        except Refused:
-            self.unsubscribe(user_id, connection_id, stream)
-            raise
-        if token_expires_at is not None and token_expires_at <= self.clock.wall_ms() // 1000:
-            # The token ended while the replay was read, which may hold messages stored after
-            # it: none is served on this connection (the fan-out stops its live delivery the
-            # same way). The client reconnects with a fresh token and subscribes again.
-            self._stop_delivery(connection_id, stream)
-            raise Refused("token_expired", "token", "token: expired; reconnect with a fresh one")
+        self._check_readers_after_replay(live, user_id, connection_id, stream, tags)
+        self._check_token_after_replay(connection_id, stream, token_expires_at)
         up_to = messages[-1].seq if messages else after
         reply: dict[str, Any] = {
             "type": model.WS_REPLY_SUBSCRIBED,
@@ -220,6 +209,28 @@ class Subscriptions:
                 "stream",
                 f"stream: you read {stream!r} on {mine} connections, the most for one user",
             )
+
+    def _check_readers_after_replay(
+        self, live: LiveTables, user_id: str, connection_id: str, stream: str, tags: list[str]
+    ) -> None:
+        """The replay may hold messages stored after a START that changed the readers in the
+        meantime: they are read again, so nothing stored after that START was answered is
+        served to a reader it excluded."""
+        try:
+            self._readable_row(live, stream, tags)
+        except Refused:
+            self.unsubscribe(user_id, connection_id, stream)
+            raise
+
+    def _check_token_after_replay(
+        self, connection_id: str, stream: str, token_expires_at: int | None
+    ) -> None:
+        """A token that ended while the replay was read, which may hold messages stored after
+        it, gets none of them on this connection (the fan-out stops its live delivery the same
+        way): the client reconnects with a fresh token and subscribes again."""
+        if token_expires_at is not None and token_expires_at <= self.clock.wall_ms() // 1000:
+            self._stop_delivery(connection_id, stream)
+            raise Refused("token_expired", "token", "token: expired; reconnect with a fresh one")
 
     def _readable_row(self, live: LiveTables, stream: str, tags: list[str]) -> dict[str, Any]:
         """The stream's row (readers, origin), read consistently; ``forbidden`` unless ``tags``
