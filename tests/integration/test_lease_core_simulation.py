@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from streamfleet import model
+from streamfleet.lease import StoreUnavailable
+from streamfleet.lease.connections import ConnectionLeases
 from streamfleet.lease.timing import LeaseTiming
 from streamfleet.worker.connection import Connection
 from streamfleet.worker.taker import LeaseTaker
@@ -144,3 +146,31 @@ def test_the_store_flags_a_write_applied_to_a_lease_its_sender_does_not_hold() -
         ]
     finally:
         store.close()
+
+
+def test_a_claim_applied_but_never_answered_is_run_at_the_next_reconcile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A claim whose every answer was lost until its deadline may have been applied: the row is
+    then owned by a live session, so discovery never names it again. The holder reads it at its
+    next reconcile and runs it, rather than leaving the stream down until its audit gives the
+    row back a minute later."""
+    original = ConnectionLeases._try_claim
+    unanswered: list[str] = []
+
+    async def applied_unanswered(self: ConnectionLeases, candidate):  # type: ignore[no-untyped-def]
+        outcome = await original(self, candidate)
+        if not unanswered:
+            unanswered.append(candidate.pk)
+            raise StoreUnavailable(f"acquire {candidate.pk}: no answer before the deadline")
+        return outcome
+
+    monkeypatch.setattr(ConnectionLeases, "_try_claim", applied_unanswered)
+    schedule = Schedule(seed=1, holders=1, streams=1, fault_rate=0.0, events=(), quiet_seconds=30.0)
+    outcome = run_schedule(schedule)
+    assert outcome.problems == ()
+    assert unanswered == [model.connection_pk("s0")]
+    trace = outcome.trace
+    assert "h0 claim_failed" in trace
+    assert "via=unanswered_claim" in trace
+    assert "reason=audit" not in trace  # the audit found nothing to give back

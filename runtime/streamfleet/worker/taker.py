@@ -60,6 +60,16 @@ def fair_share(
     return math.ceil(share + max(1.0, share * FAIR_SHARE_SLACK))
 
 
+@dataclass(frozen=True)
+class _Unanswered:
+    """A claim that got no answer: made under ``session_version``; one of its requests may
+    still be applied until ``until`` (monotonic: the worker's DynamoDB client waits a holder's
+    window for an answer)."""
+
+    session_version: int | None
+    until: float
+
+
 @dataclass(eq=False)
 class LeaseTaker:
     """Claims connections for this worker, by these rules:
@@ -98,6 +108,11 @@ class LeaseTaker:
     # next reconcile, not left owned-but-not-run until the audit finds them. With each, the
     # stream's own failure if that is why it ended (the retry holds it off too).
     _unreleased: dict[str, tuple[Lease, str | None]] = field(default_factory=dict, init=False)
+    # Claims whose outcome is unknown: the store did not answer before the deadline, and the
+    # write may have been applied. The row is read at the next reconcile and run if this
+    # session owns it; discovery would never name it (its owner is live), and the audit
+    # would find it only a minute later.
+    _unsure: dict[str, _Unanswered] = field(default_factory=dict, init=False)
     _reconcile_now: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def reconcile_soon(self) -> None:
@@ -135,12 +150,25 @@ class LeaseTaker:
             else:
                 lease = await leases.claim(candidate)
         except Exception as exc:  # one bad candidate must not stop intake or reconcile
+            session = self.store.session
+            self._unsure[pk] = _Unanswered(
+                session.version,
+                session.clock.monotonic() + self.config.timing.holder_window_seconds,
+            )
             self.log("claim_failed", pk=pk, error=str(exc))
             return None
         finally:
             holdings.busy.discard(pk)
+        self._unsure.pop(pk, None)  # answered: whatever an earlier claim did, this one knows
         if lease is None:
             return False
+        return await self._run_claimed(lease, via, previous_owner=candidate.owner)
+
+    async def _run_claimed(self, lease: Lease, via: str, *, previous_owner: str | None) -> bool:
+        """Run a lease this worker just learned it holds; ``False`` if it was given back (its
+        session ended before the claim was answered)."""
+        holdings = self.holdings
+        leases = self.store.connections
         session = self.store.session
         if lease.session_version != session.version or session.deadline_passed():
             # The claim landed after the session it was made under ended: give it back.
@@ -149,8 +177,8 @@ class LeaseTaker:
                     await self.context.notifier.notify(lease.pk)
             self.log("claim_too_late", pk=lease.pk, session_version=lease.session_version)
             return False
-        if candidate.owner is not None:
-            self.log("lease_taken_over", pk=lease.pk, previous_owner=candidate.owner)
+        if previous_owner is not None:
+            self.log("lease_taken_over", pk=lease.pk, previous_owner=previous_owner)
         holdings.connections[lease.pk] = (self.connection_factory or Connection)(
             lease,
             self.context,
@@ -213,6 +241,7 @@ class LeaseTaker:
             delay = jittered(config.reconcile_every)
             runs += 1
             try:
+                await self._resolve_unsure_claims()
                 await self._release_abandoned()
                 if runs % AUDIT_EVERY_RECONCILES == 0:
                     await self.audit_own_rows()
@@ -261,6 +290,53 @@ class LeaseTaker:
             taken += sum(1 for outcome in outcomes if outcome)
         await asyncio.gather(*(self.claim(c, "reconcile") for c in overdue + found.unowned))
         return not pending
+
+    async def _resolve_unsure_claims(self) -> None:
+        """Run the rows whose claim went unanswered if the claim was applied after all: one
+        consistent batch read of them."""
+        holdings = self.holdings
+        session = self.store.session
+        if session.version is None:
+            return
+        for pk, unanswered in list(self._unsure.items()):
+            # Its session is over (discovery finds the row once it has expired), or the row
+            # runs here, was shed, or is being given back: nothing to resolve.
+            if (
+                unanswered.session_version != session.version
+                or self._skip(pk)
+                or pk in self._unreleased
+            ):
+                del self._unsure[pk]
+        pks = [pk for pk in self._unsure if pk not in holdings.busy]
+        if not pks:
+            return
+        holdings.busy.update(pks)
+        try:
+            items = await self.store.connections.read_many(pks)
+        except (StoreUnavailable, SessionLost):
+            return  # still out: next time
+        finally:
+            holdings.busy.difference_update(pks)
+        now = session.clock.monotonic()
+        for pk in pks:
+            unanswered = self._unsure.get(pk)
+            if unanswered is None or pk in holdings.connections or pk in holdings.busy:
+                continue  # claimed again meanwhile: that claim's answer counts
+            item = items.get(pk)
+            if not (
+                item is not None
+                and item.get(model.LEASE_OWNER) == self.config.worker_id
+                and item.get(model.LEASE_SESSION) == session.version
+            ):
+                if now >= unanswered.until:
+                    del self._unsure[pk]  # not applied, and no request of it can be any more
+                continue
+            del self._unsure[pk]
+            lease = Lease.from_item(item)
+            if holdings.free_slots() > 0:
+                await self._run_claimed(lease, "unanswered_claim", previous_owner=None)
+            else:  # full meanwhile: given back by the release retries, right after
+                self._unreleased[pk] = (lease, None)
 
     async def _release_abandoned(self) -> None:
         """Retry the releases that failed while this session stayed live."""
