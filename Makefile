@@ -53,7 +53,7 @@ setup: $(VENV)/.installed $(VENV)/.checkout node_modules/.installed ## Create th
 # The web client (clients/web): its own pinned npm packages, the demo pages built into
 # clients/web/dist, and Debian's Chromium for the browser tests (never a tool's own download).
 WEB := clients/web
-WEB_SOURCES := $(shell find $(WEB)/src $(WEB)/index.html $(WEB)/react-use-websocket.html $(WEB)/vite.config.ts $(WEB)/vite.lib.config.ts $(WEB)/tsconfig.json $(WEB)/tsconfig.lib.json $(WEB)/tsconfig.node.json -type f 2>/dev/null)
+WEB_SOURCES := $(shell find $(WEB)/src $(WEB)/scripts/package-lib.mjs $(WEB)/index.html $(WEB)/react-use-websocket.html $(WEB)/vite.config.ts $(WEB)/vite.lib.config.ts $(WEB)/tsconfig.json $(WEB)/tsconfig.lib.json $(WEB)/tsconfig.node.json -type f 2>/dev/null)
 CHROMIUM := /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 

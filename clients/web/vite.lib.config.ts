@@ -1,5 +1,7 @@
-// The library build: one ES module with no dependencies, dist/lib/streamfleet-client.js
-// (declarations come from tsc -p tsconfig.lib.json into dist/lib/types).
+// The library build: the client as an ES module (dist/lib/streamfleet-client.js) and as
+// CommonJS (dist/lib/streamfleet-client.cjs), each with no dependencies and unminified (the
+// application's bundler minifies). Declarations come from tsc -p tsconfig.lib.json into
+// dist/lib/types, and scripts/package-lib.mjs copies them as .d.cts for require().
 import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vite';
 
@@ -12,8 +14,8 @@ export default defineConfig({
     minify: false,
     lib: {
       entry: fileURLToPath(new URL('./src/client/index.ts', import.meta.url)),
-      formats: ['es'],
-      fileName: () => 'streamfleet-client.js',
+      formats: ['es', 'cjs'],
+      fileName: (format) => (format === 'es' ? 'streamfleet-client.js' : 'streamfleet-client.cjs'),
     },
   },
 });
