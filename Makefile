@@ -10,7 +10,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup test lint format pytest local cli synth worker upstream bench sim sim-realtime chaos drill clean
+.PHONY: help setup test lint format pytest local cli synth worker upstream bench cost sim sim-realtime chaos drill clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -177,6 +177,14 @@ bench: setup $(WEB)/dist/.built $(CHROMIUM) ## Benchmarks on local servers (~50 
 	$(PYTHON) -m bench.fanout_bench
 	$(PYTHON) -m bench.fanout_stall_bench
 	$(PYTHON) -m bench.sim_bench
+
+# The workload make cost prices: STREAMS, MSG_PER_S (per stream), SUBSCRIBERS (per stream) are
+# required; REGIONS (1 or 2), MESSAGE_BYTES, BATCHING_WINDOW (none or 0.5) have defaults.
+REGIONS ?= 2
+MESSAGE_BYTES ?= 200
+BATCHING_WINDOW ?= none
+cost: setup ## The monthly bill by component: make cost STREAMS=500 MSG_PER_S=1 SUBSCRIBERS=10 [REGIONS=2 MESSAGE_BYTES=200 BATCHING_WINDOW=none]
+	$(PYTHON) -m streamfleet_dev.cost --streams "$(STREAMS)" --msg-per-s "$(MSG_PER_S)" --subscribers "$(SUBSCRIBERS)" --regions "$(REGIONS)" --message-bytes "$(MESSAGE_BYTES)" --batching-window "$(BATCHING_WINDOW)"
 
 sim: setup ## Both simulations on a virtual clock: 10,000 fresh seeded schedules of each; SIM_SEED=<n> [SIM_SYSTEM=lease|live] replays one, the same bytes every time
 	$(PYTHON) -m streamfleet_dev.dsim --system $${SIM_SYSTEM:-all} --schedules $${SIM_SCHEDULES:-10000} --jobs $$(nproc)
