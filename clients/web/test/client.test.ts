@@ -655,3 +655,73 @@ describe('StreamFleetClient lifecycle', () => {
     expect(() => new StreamFleetClient({ url: 42 as never })).toThrow(/url/);
   });
 });
+
+describe('wake signals', () => {
+  function signals(visibility = 'hidden') {
+    const window = new EventTarget();
+    const document = Object.assign(new EventTarget(), { visibilityState: visibility });
+    return { window, document };
+  }
+
+  async function backingOff(wakeSignals: ReturnType<typeof signals> | null) {
+    const { client, factory } = setup({ wakeSignals, backoffBaseMs: 20_000 });
+    client.start();
+    await settle();
+    factory.last().drop(); // the network is gone: backing off up to 20 s
+    expect(client.status).toBe('backing-off');
+    return { client, factory };
+  }
+
+  it('connects at once when the browser is back online, not after the backoff', async () => {
+    const wake = signals();
+    const { client, factory } = await backingOff(wake);
+    wake.window.dispatchEvent(new Event('online'));
+    await settle();
+    expect(factory.sockets.length).toBe(2);
+    expect(client.status).toBe('connecting');
+    await vi.advanceTimersByTimeAsync(20_000); // the backoff's timer is gone: no third attempt
+    expect(factory.sockets.length).toBe(2);
+    client.close();
+  });
+
+  it('connects at once when the page becomes visible, not when it is hidden', async () => {
+    const wake = signals('hidden');
+    const { client, factory } = await backingOff(wake);
+    wake.document.dispatchEvent(new Event('visibilitychange'));
+    await settle();
+    expect(factory.sockets.length).toBe(1);
+    wake.document.visibilityState = 'visible';
+    wake.document.dispatchEvent(new Event('visibilitychange'));
+    await settle();
+    expect(factory.sockets.length).toBe(2);
+    client.close();
+  });
+
+  it('leaves a connecting or open client alone, and listens no more once closed', async () => {
+    const wake = signals('visible');
+    const { client, factory } = setup({ wakeSignals: wake });
+    client.start();
+    await settle();
+    factory.last().open();
+    wake.window.dispatchEvent(new Event('online'));
+    await settle();
+    expect(factory.sockets.length).toBe(1);
+    factory.last().drop();
+    client.close();
+    wake.window.dispatchEvent(new Event('online'));
+    wake.document.dispatchEvent(new Event('visibilitychange'));
+    await settle();
+    expect(factory.sockets.length).toBe(1);
+    expect(vi.getTimerCount()).toBe(0);
+  });
+
+  it('waits its backoff where nothing signals (wakeSignals null)', async () => {
+    const { client, factory } = await backingOff(null);
+    await vi.advanceTimersByTimeAsync(19_999);
+    expect(factory.sockets.length).toBe(1);
+    await vi.advanceTimersByTimeAsync(1);
+    await settle();
+    expect(factory.sockets.length).toBe(2);
+    client.close();
+  });
+});

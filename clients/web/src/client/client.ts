@@ -207,6 +207,21 @@ export interface StreamFleetClientOptions {
   followServerSubscriptions?: boolean;
   /** Where positions are kept. Default: in memory ({@link storagePositions} keeps them across reloads). */
   positions?: PositionStore;
+  /**
+   * Where the browser says the network or the page is back: `online` on `window` and
+   * `visibilitychange` on `document`. While backing off, either ends the wait and the client
+   * connects at once. Default: the global `window` and `document` when there are any; `null`:
+   * never.
+   */
+  wakeSignals?: WakeSignals | null;
+}
+
+/** The event targets {@link StreamFleetClientOptions.wakeSignals} listens on. */
+export interface WakeSignals {
+  window?: Pick<EventTarget, 'addEventListener' | 'removeEventListener'>;
+  document?: Pick<EventTarget, 'addEventListener' | 'removeEventListener'> & {
+    visibilityState?: string;
+  };
 }
 
 export interface RequestOptions {
@@ -315,6 +330,12 @@ function positiveMs(name: string, value: number | undefined, fallback: number): 
   return ms;
 }
 
+/** The browser's `window` and `document`, where there are any (not in Node or a worker). */
+function browserSignals(): WakeSignals | null {
+  const scope = globalThis as { window?: WakeSignals['window']; document?: WakeSignals['document'] };
+  return scope.window === undefined ? null : { window: scope.window, document: scope.document };
+}
+
 function defaultWebSocket(url: string, protocols: string[]): WebSocketLike {
   if (typeof globalThis.WebSocket !== 'function') {
     throw new StreamFleetError('no WebSocket implementation here: pass options.webSocket');
@@ -400,6 +421,11 @@ export class StreamFleetClient {
   private nextAttemptAt: number | null = null;
 
   private started = false;
+  private readonly wakeSignals: WakeSignals | null;
+  private readonly onOnline = (): void => this.wake();
+  private readonly onVisibility = (): void => {
+    if (this.wakeSignals?.document?.visibilityState === 'visible') this.wake();
+  };
   private closing = false;
   /** Increases with every attempt (and on close): callbacks of older attempts are ignored. */
   private generation = 0;
@@ -487,6 +513,7 @@ export class StreamFleetClient {
     this.createSocket = options.webSocket ?? defaultWebSocket;
     this.random = options.random ?? Math.random;
     this.timers = options.timers ?? globalTimers;
+    this.wakeSignals = options.wakeSignals === undefined ? browserSignals() : options.wakeSignals;
     this.gapTimeoutMs = positiveMs('gapTimeoutMs', options.gapTimeoutMs, DEFAULT_GAP_TIMEOUT_MS);
     this.quietTimeoutMs =
       options.quietTimeoutMs === null
@@ -556,9 +583,18 @@ export class StreamFleetClient {
     }
     if (!this.started) {
       this.started = true;
+      this.wakeSignals?.window?.addEventListener('online', this.onOnline);
+      this.wakeSignals?.document?.addEventListener('visibilitychange', this.onVisibility);
       void this.attempt();
     }
     return this;
+  }
+
+  /** The network or the page is back: a wait before the next attempt ends now. */
+  private wake(): void {
+    if (this.retryTimer === null || this.closing) return;
+    this.clearTimer('retryTimer');
+    void this.attempt();
   }
 
   /**
@@ -569,6 +605,8 @@ export class StreamFleetClient {
     if (this.closing) return;
     this.closing = true;
     this.generation += 1;
+    this.wakeSignals?.window?.removeEventListener('online', this.onOnline);
+    this.wakeSignals?.document?.removeEventListener('visibilitychange', this.onVisibility);
     this.clearTimer('retryTimer');
     this.nextAttemptAt = null;
     const ws = this.ws;

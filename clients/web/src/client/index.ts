@@ -15,6 +15,7 @@ export {
   type TokenProvider,
   type TokenTransport,
   type UrlProvider,
+  type WakeSignals,
   type WebSocketFactory,
   type WebSocketLike,
 } from './client.js';
