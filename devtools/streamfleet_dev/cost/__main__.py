@@ -55,7 +55,6 @@ def parse(argv: list[str]) -> Workload:
         )
     except ValueError as exc:
         parser.error(str(exc))
-        raise  # unreachable: error() exits
 
 
 def render(workload: Workload, lines: list[Line], prices: dict) -> str:

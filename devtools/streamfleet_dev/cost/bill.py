@@ -42,6 +42,9 @@ CHECKPOINTS_PER_STREAM_MINUTE = 60 / 300
 WIRE_ENTRY_OVERHEAD_BYTES = 60
 # A subscription item as the fan-out reads it (connection id, user, tags, expiry).
 SUBSCRIPTION_ITEM_BYTES = 200
+# The connections per worker at which the fleet bench counted SQS requests per connection-minute
+# (its long polls are per worker: the count per worker-minute is this times that figure).
+FLEET_BENCH_CONNECTIONS_PER_WORKER = 500
 
 ASSUMED = {
     "handler_ms": 10.0,  # a heartbeat or subscribe handled by the WebSocket handler
@@ -398,7 +401,9 @@ def bill(
         "cloudwatch_logs_ingested_gb",
         "assumed: bytes per invocation and per worker-minute (bill.ASSUMED)",
     )
-    sqs_per_worker_minute = measured["sqs_requests_per_connection_minute"]["value"] * 500
+    sqs_per_worker_minute = (
+        measured["sqs_requests_per_connection_minute"]["value"] * FLEET_BENCH_CONNECTIONS_PER_WORKER
+    )
     add(
         "SQS",
         "worker long polls",
