@@ -20,8 +20,9 @@ import pytest
 from streamfleet_dev.emulator.servers import LOCAL_AWS_ENV
 from streamfleet_dev.sim.__main__ import run_many, summary
 
-# Real time on 2 shared cores: 2 schedules at a time, 24 in all (make sim-realtime runs
-# 2,000). At 4 at a time a busy machine made some recoveries late past 3 x the liveness bound.
+# Real time on 2 shared cores: 2 schedules at a time, each in a process of its own, 24 in all
+# (make sim-realtime runs 2,000). At 4 at a time a busy machine made some recoveries late past
+# 3 x the liveness bound.
 SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "24"))
 PARALLEL = 2
 

@@ -13,6 +13,7 @@ workers alive), then the checks of :mod:`streamfleet_dev.sim.checker`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import random
 import time
@@ -247,3 +248,18 @@ class _Runner:
 async def run_schedule(schedule: Schedule, upstream: UpstreamProcess) -> Outcome:
     """Run one schedule on the local servers the environment points at."""
     return await _Runner(schedule, upstream).run()
+
+
+def run_seed(seed: int, upstream_url: str) -> Outcome:
+    """Run the schedule of ``seed`` on its own event loop, against the upstream at
+    ``upstream_url``: what a process of a pool runs (see ``run_many``)."""
+
+    async def run() -> Outcome:
+        # Blocking steps (table reads, waiting for late deliveries, disposing of worker
+        # threads) run in threads; asyncio's default pool of cpu+4 would queue them.
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=16)
+        )
+        return await run_schedule(Schedule.generate(seed), UpstreamProcess.attached(upstream_url))
+
+    return asyncio.run(run())

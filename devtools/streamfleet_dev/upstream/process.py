@@ -48,6 +48,14 @@ class UpstreamProcess:
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
 
+    @classmethod
+    def attached(cls, url: str) -> Self:
+        """One started by another process, at ``url``: this one only reads it (stop does
+        nothing)."""
+        upstream = cls(rate=0)
+        upstream.url = url
+        return upstream
+
     def start(self) -> Self:
         stderr = open(self._log_path, "a") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = lifeline.popen(
