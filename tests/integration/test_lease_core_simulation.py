@@ -8,6 +8,7 @@ trace."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -22,8 +23,10 @@ from streamfleet.lease.connections import ConnectionLeases
 from streamfleet.lease.timing import LeaseTiming
 from streamfleet.worker.connection import Connection
 from streamfleet.worker.taker import LeaseTaker
+from streamfleet_dev.dsim.async_client import InProcessClient
 from streamfleet_dev.dsim.lease_core import (
     TABLE,
+    TIMING,
     FencingWitness,
     HeldConnection,
     Schedule,
@@ -174,3 +177,32 @@ def test_a_claim_applied_but_never_answered_is_run_at_the_next_reconcile(
     assert "h0 claim_failed" in trace
     assert "via=unanswered_claim" in trace
     assert "reason=audit" not in trace  # the audit found nothing to give back
+
+
+def test_a_store_slower_than_half_the_window_keeps_every_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every renewal answered 5 s after it was sent, with a holder's window of 8.5 s and a
+    heartbeat of 2 s: a renewal that waited for the one before would be sent 5 s after it,
+    and answered after the deadline that one set. Sent at the heartbeat's rate whether or not
+    the one before answered, each answer comes a heartbeat after the one before, within the
+    deadline: nobody's streams go down."""
+    slow = 5.0
+    assert 2 * slow > TIMING.holder_window_seconds > slow + TIMING.heartbeat_seconds
+    original = InProcessClient.call
+
+    async def slow_renewals(self: InProcessClient, operation: str, **params):  # type: ignore[no-untyped-def]
+        key = params.get("Key", {}).get(model.PK, {}).get("S", "")
+        if operation == "update_item" and key.startswith(model.SESSION_PREFIX):
+            await asyncio.sleep(slow)
+        return await original(self, operation, **params)
+
+    monkeypatch.setattr(InProcessClient, "call", slow_renewals)
+    schedule = Schedule(seed=1, holders=2, streams=4, fault_rate=0.0, events=(), quiet_seconds=60.0)
+    outcome = run_schedule(schedule)
+    assert outcome.problems == ()
+    trace = outcome.trace
+    for sign in ("deadline_passed", "session_reopened", "session_lost", "renewal_failed"):
+        assert sign not in trace, sign
+    # Each stream held once, from its first claim to the end.
+    assert [trace.count(f" holds {model.connection_pk(f's{n}')} ") for n in range(4)] == [1] * 4

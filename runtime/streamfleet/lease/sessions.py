@@ -202,9 +202,12 @@ class SessionKeeper:
         the deadline.
 
         A renewal never lowers ``expires_at_ms`` (its condition says so), so an attempt that is
-        delivered late, after a later renewal, changes nothing. Attempts are hedged: one that has
-        not answered within a heartbeat gets a sibling, so a slow-but-working DynamoDB keeps the
-        session alive as long as it answers within the holder's window.
+        delivered late, after a later renewal, changes nothing. Several renewals may be
+        outstanding at once (the heartbeat sends one every heartbeat whether or not the one before
+        has answered), and they are each other's hedge: each makes one attempt at a time (another
+        only after a failure), moves the deadline to a window after its first attempt, and keeps
+        trying until then. An answer that comes after the deadline has passed counts as a
+        failure: the session is not revived.
         """
         if self.version is None:
             await self.open(load=load)
@@ -254,10 +257,16 @@ class SessionKeeper:
         try:
             item = await hedged(
                 update,
-                deadline=self.deadline,
+                # Not the session's deadline as it stands now: a renewal sent before the answer
+                # to the one before it keeps trying as long as its own answer could still
+                # move the deadline.
+                deadline=self.timing.holder_deadline(first_sent),
                 clock=self.clock,
                 what=f"renew {pk}",
-                hedge_after=self.timing.heartbeat_seconds,
+                # The next renewal, a heartbeat later, is the hedge: a sibling of each as well
+                # would multiply the writes to a slow store (measured: a store slowed by a
+                # heartbeat then slowed further, and sessions lapsed).
+                hedge_after=self.timing.holder_window_seconds,
             )
         except SessionLost:
             if self.version == version:
@@ -265,6 +274,10 @@ class SessionKeeper:
                 self.deadline = float("-inf")
             raise
         if self.version == version:
+            if self.deadline_passed():
+                # Its connections have ended by now: the session is not revived, the heartbeat
+                # opens a new one (a renewal answered late is a renewal that failed).
+                raise StoreUnavailable(f"renew {pk}: answered after the holder's deadline")
             # Counted from the first attempt: whichever was applied, the table's expiry is at
             # least the one that attempt wrote.
             self.deadline = max(self.deadline, self.timing.holder_deadline(first_sent))

@@ -2,17 +2,18 @@
 
 Every connection this worker runs is held under its one session; a connection that outlived the
 session's deadline could meet a successor upstream. So renewals run at a fixed rate on their own
-client, and a watchdog ends every connection at the deadline whether or not a renewal answers.
+client, each sent whether or not the one before has answered, and a watchdog ends every
+connection at the deadline whether or not a renewal answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..lease import LeaseTiming, SessionKeeper, SessionLost, StoreUnavailable
+from ..waiting import wait_at_most
 from .connection import EndReason
 from .holdings import Holdings
 
@@ -29,45 +30,99 @@ class Heartbeat:
     # claimable at once.
     on_new_session: Callable[[], None]
     renewal_lateness_max: float = field(default=0.0, init=False)
+    _renewals: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    _lapsed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _lost: int | None = field(default=None, init=False)  # the session a renewal found fenced
+    _failure: BaseException | None = field(default=None, init=False)  # a renewal's own defect
 
     async def run(self) -> None:
         session = self.session
-        holdings = self.holdings
         clock = session.clock
         heartbeat = self.timing.heartbeat_seconds
         due = clock.monotonic()
-        while True:
-            # Fixed rate: a slow renewal does not push the next one back, so a DynamoDB that
-            # answers within the holder's window keeps the session alive.
-            due += heartbeat
-            await asyncio.sleep(max(0.0, due - clock.monotonic()))
-            # How late the loop woke up: a starved event loop shows here before leases suffer.
-            lateness = clock.monotonic() - due
-            self.renewal_lateness_max = max(self.renewal_lateness_max, lateness)
-            due = max(due, clock.monotonic() - heartbeat)
-            old_version = session.version
-            try:
-                renewed = await session.renew(load=len(holdings.connections))
-                if session.drain_requested and not holdings.draining:
-                    holdings.draining = True
-                    self.log("draining", connections=len(holdings.connections))
-                    holdings.end_all(EndReason.HANDOFF)
-                if not renewed:
-                    holdings.end_all(EndReason.DEADLINE)
-                    self.log(
-                        "session_reopened",
-                        previous=old_version,
-                        session_version=session.version,
-                    )
-                    self.on_new_session()
-            except SessionLost as exc:
-                holdings.end_all(EndReason.LOST)
-                self.log("session_lost", error=str(exc))
-                with contextlib.suppress(StoreUnavailable):
-                    await session.open(load=0)
-                    self.on_new_session()
-            except StoreUnavailable as exc:
-                self.log("renewal_failed", error=str(exc))
+        try:
+            while True:
+                due += heartbeat
+                await wait_at_most(self._lapsed.wait(), max(0.0, due - clock.monotonic()))
+                if self._failure is not None:
+                    raise self._failure  # as if the loop had renewed itself: the worker ends
+                if self._lapsed.is_set():
+                    self._lapsed.clear()
+                    due = clock.monotonic()  # the next renewal a heartbeat after the new session
+                else:
+                    # How late the loop woke up: a starved event loop shows here before leases
+                    # suffer.
+                    lateness = clock.monotonic() - due
+                    self.renewal_lateness_max = max(self.renewal_lateness_max, lateness)
+                    due = max(due, clock.monotonic() - heartbeat)
+                if session.version is not None and not session.deadline_passed():
+                    # Fixed rate, without waiting for the renewal before: with a store slower
+                    # than a heartbeat, the renewal sent a heartbeat later answers a heartbeat
+                    # later, so one that answers within the holder's window less a heartbeat
+                    # keeps the session.
+                    renewal = asyncio.create_task(self._renew(session.version))
+                    self._renewals.add(renewal)
+                    renewal.add_done_callback(self._renewal_done)
+                    continue
+                # No session, or it lapsed: what is still out renews the old one.
+                self._cancel_renewals()
+                await self._reopen()
+        finally:
+            self._cancel_renewals()
+
+    async def _renew(self, version: int) -> None:
+        """One renewal of session ``version``, beside any still outstanding."""
+        session = self.session
+        holdings = self.holdings
+        # Checked with no wait before the renewal's own check: it never opens a session, which
+        # only the loop does.
+        if session.version != version or session.deadline_passed():
+            return
+        try:
+            await session.renew(load=len(holdings.connections))
+        except SessionLost as exc:
+            if self._lost == version:
+                return  # another outstanding renewal heard it first
+            self._lost = version
+            self._cancel_renewals()
+            holdings.end_all(EndReason.LOST)
+            self.log("session_lost", error=str(exc))
+            self._lapsed.set()  # a new session now, not a heartbeat later
+            return
+        except StoreUnavailable as exc:
+            self.log("renewal_failed", error=str(exc))
+            return
+        if session.drain_requested and not holdings.draining:
+            holdings.draining = True
+            self.log("draining", connections=len(holdings.connections))
+            holdings.end_all(EndReason.HANDOFF)
+
+    async def _reopen(self) -> None:
+        """A new session in place of none, or of one past its deadline."""
+        session = self.session
+        holdings = self.holdings
+        previous = session.version
+        try:
+            if await session.renew(load=len(holdings.connections)):
+                return  # renewed after all: it was still live
+        except (SessionLost, StoreUnavailable) as exc:
+            self.log("renewal_failed", error=str(exc))
+            return
+        holdings.end_all(EndReason.DEADLINE)
+        self.log("session_reopened", previous=previous, session_version=session.version)
+        self.on_new_session()
+
+    def _renewal_done(self, renewal: asyncio.Task[None]) -> None:
+        self._renewals.discard(renewal)
+        if not renewal.cancelled() and renewal.exception() is not None:
+            self._failure = renewal.exception()
+            self._lapsed.set()
+
+    def _cancel_renewals(self) -> None:
+        current = asyncio.current_task()
+        for renewal in list(self._renewals):
+            if renewal is not current:
+                renewal.cancel()
 
     async def watchdog(self) -> None:
         """The holder's promise: no connection outlives the deadline of its session."""
