@@ -263,7 +263,7 @@ class DesiredStateWriter:
         all_values = {
             ":now": to_attr(self._clock.wall_ms()),
             ":started": to_attr(STARTED),
-            ":awaiting": to_attr(model.AWAITING_OWNER_VALUE),
+            ":awaiting": to_attr(model.awaiting_owner_value(pk)),
             **values,
         }
         expression = f"{update} {condition}"

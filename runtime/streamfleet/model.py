@@ -19,6 +19,7 @@ dynalite silently accepts).
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -142,9 +143,26 @@ class DesiredState(StrEnum):
     STOPPED = "STOPPED"
 
 
-# The value of AWAITING_OWNER. One constant partition: the index holds only unowned rows, so it
-# stays small; a START burst of thousands per second would want sharding.
-AWAITING_OWNER_VALUE = DesiredState.STARTED.value
+# The values of AWAITING_OWNER: the index's partition keys. A START writes it once and the claim
+# that follows once more, and one partition key takes about 1,000 writes a second (a throttled
+# index throttles the table's writes too), so one constant value would cap START storms near
+# 500 streams a second. A row's value is one of AWAITING_OWNER_SHARDS, picked by a hash of its
+# key; readers query every one. 8 shards carry about 4,000 STARTs a second.
+AWAITING_OWNER_SHARDS = 8
+AWAITING_OWNER_VALUES = tuple(
+    f"{DesiredState.STARTED.value}#{shard}" for shard in range(AWAITING_OWNER_SHARDS)
+)
+
+
+# What readers query: the shards, and the one value every row had before there were shards, so
+# that a table written by an earlier version loses none of its unowned rows.
+AWAITING_OWNER_READ_VALUES = (*AWAITING_OWNER_VALUES, DesiredState.STARTED.value)
+
+
+def awaiting_owner_value(pk: str) -> str:
+    """The AWAITING_OWNER value of the row ``pk``: the same for every write of that row."""
+    return AWAITING_OWNER_VALUES[zlib.crc32(pk.encode()) % AWAITING_OWNER_SHARDS]
+
 
 # --- Session item attributes ---
 

@@ -66,7 +66,7 @@ def test_start_creates_the_row_and_sends_exactly_one_notification(router: Router
     row = router.row("c1")
     assert row["desired_state"] == "STARTED"
     assert row["ws_url"] == URL
-    assert row[model.AWAITING_OWNER] == model.AWAITING_OWNER_VALUE
+    assert row[model.AWAITING_OWNER] == model.awaiting_owner_value(row[model.PK])
     assert router.drain() == [model.notification_body(model.connection_pk("c1"))]
 
 

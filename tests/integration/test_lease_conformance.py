@@ -282,6 +282,51 @@ async def test_a_stream_released_after_a_failure_is_held_off_for_the_whole_fleet
     assert not {model.DIAL_FAILURES, model.HELD_UNTIL_MS, model.LAST_FAILURE} & set(item)
 
 
+async def test_discovery_reads_every_awaiting_owner_shard(
+    make_store, writer, dynamodb, lease_table
+):
+    """Unowned rows are spread over the index's shards, and a finder asking for all of them
+    gets every one, whichever shard it holds."""
+    ids = [f"spread-{n}" for n in range(4 * model.AWAITING_OWNER_SHARDS)]
+    pks = await started(writer, *ids)
+    shards = set()
+    for pk in pks:
+        item = (await dynamodb.call("get_item", TableName=lease_table, Key={model.PK: {"S": pk}}))[
+            "Item"
+        ]
+        shards.add(item[model.AWAITING_OWNER]["S"])
+    assert shards == set(model.AWAITING_OWNER_VALUES)
+    finder = make_store("finder")
+    await finder.session.open()
+
+    async def found() -> list[str]:
+        return sorted(await pks_of(finder.orphans.find(len(pks))))
+
+    await settled(found, sorted(pks))
+    assert len(await finder.orphans.find(3)) == 3  # a finder asking for fewer gets that many
+
+
+async def test_a_row_offered_under_the_unsharded_value_is_still_found(
+    make_store, writer, dynamodb, lease_table
+):
+    """A table written before the index had shards holds `STARTED` itself as the key: those
+    rows are still found and claimed."""
+    [pk] = await started(writer, "unsharded")
+    await dynamodb.call(
+        "update_item",
+        TableName=lease_table,
+        Key={model.PK: {"S": pk}},
+        UpdateExpression="SET #awaiting = :started",
+        ExpressionAttributeNames={"#awaiting": model.AWAITING_OWNER},
+        ExpressionAttributeValues={":started": {"S": model.DesiredState.STARTED.value}},
+    )
+    finder = make_store("finder")
+    await finder.session.open()
+    await settled(lambda: pks_of(finder.orphans.find(10)), [pk])
+    [candidate] = await finder.orphans.find(10)
+    assert await finder.connections.claim(candidate) is not None
+
+
 async def test_held_rows_do_not_crowd_the_others_out_of_discovery(
     make_store, writer, dynamodb, lease_table
 ):
@@ -404,9 +449,9 @@ async def test_orphan_discovery_finds_unowned_and_expired_and_nothing_else(
     assert sorted(c.pk for c in found) == sorted([never, dead])
     [from_dead] = [c for c in found if c.pk == dead]
     assert (from_dead.owner, from_dead.session_version) == ("doomed", doomed.session.version)
-    # O(workers + orphans): sessions query + batched read + fence + one owner query + the
-    # awaiting-owner query, whatever the 31 live connections.
-    assert dynamodb.total() <= 6, dynamodb.calls
+    # O(workers + orphans): sessions query + batched read + fence + one owner query + one
+    # query of each awaiting-owner value, whatever the 31 live connections.
+    assert dynamodb.total() <= 5 + len(model.AWAITING_OWNER_READ_VALUES), dynamodb.calls
     assert dynamodb.calls.get("scan", 0) == 0
     assert await finder.connections.claim(from_dead) is not None
 
@@ -465,7 +510,10 @@ async def test_ended_sessions_without_connections_are_cleared_never_deleted(make
 
     dynamodb.reset()
     await finder.orphans.find(10)
-    assert dynamodb.calls.get("query", 0) == 2, dynamodb.calls  # sessions + unowned: no by-owner
+    # The sessions and each awaiting-owner shard: no by-owner query.
+    assert dynamodb.calls.get("query", 0) == 1 + len(model.AWAITING_OWNER_READ_VALUES), (
+        dynamodb.calls
+    )
 
 
 async def test_stopped_connections_are_one_query_per_worker(make_store, writer, dynamodb):

@@ -167,7 +167,7 @@ async def test_a_start_between_the_two_writes_of_a_release_leaves_the_row_claima
 
     row = await store.connections.read(pk)
     assert row[model.DESIRED_STATE] == "STARTED" and model.LEASE_OWNER not in row
-    assert row.get(model.AWAITING_OWNER) == model.AWAITING_OWNER_VALUE
+    assert row.get(model.AWAITING_OWNER) == model.awaiting_owner_value(row[model.PK])
     assert offered is True
     assert [c.pk for c in await store.orphans.find(10)] == [pk]
 

@@ -347,7 +347,10 @@ class ConnectionLeases:
         if sealed:
             removed += ", #unsealed"
         now_ms = clock.wall_ms()
-        values = {":now": to_attr(now_ms), ":started": to_attr(STARTED)}
+        values = {
+            ":now": to_attr(now_ms),
+            ":awaiting": to_attr(model.awaiting_owner_value(lease.pk)),
+        }
         held = ""
         if failure is not None:
             failures = lease.dial_failures + 1
@@ -357,7 +360,7 @@ class ConnectionLeases:
             values[":why"] = to_attr(failure[: model.MAX_FAILURE_CHARS] or "failed")
         for _ in range(MAX_CLAIM_ROUNDS):
             for desired, claimable in ((STARTED, True), (STOPPED, not sealed)):
-                offer = ", #awaiting_owner = :started" if claimable else ""
+                offer = ", #awaiting_owner = :awaiting" if claimable else ""
                 values[":desired"] = to_attr(desired)
                 current = await self._fenced_update(
                     lease,

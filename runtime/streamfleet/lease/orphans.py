@@ -12,6 +12,7 @@ own nothing any more are marked cleared (never asked again) and left to the tabl
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .. import model
 from ..aws import AsyncClient
 from .connections import Claimable
 from .dynamo import conditional_write, from_item, names, query_all, retry_until, to_attr
+from .errors import StoreUnavailable
 from .sessions import SessionDirectory, SessionInfo
 
 # How long an ended session is still asked for its connections after it expired, beyond the
@@ -166,7 +168,7 @@ class OrphanFinder:
         if model.UNSEALED in row:
             update += " SET #awaiting_owner = :awaiting"
             attributes.append(model.AWAITING_OWNER)
-            values[":awaiting"] = to_attr(model.AWAITING_OWNER_VALUE)
+            values[":awaiting"] = to_attr(model.awaiting_owner_value(pk))
         if await conditional_write(
             self._dynamodb,
             "update_item",
@@ -197,18 +199,42 @@ class OrphanFinder:
         return from_item(response.get("Item"))
 
     async def _unowned(self, limit: int) -> list[Claimable]:
-        """Up to ``limit`` unowned rows, past those known to be held off (a few pages at most:
-        the index lists keys only)."""
+        """Up to ``limit`` unowned rows, past those known to be held off: every shard queried at
+        once (a few pages of each at most: the index lists keys only).
+
+        Taken from a random shard on, so that a fleet asking for a few rows each does not take
+        them all from the first shard while the others wait. A shard that could not be read
+        leaves the others' rows to claim (it is read again at the next reconcile).
+        """
+        shards = model.AWAITING_OWNER_READ_VALUES
+        first = random.randrange(len(shards))
+        deadline = self._deadline()
+        results = await asyncio.gather(
+            *(
+                self._unowned_in(shard, limit, deadline)
+                for shard in shards[first:] + shards[:first]
+            ),
+            return_exceptions=True,
+        )
+        found = [
+            candidate for result in results if isinstance(result, list) for candidate in result
+        ]
+        failures = [result for result in results if isinstance(result, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, StoreUnavailable) or not found:
+                raise failure
+        return found[:limit]
+
+    async def _unowned_in(self, shard: str, limit: int, deadline: float) -> list[Claimable]:
         params: dict[str, Any] = {
             "TableName": self._table,
             "IndexName": model.AWAITING_OWNER_INDEX.name,
-            "KeyConditionExpression": "#awaiting_owner = :started",
+            "KeyConditionExpression": "#awaiting_owner = :shard",
             "ExpressionAttributeNames": names(model.AWAITING_OWNER),
-            "ExpressionAttributeValues": {":started": to_attr(model.AWAITING_OWNER_VALUE)},
+            "ExpressionAttributeValues": {":shard": to_attr(shard)},
             "Limit": max(limit, UNOWNED_PAGE),
         }
         found: list[Claimable] = []
-        deadline = self._deadline()
         for _ in range(UNOWNED_PAGES):
             response = await retry_until(
                 lambda params=dict(params): self._dynamodb.call("query", **params),
@@ -224,4 +250,4 @@ class OrphanFinder:
             if len(found) >= limit or not last:
                 break
             params["ExclusiveStartKey"] = last
-        return found[:limit]
+        return found
