@@ -220,6 +220,10 @@ class SessionKeeper:
         first_sent = self.clock.monotonic()
 
         async def update() -> dict[str, Any]:
+            if self.version != version or self.deadline_passed():
+                # Lapsed or replaced while this renewal retried: another attempt could only push
+                # the old row's expiry out and keep takers from streams already dropped.
+                raise StoreUnavailable(f"renew {pk}: the session lapsed before this attempt")
             expires = self.clock.wall_ms() + self.timing.lease_ms
             try:
                 response = await self._dynamodb.call(
