@@ -1,6 +1,8 @@
 """The web client as people install it: the tarball ``npm pack`` makes of ``clients/web``,
 unpacked into a scratch application's ``node_modules``, then imported, required and type-checked
-there as an ES module and as CommonJS; and the build's size budget."""
+there as an ES module and as CommonJS, the core and its React binding (``/react``, with react
+copied from ``clients/web/node_modules`` as an application's own: no network); and the build's
+size budgets."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ PACKAGE = "@streamfleet/web-client"
 TSC = WEB / "node_modules" / ".bin" / "tsc"
 # What the package holds beside the library's files.
 PACKAGE_FILES = {"package.json", "README.md", "CHANGELOG.md"}
+REACT = f"{PACKAGE}/react"
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 120) -> str:
@@ -44,6 +47,8 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
     with tarfile.open(work / listing["filename"]) as tarball:
         tarball.extractall(work / "unpacked", filter="data")
     shutil.copytree(work / "unpacked" / "package", installed, dirs_exist_ok=True)
+    # The application's React (the binding's peer; React 19 has no dependency of its own).
+    shutil.copytree(WEB / "node_modules" / "react", app / "node_modules" / "react")
     return sorted(f["path"] for f in listing["files"]), app
 
 
@@ -53,10 +58,11 @@ def test_the_pack_holds_the_builds_their_declarations_and_nothing_of_the_demo(
     files, _ = packed
     library = {f for f in files if f.startswith("dist/lib/")}
     assert set(files) == library | PACKAGE_FILES
-    for built in ("streamfleet-client.js", "streamfleet-client.cjs"):
-        assert f"dist/lib/{built}" in library
-    assert "dist/lib/types/index.d.ts" in library
-    assert "dist/lib/types-cjs/index.d.cts" in library
+    for entry in ("streamfleet-client", "streamfleet-react"):
+        assert {f"dist/lib/{entry}.js", f"dist/lib/{entry}.cjs"} <= library
+    for declared in ("index", "react"):
+        assert f"dist/lib/types/{declared}.d.ts" in library
+        assert f"dist/lib/types-cjs/{declared}.d.cts" in library
     # Every module's declarations in both forms.
     esm = {Path(f).name.removesuffix(".d.ts") for f in library if f.endswith(".d.ts")}
     cjs = {Path(f).name.removesuffix(".d.cts") for f in library if f.endswith(".d.cts")}
@@ -70,17 +76,20 @@ def test_the_manifest_points_at_files_in_the_pack_and_promises_no_side_effects(
     manifest = json.loads((app / "node_modules" / PACKAGE / "package.json").read_text())
     assert "private" not in manifest and manifest["version"].startswith("0.")
     assert manifest["sideEffects"] is False
-    assert not manifest.get("dependencies") and not manifest.get("peerDependencies")
-    root = manifest["exports"]["."]
-    targets = [
-        root["import"]["types"],
-        root["import"]["default"],
-        root["require"]["types"],
-        root["require"]["default"],
-        manifest["main"],
-        manifest["module"],
-        manifest["types"],
-    ]
+    assert not manifest.get("dependencies")
+    # React only for the /react entry: a peer (the application's own copy), optional so that an
+    # application of the core alone is not given React by npm.
+    assert manifest["peerDependencies"] == {"react": ">=18"}
+    assert manifest["peerDependenciesMeta"] == {"react": {"optional": True}}
+    assert set(manifest["exports"]) == {".", "./react", "./package.json"}
+    targets = [manifest["main"], manifest["module"], manifest["types"]]
+    for entry in (".", "./react"):
+        conditions = manifest["exports"][entry]
+        targets += [
+            conditions[system][kind]
+            for system in ("import", "require")
+            for kind in ("types", "default")
+        ]
     for target in targets:
         assert target.removeprefix("./") in files, target
     changelog = (app / "node_modules" / PACKAGE / "CHANGELOG.md").read_text()
@@ -113,9 +122,39 @@ def test_an_application_imports_and_requires_the_same_client(
     assert esm["delay"] == 16000 and esm["limit"] == 32 * 1024
     # Nothing to install beside it: neither build imports or requires anything.
     for built in ("streamfleet-client.js", "streamfleet-client.cjs"):
-        text = (app / "node_modules" / PACKAGE / "dist" / "lib" / built).read_text()
-        imports = re.findall(r"^\s*import\b.*$|\brequire\(", text, re.MULTILINE)
-        assert imports == [], (built, imports)
+        assert _imports(app, built) == [], built
+
+
+def _imports(app: Path, built: str) -> list[str]:
+    text = (app / "node_modules" / PACKAGE / "dist" / "lib" / built).read_text()
+    return re.findall(r"^\s*import\b.*$|\brequire\(.*?\)", text, re.MULTILINE)
+
+
+def test_an_application_imports_and_requires_the_react_binding(
+    packed: tuple[list[str], Path],
+) -> None:
+    """``/react`` resolves through the exports map from both module systems to the same hooks,
+    which import React (the application's) and nothing else: not even the core, whose types are
+    all they take from it."""
+    _, app = packed
+    probe = (
+        "let refused = null;"
+        "try { m.useStream(null, 's'); } catch (e) { refused = e.message; }"
+        "console.log(JSON.stringify({exports: Object.keys(m).sort(), keep: m.DEFAULT_KEEP,"
+        " refused}));"
+    )
+    (app / "react.mjs").write_text(f"import * as m from '{REACT}';\n{probe}\n")
+    (app / "react.cjs").write_text(f"const m = require('{REACT}');\n{probe}\n")
+    esm = json.loads(_run(["node", "react.mjs"], cwd=app))
+    cjs = json.loads(_run(["node", "react.cjs"], cwd=app))
+    assert esm == cjs
+    assert esm["exports"] == ["DEFAULT_KEEP", "useConnection", "useStream"]
+    assert esm["keep"] == 100
+    assert esm["refused"] == "useStream: client must be a StreamFleetClient, got null"
+    assert _imports(app, "streamfleet-react.js") == [
+        'import { useCallback, useMemo, useSyncExternalStore } from "react";'
+    ]
+    assert _imports(app, "streamfleet-react.cjs") == ['require("react")']
 
 
 def test_an_application_type_checks_against_both_declarations(
@@ -137,6 +176,24 @@ def test_an_application_type_checks_against_both_declarations(
         f"import m = require('{PACKAGE}');\nconst {{ StreamFleetClient, fullJitterBackoff }} = m;\n"
         + use
     )
+    # The hooks' declarations name the core's types: a client of the same package fits them.
+    hooks = (
+        "const shared = new StreamFleetClient({ url: 'wss://ws.example.com' });\n"
+        "export function lastSeq(): number | undefined {\n"
+        "  const { messages, status, error } = useStream(shared, 'prices', { keep: 20 });\n"
+        "  const ready: boolean = useConnection(shared).ready;\n"
+        "  const ok = ready && status === 'open' && error === null;\n"
+        "  return ok ? messages.at(-1)?.seq : undefined;\n"
+        "}\n"
+    )
+    (app / "esm-react.mts").write_text(
+        f"import {{ StreamFleetClient }} from '{PACKAGE}';\n"
+        f"import {{ useConnection, useStream }} from '{REACT}';\n{hooks}"
+    )
+    (app / "cjs-react.cts").write_text(
+        f"import m = require('{PACKAGE}');\nimport r = require('{REACT}');\n"
+        "const { StreamFleetClient } = m;\nconst { useConnection, useStream } = r;\n" + hooks
+    )
     config = {
         "compilerOptions": {
             # node16, not nodenext: TypeScript 5.8+ lets nodenext require() an ES module, so
@@ -149,24 +206,40 @@ def test_an_application_type_checks_against_both_declarations(
             "noEmit": True,
             "types": [],
         },
-        "files": ["esm.mts", "cjs.cts"],
+        "files": ["esm.mts", "cjs.cts", "esm-react.mts", "cjs-react.cts"],
     }
     (app / "tsconfig.json").write_text(json.dumps(config))
     _run([str(TSC), "-p", "tsconfig.json"], cwd=app)
-    (app / "wrong.mts").write_text(
-        f"import {{ StreamFleetClient }} from '{PACKAGE}';\n"
-        "new StreamFleetClient({ url: 'wss://x', heartbeatIntervalMs: 'often' });\n"
-    )
-    config["files"] = ["wrong.mts"]
-    (app / "tsconfig.json").write_text(json.dumps(config))
-    result = subprocess.run(
-        [str(TSC), "-p", "tsconfig.json"], cwd=app, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode != 0 and "wrong.mts" in result.stdout, result.stdout
+    wrong = {
+        "wrong.mts": (
+            f"import {{ StreamFleetClient }} from '{PACKAGE}';\n"
+            "new StreamFleetClient({ url: 'wss://x', heartbeatIntervalMs: 'often' });\n"
+        ),
+        "wrong-react.mts": (
+            f"import {{ StreamFleetClient }} from '{PACKAGE}';\n"
+            f"import {{ useStream }} from '{REACT}';\n"
+            "useStream(new StreamFleetClient({ url: 'wss://x' }), 's', { keep: 'many' });\n"
+        ),
+    }
+    for name, text in wrong.items():
+        (app / name).write_text(text)
+        config["files"] = [name]
+        (app / "tsconfig.json").write_text(json.dumps(config))
+        result = subprocess.run(
+            [str(TSC), "-p", "tsconfig.json"], cwd=app, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode != 0 and name in result.stdout, result.stdout
 
 
-def test_the_build_prints_the_core_size_and_holds_it_within_8_kib() -> None:
+def test_the_build_prints_each_entry_size_and_holds_them_within_their_budgets() -> None:
     out = _run(["node", "scripts/package-lib.mjs"], cwd=WEB)
-    size, budget = (int(number) for number in re.findall(r"\d+", out))
-    assert budget == 8 * 1024
-    assert 0 < size <= budget, out
+    sizes = {
+        name: (int(size), int(budget))
+        for name, size, budget in re.findall(
+            r"^(.+): (\d+) bytes min\+gzip \(budget (\d+)\)$", out, re.MULTILINE
+        )
+    }
+    assert set(sizes) == {"core client", "react binding"}, out
+    assert sizes["core client"][1] == 8 * 1024 and sizes["react binding"][1] == 2 * 1024
+    for size, budget in sizes.values():
+        assert 0 < size <= budget, out
