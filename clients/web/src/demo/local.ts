@@ -4,7 +4,7 @@
  * `GET /token?user=<name>` (a development token accepted by both regions). In production the URL
  * provider returns the custom domain and the token provider asks the identity provider.
  */
-import type { AttemptContext } from '../client/index.js';
+import type { AttemptContext } from '@streamfleet/web-client';
 
 async function getJson(path: string): Promise<Record<string, unknown>> {
   const response = await fetch(path, { cache: 'no-store' });

@@ -20,7 +20,7 @@ import {
   type StateReply,
   StreamFleetClient,
   storagePositions,
-} from '../client/index.js';
+} from '@streamfleet/web-client';
 import { idParameter, msParameter, resolveUrl, tokenProvider } from './local.js';
 import { mountStreamPanel } from './stream-panel.js';
 

@@ -7,7 +7,11 @@
  * `?stream=<id>` watches that stream at once. The choices come from `GET /streams` when the
  * local stand-in serves it (the streams the local fleet runs).
  */
-import { type StreamFleetClient, type StreamMessage, SubscriptionRefusedError } from '../client/index.js';
+import {
+  type StreamFleetClient,
+  type StreamMessage,
+  SubscriptionRefusedError,
+} from '@streamfleet/web-client';
 
 const SHOWN_MESSAGES = 200;
 
