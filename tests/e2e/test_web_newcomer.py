@@ -165,7 +165,11 @@ async def test_the_manuals_react_example_builds_from_the_tarball_and_streams(
         report = await run_browser(world.regions.http_url, artifacts)
     before, after = report["observed"]["before"], report["observed"]["after"]
     assert len(before) >= 5 and before == list(range(before[0], before[-1] + 1))
-    # The reloaded page went on after what it had delivered (localStorage), no repeat.
-    assert after[0] > before[-1] and after == list(range(after[0], after[-1] + 1))
+    assert after == list(range(after[0], after[-1] + 1))
+    # The reloaded page went on right after the position stored when it went away
+    # (localStorage, `<epoch>:<seq>`): no repeat, no gap.
+    unloaded_at = int(report["observed"]["unloadedAt"].split(":")[-1])
+    assert unloaded_at >= before[-1]
+    assert report["observed"]["firstShown"] == unloaded_at + 1
     shot = (artifacts / "newcomer.png").read_bytes()
     assert shot.startswith(PNG_MAGIC) and len(shot) > 1_000

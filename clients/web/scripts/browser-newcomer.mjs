@@ -60,6 +60,9 @@ async function until(what, predicate) {
   }
 }
 
+/** Where the example's client keeps the stream's position (storagePositions' default prefix). */
+const POSITION_KEY = 'streamfleet.position.live-001';
+
 /** What the person sees: the list's status and the seqs shown (`#<seq> <data>`). */
 const read = (page) =>
   page.evaluate(() => {
@@ -103,14 +106,32 @@ try {
   step('streaming', { shown: before.seqs.length, last: before.seqs.at(-1) });
   await page.screenshot({ path: join(artifacts, 'newcomer.png'), fullPage: true });
 
+  // Exact, however fast the stream: the position stored when the page went away, and the first
+  // message the reloaded page rendered (before `keep` could trim it), both kept in the tab's
+  // sessionStorage, which a reload keeps.
+  await page.evaluate((key) => {
+    addEventListener('pagehide', () => sessionStorage.setItem('unloadedAt', localStorage.getItem(key) ?? ''));
+  }, POSITION_KEY);
+  await page.addInitScript(() => {
+    new MutationObserver((_, observer) => {
+      const first = document.querySelector('ol li');
+      if (first === null) return;
+      sessionStorage.setItem('firstShown', /^#(\d+)/.exec(first.textContent)?.[1] ?? '');
+      observer.disconnect();
+    }).observe(document, { childList: true, subtree: true });
+  });
   await page.reload();
   const after = await until('the reloaded page to show 3 messages', async () => {
     const seen = await read(page);
     return seen.status === 'open' && seen.seqs.length >= 3 ? seen : null;
   });
   inOrderOnce(after.seqs, 'after the reload');
-  step('streaming after the reload', { first: after.seqs[0], last: after.seqs.at(-1) });
-  report.observed = { before: before.seqs, after: after.seqs };
+  const resumed = await page.evaluate(() => ({
+    unloadedAt: sessionStorage.getItem('unloadedAt'),
+    firstShown: Number(sessionStorage.getItem('firstShown')),
+  }));
+  step('streaming after the reload', { first: after.seqs[0], last: after.seqs.at(-1), ...resumed });
+  report.observed = { before: before.seqs, after: after.seqs, ...resumed };
   report.ok = true;
   exitCode = 0;
 } catch (error) {

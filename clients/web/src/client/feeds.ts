@@ -22,7 +22,8 @@ export const DEFAULT_KEEP = 100;
 
 /** What a component shows of one stream. */
 export interface StreamView {
-  /** The last `keep` messages delivered, oldest first: each once, in seq order. */
+  /** The last `keep` messages delivered, oldest first: each once, in the order the client
+   * delivered them (seq order within an epoch; a new epoch's come after the old one's). */
   readonly messages: readonly StreamMessage[];
   /** The server refused the subscribe (`forbidden`, ...): nothing more comes until a remount. */
   readonly error: SubscriptionRefusedError | null;
@@ -48,6 +49,10 @@ export class StreamFeed {
   private readonly listeners = new Set<() => void>();
   private holders = 0;
   private subscribed = false;
+  // Whether the subscription is this feed's to end: the application's own subscribe, or one the
+  // client follows from the server's state, outlives the components that showed the stream
+  // (the client keeps one cursor per stream, with no count of who asked for it).
+  private ownsSubscription = false;
   private notifying = false;
 
   constructor(
@@ -68,6 +73,7 @@ export class StreamFeed {
         this.changed();
       }
       if (this.client.status === 'idle') this.client.start();
+      this.ownsSubscription = this.client.cursor(this.stream) === undefined;
       // A refusal arrives as the client's subscriptionError event too (see received()).
       this.client.subscribe(this.stream).catch(() => undefined);
     }
@@ -97,10 +103,10 @@ export class StreamFeed {
   /** The client delivered a message of this stream. */
   received(message: StreamMessage): void {
     this.messages.push(message);
-    // Trimmed in halves, not per message: a copy per message would cost keep each time.
-    if (this.messages.length > 2 * Math.max(this.capacity, 1)) {
-      this.messages = this.messages.slice(-this.capacity);
-    }
+    // Trimmed in halves, not per message: a copy per message would cost keep each time. A feed
+    // no component has attached to yet keeps one.
+    const keep = Math.max(this.capacity, 1);
+    if (this.messages.length > 2 * keep) this.messages = this.messages.slice(-keep);
     this.changed();
   }
 
@@ -114,7 +120,7 @@ export class StreamFeed {
   private letGo(): void {
     if (this.holders > 0 || !this.subscribed) return; // attached again meanwhile
     this.subscribed = false;
-    this.client.unsubscribe(this.stream).catch(() => undefined);
+    if (this.ownsSubscription) this.client.unsubscribe(this.stream).catch(() => undefined);
   }
 
   private changed(): void {

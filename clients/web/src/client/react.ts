@@ -6,7 +6,7 @@
  * const client = new StreamFleetClient({ url, token, positions: storagePositions(localStorage) });
  * function Ticker() {
  *   const { messages, status } = useStream(client, 'prices', { keep: 20 });
- *   return <ul data-status={status}>{messages.map((m) => <li key={m.seq}>{m.data}</li>)}</ul>;
+ *   return <ul data-status={status}>{messages.map((m) => <li key={`${m.epoch}:${m.seq}`}>{m.data}</li>)}</ul>;
  * }
  * ```
  *
@@ -38,6 +38,7 @@ export interface UseStreamOptions {
 export interface StreamState extends StreamView, ConnectionView {}
 
 const noop = (): void => undefined;
+const IDLE_CONNECTION: ConnectionView = Object.freeze({ status: 'idle', ready: false, region: null });
 
 function checkClient(client: StreamFleetClient, hook: string): void {
   if (client === null || typeof client !== 'object' || typeof client.subscribe !== 'function') {
@@ -92,5 +93,6 @@ export function useConnection(client: StreamFleetClient): ConnectionView {
     [client],
   );
   const read = (): ConnectionView => connectionOf(client);
-  return useSyncExternalStore(subscribe, read, read);
+  // The server renders an idle client, whatever this client is doing by hydration time.
+  return useSyncExternalStore(subscribe, read, () => IDLE_CONNECTION);
 }
