@@ -363,7 +363,7 @@ export function handshake(
 
 export class StreamFleetClient {
   readonly name: string;
-  private readonly options: Required<
+  readonly #options: Required<
     Pick<
       StreamFleetClientOptions,
       | 'heartbeatIntervalMs'
@@ -378,14 +378,14 @@ export class StreamFleetClient {
       | 'tokenTransport'
     >
   >;
-  private readonly urlProvider: UrlProvider;
-  private readonly tokenProvider: TokenProvider | undefined;
-  private readonly getStateFields: StreamFleetClientOptions['getStateFields'];
-  private readonly customInterval: ((attempt: number) => number) | undefined;
-  private readonly createSocket: WebSocketFactory;
-  private readonly random: () => number;
-  private readonly timers: Timers;
-  private readonly listeners: Listeners = {
+  readonly #urlProvider: UrlProvider;
+  readonly #tokenProvider: TokenProvider | undefined;
+  readonly #getStateFields: StreamFleetClientOptions['getStateFields'];
+  readonly #customInterval: ((attempt: number) => number) | undefined;
+  readonly #createSocket: WebSocketFactory;
+  readonly #random: () => number;
+  readonly #timers: Timers;
+  readonly #listeners: Listeners = {
     status: new Set(),
     region: new Set(),
     state: new Set(),
@@ -402,62 +402,62 @@ export class StreamFleetClient {
     subscribed: new Set(),
     subscriptionError: new Set(),
   };
-  private readonly gapTimeoutMs: number;
-  private readonly quietTimeoutMs: number | null;
-  private readonly maxBufferedPerStream: number;
-  private readonly followServerSubscriptions: boolean;
-  private readonly positions: PositionStore;
-  private readonly cursors = new Map<string, StreamCursor>();
+  readonly #gapTimeoutMs: number;
+  readonly #quietTimeoutMs: number | null;
+  readonly #maxBufferedPerStream: number;
+  readonly #followServerSubscriptions: boolean;
+  readonly #positions: PositionStore;
+  readonly #cursors = new Map<string, StreamCursor>();
   private gapTimer: unknown = null;
 
-  private _status: ConnectionStatus = 'idle';
-  private _region: string | null = null;
-  private _state: StateReply | null = null;
-  private _ready = false;
-  private attempts = 0;
-  private connections = 0;
-  private forcedReconnects = 0;
-  private lastDelayMs: number | null = null;
-  private nextAttemptAt: number | null = null;
+  #_status: ConnectionStatus = 'idle';
+  #_region: string | null = null;
+  #_state: StateReply | null = null;
+  #_ready = false;
+  #attempts = 0;
+  #connections = 0;
+  #forcedReconnects = 0;
+  #lastDelayMs: number | null = null;
+  #nextAttemptAt: number | null = null;
 
-  private started = false;
-  private readonly wakeSignals: WakeSignals | null;
-  private readonly onOnline = (): void => this.wake();
-  private readonly onVisibility = (): void => {
-    if (this.wakeSignals?.document?.visibilityState === 'visible') this.wake();
+  #started = false;
+  readonly #wakeSignals: WakeSignals | null;
+  readonly #onOnline = (): void => this.#wake();
+  readonly #onVisibility = (): void => {
+    if (this.#wakeSignals?.document?.visibilityState === 'visible') this.#wake();
   };
-  private closing = false;
+  #closing = false;
   /** Increases with every attempt (and on close): callbacks of older attempts are ignored. */
-  private generation = 0;
+  #generation = 0;
   /** Consecutive attempts that did not give a healthy connection. */
-  private failures = 0;
-  private failedBeforeOpen = false;
+  #failures = 0;
+  #failedBeforeOpen = false;
   /** The server said the token expired: the next attempt asks the provider for a fresh one. */
-  private tokenExpired = false;
-  private ws: WebSocketLike | null = null;
-  private opened = false;
-  private framesSkipped = 0;
+  #tokenExpired = false;
+  #ws: WebSocketLike | null = null;
+  #opened = false;
+  #framesSkipped = 0;
   /** When the current connection opened (the timers' clock). */
-  private openedAt = 0;
-  private healthy = false;
-  private stateRequestId: string | null = null;
+  #openedAt = 0;
+  #healthy = false;
+  #stateRequestId: string | null = null;
   /** getState attempts on this connection; its timer sends it again when unanswered. */
-  private stateAttempts = 0;
+  #stateAttempts = 0;
   private stateTimer: unknown = null;
   /** Streams the application unsubscribed from (never followed from getState again), and
    * those the server has not acknowledged yet (told again on every connection). */
-  private readonly unsubscribed = new Set<string>();
-  private readonly pendingUnsubscribes = new Set<string>();
-  private ids = 0;
-  private readonly pending = new Map<string, Pending>();
+  readonly #unsubscribed = new Set<string>();
+  readonly #pendingUnsubscribes = new Set<string>();
+  #ids = 0;
+  readonly #pending = new Map<string, Pending>();
   private retryTimer: unknown = null;
   private openTimer: unknown = null;
   private heartbeatTimer: unknown = null;
   /** Send times of unanswered heartbeats, oldest first. */
-  private outstanding: number[] = [];
-  private missed = 0;
-  private lastPongAt = -Infinity;
-  private nextHeartbeatAt = 0;
+  #outstanding: number[] = [];
+  #missed = 0;
+  #lastPongAt = -Infinity;
+  #nextHeartbeatAt = 0;
 
   constructor(options: StreamFleetClientOptions) {
     if (options === null || typeof options !== 'object') {
@@ -493,7 +493,7 @@ export class StreamFleetClient {
         `StreamFleetClient: name must be 1 to ${MAX_NAME_CHARS} characters (it prefixes request ids of at most ${MAX_REQUEST_ID_CHARS})`,
       );
     }
-    this.options = {
+    this.#options = {
       heartbeatIntervalMs: positiveMs('heartbeatIntervalMs', options.heartbeatIntervalMs, 30000),
       heartbeatTimeoutMs: positiveMs('heartbeatTimeoutMs', options.heartbeatTimeoutMs, 35000),
       missedPongsBeforeReconnect: missed,
@@ -506,20 +506,20 @@ export class StreamFleetClient {
       tokenTransport: transport,
     };
     this.name = name;
-    this.urlProvider = options.url;
-    this.tokenProvider = options.token;
-    this.getStateFields = options.getStateFields;
-    this.customInterval = options.reconnectInterval;
-    this.createSocket = options.webSocket ?? defaultWebSocket;
-    this.random = options.random ?? Math.random;
-    this.timers = options.timers ?? globalTimers;
-    this.wakeSignals = options.wakeSignals === undefined ? browserSignals() : options.wakeSignals;
-    this.gapTimeoutMs = positiveMs('gapTimeoutMs', options.gapTimeoutMs, DEFAULT_GAP_TIMEOUT_MS);
-    this.quietTimeoutMs =
+    this.#urlProvider = options.url;
+    this.#tokenProvider = options.token;
+    this.#getStateFields = options.getStateFields;
+    this.#customInterval = options.reconnectInterval;
+    this.#createSocket = options.webSocket ?? defaultWebSocket;
+    this.#random = options.random ?? Math.random;
+    this.#timers = options.timers ?? globalTimers;
+    this.#wakeSignals = options.wakeSignals === undefined ? browserSignals() : options.wakeSignals;
+    this.#gapTimeoutMs = positiveMs('gapTimeoutMs', options.gapTimeoutMs, DEFAULT_GAP_TIMEOUT_MS);
+    this.#quietTimeoutMs =
       options.quietTimeoutMs === null
         ? null
         : positiveMs('quietTimeoutMs', options.quietTimeoutMs, DEFAULT_QUIET_TIMEOUT_MS);
-    if (this.quietTimeoutMs !== null && this.quietTimeoutMs < this.gapTimeoutMs) {
+    if (this.#quietTimeoutMs !== null && this.#quietTimeoutMs < this.#gapTimeoutMs) {
       throw new RangeError('StreamFleetClient: quietTimeoutMs must be at least gapTimeoutMs, or null');
     }
     const maxBuffered = options.maxBufferedPerStream ?? DEFAULT_MAX_BUFFERED;
@@ -528,48 +528,48 @@ export class StreamFleetClient {
         `StreamFleetClient: maxBufferedPerStream must be a whole number >= 1, got ${String(maxBuffered)}`,
       );
     }
-    this.maxBufferedPerStream = maxBuffered;
-    this.followServerSubscriptions = options.followServerSubscriptions ?? true;
-    this.positions = options.positions ?? memoryPositions();
+    this.#maxBufferedPerStream = maxBuffered;
+    this.#followServerSubscriptions = options.followServerSubscriptions ?? true;
+    this.#positions = options.positions ?? memoryPositions();
   }
 
   // --- What the application sees ----------------------------------------------------------
 
   get status(): ConnectionStatus {
-    return this._status;
+    return this.#_status;
   }
 
   get region(): string | null {
-    return this._region;
+    return this.#_region;
   }
 
   get state(): StateReply | null {
-    return this._state;
+    return this.#_state;
   }
 
   get ready(): boolean {
-    return this._ready;
+    return this.#_ready;
   }
 
   snapshot(): ClientSnapshot {
     return {
-      status: this._status,
-      ready: this._ready,
-      region: this._region,
-      reconnectAttempt: this.healthy ? 0 : this.failures,
-      attempts: this.attempts,
-      connections: this.connections,
-      forcedReconnects: this.forcedReconnects,
-      lastDelayMs: this.lastDelayMs,
-      nextAttemptAt: this.nextAttemptAt,
-      framesSkipped: this.framesSkipped,
-      state: this._state,
+      status: this.#_status,
+      ready: this.#_ready,
+      region: this.#_region,
+      reconnectAttempt: this.#healthy ? 0 : this.#failures,
+      attempts: this.#attempts,
+      connections: this.#connections,
+      forcedReconnects: this.#forcedReconnects,
+      lastDelayMs: this.#lastDelayMs,
+      nextAttemptAt: this.#nextAttemptAt,
+      framesSkipped: this.#framesSkipped,
+      state: this.#_state,
     };
   }
 
   /** Subscribe; returns the function that unsubscribes. */
   on<E extends keyof ClientEvents>(event: E, listener: ClientEvents[E]): () => void {
-    const set = this.listeners[event] as Set<ClientEvents[E]>;
+    const set = this.#listeners[event] as Set<ClientEvents[E]>;
     set.add(listener);
     return () => set.delete(listener);
   }
@@ -578,23 +578,23 @@ export class StreamFleetClient {
 
   /** Start connecting (idempotent). */
   start(): this {
-    if (this.closing) {
+    if (this.#closing) {
       throw new ClientClosedError('client closed: create a new one');
     }
-    if (!this.started) {
-      this.started = true;
-      this.wakeSignals?.window?.addEventListener('online', this.onOnline);
-      this.wakeSignals?.document?.addEventListener('visibilitychange', this.onVisibility);
-      void this.attempt();
+    if (!this.#started) {
+      this.#started = true;
+      this.#wakeSignals?.window?.addEventListener('online', this.#onOnline);
+      this.#wakeSignals?.document?.addEventListener('visibilitychange', this.#onVisibility);
+      void this.#attempt();
     }
     return this;
   }
 
   /** The network or the page is back: a wait before the next attempt ends now. */
-  private wake(): void {
-    if (this.retryTimer === null || this.closing) return;
-    this.clearTimer('retryTimer');
-    void this.attempt();
+  #wake(): void {
+    if (this.retryTimer === null || this.#closing) return;
+    this.#clearTimer('retryTimer');
+    void this.#attempt();
   }
 
   /**
@@ -602,18 +602,18 @@ export class StreamFleetClient {
    * {@link ClientClosedError}, and leave no timer behind. Idempotent.
    */
   close(): void {
-    if (this.closing) return;
-    this.closing = true;
-    this.generation += 1;
-    this.wakeSignals?.window?.removeEventListener('online', this.onOnline);
-    this.wakeSignals?.document?.removeEventListener('visibilitychange', this.onVisibility);
-    this.clearTimer('retryTimer');
-    this.nextAttemptAt = null;
-    const ws = this.ws;
-    this.teardownSocket();
+    if (this.#closing) return;
+    this.#closing = true;
+    this.#generation += 1;
+    this.#wakeSignals?.window?.removeEventListener('online', this.#onOnline);
+    this.#wakeSignals?.document?.removeEventListener('visibilitychange', this.#onVisibility);
+    this.#clearTimer('retryTimer');
+    this.#nextAttemptAt = null;
+    const ws = this.#ws;
+    this.#teardownSocket();
     if (ws !== null) closeQuietly(ws, CLOSE_NORMAL, 'client closed');
-    this.failPending(new ClientClosedError('client closed'));
-    this.setStatus('closed');
+    this.#failPending(new ClientClosedError('client closed'));
+    this.#setStatus('closed');
   }
 
   /**
@@ -621,8 +621,8 @@ export class StreamFleetClient {
    * follow a fail-back, or ahead of API Gateway's 2-hour connection limit).
    */
   reconnect(): void {
-    if (this.ws !== null) {
-      this.endConnection(this.generation, { code: null, reason: 'reconnect requested', forced: true });
+    if (this.#ws !== null) {
+      this.#endConnection(this.#generation, { code: null, reason: 'reconnect requested', forced: true });
     }
   }
 
@@ -630,7 +630,7 @@ export class StreamFleetClient {
 
   /** The streams subscribed here, with their positions (the last message delivered). */
   get subscriptions(): { stream: string; position: StreamPosition | null; buffered: number }[] {
-    return [...this.cursors.values()].map((c) => ({
+    return [...this.#cursors.values()].map((c) => ({
       stream: c.stream,
       position: c.at,
       buffered: c.buffered,
@@ -639,12 +639,12 @@ export class StreamFleetClient {
 
   /** The cursor of `stream` (its counters), if subscribed. */
   cursor(stream: string): StreamCursor | undefined {
-    return this.cursors.get(stream);
+    return this.#cursors.get(stream);
   }
 
   /** The position of the last message of `stream` delivered to the application. */
   position(stream: string): StreamPosition | null {
-    return this.cursors.get(stream)?.at ?? this.positions.get(stream) ?? null;
+    return this.#cursors.get(stream)?.at ?? this.#positions.get(stream) ?? null;
   }
 
   /**
@@ -668,48 +668,48 @@ export class StreamFleetClient {
         `after: expected a seq, an {epoch, seq} (whole numbers >= 0) or null, got ${JSON.stringify(given)}`,
       );
     }
-    this.unsubscribed.delete(stream); // the application asks for it again
-    this.pendingUnsubscribes.delete(stream);
-    let cursor = this.cursors.get(stream);
+    this.#unsubscribed.delete(stream); // the application asks for it again
+    this.#pendingUnsubscribes.delete(stream);
+    let cursor = this.#cursors.get(stream);
     if (cursor === undefined) {
       cursor = new StreamCursor(
         stream,
-        after ?? this.positions.get(stream) ?? null,
-        this.maxBufferedPerStream,
+        after ?? this.#positions.get(stream) ?? null,
+        this.#maxBufferedPerStream,
       );
-      this.cursors.set(stream, cursor);
+      this.#cursors.set(stream, cursor);
     } else if (after !== null && (cursor.at === null || comparePositions(after, cursor.at) > 0)) {
       cursor.moveTo(after);
     }
-    if (this.ws === null || !this.opened) return null;
-    this.ensureGapCheck();
-    return this.sendSubscribe(cursor, true);
+    if (this.#ws === null || !this.#opened) return null;
+    this.#ensureGapCheck();
+    return this.#sendSubscribe(cursor, true);
   }
 
   /** Stop receiving `stream`: here at once, and on the server as soon as it can be told
    * (remembered until it acknowledges; never followed from getState again). */
   async unsubscribe(stream: string): Promise<void> {
-    this.cursors.delete(stream);
-    this.unsubscribed.add(stream);
-    this.pendingUnsubscribes.add(stream);
-    if (this.ws === null || !this.opened) return;
-    await this.sendUnsubscribe(stream);
+    this.#cursors.delete(stream);
+    this.#unsubscribed.add(stream);
+    this.#pendingUnsubscribes.add(stream);
+    if (this.#ws === null || !this.#opened) return;
+    await this.#sendUnsubscribe(stream);
   }
 
-  private async sendUnsubscribe(stream: string): Promise<void> {
+  async #sendUnsubscribe(stream: string): Promise<void> {
     try {
       const reply = await this.request({ action: ROUTE_UNSUBSCRIBE, stream });
-      if (reply.type === 'unsubscribed') this.pendingUnsubscribes.delete(stream);
+      if (reply.type === 'unsubscribed') this.#pendingUnsubscribes.delete(stream);
     } catch {
       // Not connected any more: told again with the next connection.
     }
   }
 
-  private async sendSubscribe(cursor: StreamCursor, raiseRefusal = false): Promise<SubscribedReply | null> {
+  async #sendSubscribe(cursor: StreamCursor, raiseRefusal = false): Promise<SubscribedReply | null> {
     cursor.inFlight = true;
     let reply: Reply;
     try {
-      cursor.requestId = this.peekNextId();
+      cursor.requestId = this.#peekNextId();
       reply = await this.request({
         action: ROUTE_SUBSCRIBE,
         stream: cursor.stream,
@@ -718,88 +718,92 @@ export class StreamFleetClient {
       });
     } catch {
       cursor.inFlight = false;
-      cursor.retryLater(this.timers.now()); // or the next connection subscribes again
+      cursor.retryLater(this.#timers.now()); // or the next connection subscribes again
       return null;
     }
     cursor.inFlight = false;
     if (isErrorReply(reply)) {
       if (FINAL_SUBSCRIBE_ERRORS.has(reply.error)) {
-        if (this.cursors.get(cursor.stream) === cursor) this.cursors.delete(cursor.stream);
+        if (this.#cursors.get(cursor.stream) === cursor) this.#cursors.delete(cursor.stream);
         const refusal = new SubscriptionRefusedError(cursor.stream, reply);
-        this.emit('subscriptionError', refusal);
+        this.#emit('subscriptionError', refusal);
         if (raiseRefusal) throw refusal;
         return null;
       }
-      cursor.retryLater(this.timers.now());
+      cursor.retryLater(this.#timers.now());
       return null;
     }
     return reply as SubscribedReply;
   }
 
-  private onStreamFrame(reply: Reply): void {
+  #onStreamFrame(reply: Reply): void {
     const stream = typeof reply.stream === 'string' ? reply.stream : '';
-    const cursor = this.cursors.get(stream);
+    const cursor = this.#cursors.get(stream);
     if (cursor === undefined) return; // unsubscribed, or never asked for
-    const now = this.timers.now();
+    const now = this.#timers.now();
     // A `subscribed` that does not answer this cursor's own subscribe moves nothing.
     if (reply.type === 'subscribed' && reply.requestId !== cursor.requestId) return;
     const ready =
       reply.type === 'subscribed'
         ? cursor.onSubscribed(reply as SubscribedReply, now)
         : cursor.onFrame(reply as MessagesFrame, now);
-    if (reply.type === 'subscribed') this.emit('subscribed', reply as SubscribedReply);
+    if (reply.type === 'subscribed') this.#emit('subscribed', reply as SubscribedReply);
     const change = cursor.takeEpochChange();
     const skip = cursor.takeSkip();
     const at = cursor.at;
     // Kept at once: a later cursor (a resubscribe, a reload) must not be told again.
-    if ((change !== null || skip !== null) && at !== null) this.positions.set(cursor.stream, at);
-    if (change !== null) this.emit('streamEpoch', change);
-    if (skip !== null) this.emit('streamSkip', skip);
+    if ((change !== null || skip !== null) && at !== null) this.#positions.set(cursor.stream, at);
+    if (change !== null) this.#emit('streamEpoch', change);
+    if (skip !== null) this.#emit('streamSkip', skip);
     for (const message of ready) {
-      this.positions.set(message.stream, { epoch: message.epoch, seq: message.seq });
-      this.emit('streamMessage', message);
+      this.#positions.set(message.stream, { epoch: message.epoch, seq: message.seq });
+      this.#emit('streamMessage', message);
     }
   }
 
-  private resubscribeAll(): void {
-    for (const cursor of this.cursors.values()) {
+  #resubscribeAll(): void {
+    for (const cursor of this.#cursors.values()) {
       cursor.acknowledged = false;
-      void this.sendSubscribe(cursor);
+      void this.#sendSubscribe(cursor);
     }
   }
 
-  private followSubscriptions(state: StateReply): void {
-    if (!this.followServerSubscriptions || !Array.isArray(state.subscriptions)) return;
+  #followSubscriptions(state: StateReply): void {
+    if (!this.#followServerSubscriptions || !Array.isArray(state.subscriptions)) return;
     for (const stream of state.subscriptions) {
-      if (typeof stream !== 'string' || this.cursors.has(stream) || this.unsubscribed.has(stream)) continue;
-      const cursor = new StreamCursor(stream, this.positions.get(stream) ?? null, this.maxBufferedPerStream);
-      this.cursors.set(stream, cursor);
-      void this.sendSubscribe(cursor);
+      if (typeof stream !== 'string' || this.#cursors.has(stream) || this.#unsubscribed.has(stream)) continue;
+      const cursor = new StreamCursor(
+        stream,
+        this.#positions.get(stream) ?? null,
+        this.#maxBufferedPerStream,
+      );
+      this.#cursors.set(stream, cursor);
+      void this.#sendSubscribe(cursor);
     }
-    this.ensureGapCheck();
+    this.#ensureGapCheck();
   }
 
   /** Watch the subscriptions' gaps while connected and subscribed (no timer otherwise). */
-  private ensureGapCheck(): void {
-    if (this.gapTimer === null && this.cursors.size > 0 && this.opened) {
-      this.scheduleGapCheck(this.generation);
+  #ensureGapCheck(): void {
+    if (this.gapTimer === null && this.#cursors.size > 0 && this.#opened) {
+      this.#scheduleGapCheck(this.#generation);
     }
   }
 
-  private scheduleGapCheck(generation: number): void {
-    const interval = Math.min(this.gapTimeoutMs / 4, 500);
-    this.gapTimer = this.timers.setTimeout(() => {
+  #scheduleGapCheck(generation: number): void {
+    const interval = Math.min(this.#gapTimeoutMs / 4, 500);
+    this.gapTimer = this.#timers.setTimeout(() => {
       this.gapTimer = null;
-      if (generation !== this.generation || this.cursors.size === 0) return;
-      const now = this.timers.now();
-      for (const cursor of this.cursors.values()) {
-        const reason = cursor.resubscribeReason(now, this.gapTimeoutMs, this.quietTimeoutMs);
+      if (generation !== this.#generation || this.#cursors.size === 0) return;
+      const now = this.#timers.now();
+      for (const cursor of this.#cursors.values()) {
+        const reason = cursor.resubscribeReason(now, this.#gapTimeoutMs, this.#quietTimeoutMs);
         if (reason !== null) {
           cursor.countResubscribe(reason, now);
-          void this.sendSubscribe(cursor);
+          void this.#sendSubscribe(cursor);
         }
       }
-      this.scheduleGapCheck(generation);
+      this.#scheduleGapCheck(generation);
     }, interval);
   }
 
@@ -810,8 +814,8 @@ export class StreamFleetClient {
    * connection is open, {@link FrameTooLargeError} for a frame over the limit.
    */
   send(message: ClientMessage): void {
-    const frame = this.encode(message);
-    const ws = this.openSocket();
+    const frame = this.#encode(message);
+    const ws = this.#openSocket();
     ws.send(frame);
   }
 
@@ -823,19 +827,19 @@ export class StreamFleetClient {
    */
   request(message: ClientMessage, options: RequestOptions = {}): Promise<Reply> {
     try {
-      const timeoutMs = positiveMs('timeoutMs', options.timeoutMs, this.options.requestTimeoutMs);
-      const requestId = this.nextId();
-      const frame = this.encode({ ...message, requestId });
-      const ws = this.openSocket();
+      const timeoutMs = positiveMs('timeoutMs', options.timeoutMs, this.#options.requestTimeoutMs);
+      const requestId = this.#nextId();
+      const frame = this.#encode({ ...message, requestId });
+      const ws = this.#openSocket();
       return new Promise<Reply>((resolve, reject) => {
-        const timer = this.timers.setTimeout(() => {
-          if (this.pending.delete(requestId)) reject(new RequestTimeoutError(requestId, timeoutMs));
+        const timer = this.#timers.setTimeout(() => {
+          if (this.#pending.delete(requestId)) reject(new RequestTimeoutError(requestId, timeoutMs));
         }, timeoutMs);
-        this.pending.set(requestId, { resolve, reject, timer });
+        this.#pending.set(requestId, { resolve, reject, timer });
         try {
           ws.send(frame);
         } catch (error) {
-          this.settle(requestId)?.reject(new NotConnectedError(`send failed: ${String(error)}`));
+          this.#settle(requestId)?.reject(new NotConnectedError(`send failed: ${String(error)}`));
         }
       });
     } catch (error) {
@@ -870,8 +874,8 @@ export class StreamFleetClient {
     return reply as BidReply;
   }
 
-  private encode(message: ClientMessage): string {
-    if (this.closing) throw new ClientClosedError('client closed');
+  #encode(message: ClientMessage): string {
+    if (this.#closing) throw new ClientClosedError('client closed');
     if (
       message === null ||
       typeof message !== 'object' ||
@@ -882,166 +886,167 @@ export class StreamFleetClient {
     }
     const frame = JSON.stringify(message);
     const bytes = frameBytes(frame);
-    if (bytes > this.options.maxFrameBytes) {
-      throw new FrameTooLargeError(bytes, this.options.maxFrameBytes);
+    if (bytes > this.#options.maxFrameBytes) {
+      throw new FrameTooLargeError(bytes, this.#options.maxFrameBytes);
     }
     return frame;
   }
 
-  private openSocket(): WebSocketLike {
-    if (this.closing) throw new ClientClosedError('client closed');
-    if (this.ws === null || !this.opened) throw new NotConnectedError(`not connected (${this._status})`);
-    return this.ws;
+  #openSocket(): WebSocketLike {
+    if (this.#closing) throw new ClientClosedError('client closed');
+    if (this.#ws === null || !this.#opened) throw new NotConnectedError(`not connected (${this.#_status})`);
+    return this.#ws;
   }
 
-  private nextId(): string {
-    this.ids += 1;
-    return `${this.name}-${this.ids}`;
+  #nextId(): string {
+    this.#ids += 1;
+    return `${this.name}-${this.#ids}`;
   }
 
   /** The id the next request() will carry (taken with no await in between). */
-  private peekNextId(): string {
-    return `${this.name}-${this.ids + 1}`;
+  #peekNextId(): string {
+    return `${this.name}-${this.#ids + 1}`;
   }
 
   // --- The connection loop ----------------------------------------------------------------
 
-  private async attempt(): Promise<void> {
-    this.generation += 1;
-    const generation = this.generation;
+  async #attempt(): Promise<void> {
+    this.#generation += 1;
+    const generation = this.#generation;
     const context: AttemptContext = {
-      attempt: this.failures,
-      forceRefresh: this.failedBeforeOpen || this.tokenExpired,
+      attempt: this.#failures,
+      forceRefresh: this.#failedBeforeOpen || this.#tokenExpired,
     };
-    this.tokenExpired = false;
-    this.attempts += 1;
-    this.nextAttemptAt = null;
-    this.setStatus('connecting');
+    this.#tokenExpired = false;
+    this.#attempts += 1;
+    this.#nextAttemptAt = null;
+    this.#setStatus('connecting');
     let socket: WebSocketLike;
     try {
-      const url = typeof this.urlProvider === 'string' ? this.urlProvider : await this.urlProvider(context);
-      const token = this.tokenProvider === undefined ? null : await this.tokenProvider(context);
-      if (generation !== this.generation) return; // closed meanwhile
+      const url =
+        typeof this.#urlProvider === 'string' ? this.#urlProvider : await this.#urlProvider(context);
+      const token = this.#tokenProvider === undefined ? null : await this.#tokenProvider(context);
+      if (generation !== this.#generation) return; // closed meanwhile
       if (typeof url !== 'string' || url === '') {
         throw new StreamFleetError(`url provider returned ${String(url)}, not a URL`);
       }
       if (token !== null && token !== undefined && typeof token !== 'string') {
         throw new StreamFleetError('token provider returned something other than a string');
       }
-      const shake = handshake(url, token, this.options.tokenTransport);
-      socket = this.createSocket(shake.url, shake.protocols);
+      const shake = handshake(url, token, this.#options.tokenTransport);
+      socket = this.#createSocket(shake.url, shake.protocols);
     } catch (error) {
-      if (generation !== this.generation) return;
-      this.emit('error', error);
-      this.opened = false;
-      this.healthy = false;
-      this.endConnection(generation, {
+      if (generation !== this.#generation) return;
+      this.#emit('error', error);
+      this.#opened = false;
+      this.#healthy = false;
+      this.#endConnection(generation, {
         code: null,
         reason: `attempt failed: ${String(error)}`,
         forced: false,
       });
       return;
     }
-    this.ws = socket;
-    this.opened = false;
-    this.healthy = false;
+    this.#ws = socket;
+    this.#opened = false;
+    this.#healthy = false;
     socket.onopen = () => {
-      if (generation === this.generation) this.onOpen(generation);
+      if (generation === this.#generation) this.#onOpen(generation);
     };
     socket.onmessage = (event: MessageEvent) => {
-      if (generation === this.generation) this.onMessage(generation, event.data);
+      if (generation === this.#generation) this.#onMessage(generation, event.data);
     };
     socket.onclose = (event: CloseEvent) => {
-      if (generation === this.generation) {
-        this.endConnection(generation, { code: event.code, reason: event.reason, forced: false });
+      if (generation === this.#generation) {
+        this.#endConnection(generation, { code: event.code, reason: event.reason, forced: false });
       }
     };
     socket.onerror = () => {
       // A close event follows every error event; the close decides.
     };
-    this.openTimer = this.timers.setTimeout(() => {
+    this.openTimer = this.#timers.setTimeout(() => {
       this.openTimer = null;
-      if (generation === this.generation && !this.opened) {
-        this.endConnection(generation, { code: null, reason: 'open timed out', forced: true });
+      if (generation === this.#generation && !this.#opened) {
+        this.#endConnection(generation, { code: null, reason: 'open timed out', forced: true });
       }
-    }, this.options.openTimeoutMs);
+    }, this.#options.openTimeoutMs);
   }
 
-  private onOpen(generation: number): void {
-    this.clearTimer('openTimer');
-    this.opened = true;
-    this.openedAt = this.timers.now();
-    this.connections += 1;
-    this.setStatus('open');
-    this.outstanding = [];
-    this.missed = 0;
-    this.lastPongAt = -Infinity;
-    this.nextHeartbeatAt = this.timers.now() + this.options.heartbeatIntervalMs;
-    this.stateAttempts = 0;
-    if (!this.sendStateRequest(generation)) return;
-    this.scheduleHeartbeat(generation);
+  #onOpen(generation: number): void {
+    this.#clearTimer('openTimer');
+    this.#opened = true;
+    this.#openedAt = this.#timers.now();
+    this.#connections += 1;
+    this.#setStatus('open');
+    this.#outstanding = [];
+    this.#missed = 0;
+    this.#lastPongAt = -Infinity;
+    this.#nextHeartbeatAt = this.#timers.now() + this.#options.heartbeatIntervalMs;
+    this.#stateAttempts = 0;
+    if (!this.#sendStateRequest(generation)) return;
+    this.#scheduleHeartbeat(generation);
     // Resume every subscription from the last seq delivered, without waiting for the state.
-    this.resubscribeAll();
-    for (const stream of this.pendingUnsubscribes) void this.sendUnsubscribe(stream);
-    this.ensureGapCheck();
+    this.#resubscribeAll();
+    for (const stream of this.#pendingUnsubscribes) void this.#sendUnsubscribe(stream);
+    this.#ensureGapCheck();
   }
 
   /** getState, sent again (with backoff) until answered: an error reply or none within the
    * request timeout; a connection that never answers it within STATE_ATTEMPTS is dropped. */
-  private sendStateRequest(generation: number): boolean {
-    this.clearTimer('stateTimer');
-    if (this.stateAttempts >= STATE_ATTEMPTS) {
-      this.endConnection(generation, { code: null, reason: 'getState never answered', forced: true });
+  #sendStateRequest(generation: number): boolean {
+    this.#clearTimer('stateTimer');
+    if (this.#stateAttempts >= STATE_ATTEMPTS) {
+      this.#endConnection(generation, { code: null, reason: 'getState never answered', forced: true });
       return false;
     }
-    this.stateAttempts += 1;
-    this.stateRequestId = `${this.name}-state-${++this.ids}`;
-    const fields = typeof this.getStateFields === 'function' ? this.getStateFields() : this.getStateFields;
+    this.#stateAttempts += 1;
+    this.#stateRequestId = `${this.name}-state-${++this.#ids}`;
+    const fields = typeof this.#getStateFields === 'function' ? this.#getStateFields() : this.#getStateFields;
     try {
-      this.ws?.send(JSON.stringify({ ...fields, action: ROUTE_GET_STATE, requestId: this.stateRequestId }));
+      this.#ws?.send(JSON.stringify({ ...fields, action: ROUTE_GET_STATE, requestId: this.#stateRequestId }));
     } catch (error) {
-      this.endConnection(generation, {
+      this.#endConnection(generation, {
         code: null,
         reason: `getState failed: ${String(error)}`,
         forced: true,
       });
       return false;
     }
-    this.stateTimer = this.timers.setTimeout(() => {
+    this.stateTimer = this.#timers.setTimeout(() => {
       this.stateTimer = null;
-      if (generation === this.generation && !this._ready) this.retryStateRequest(generation);
-    }, this.options.requestTimeoutMs);
+      if (generation === this.#generation && !this.#_ready) this.#retryStateRequest(generation);
+    }, this.#options.requestTimeoutMs);
     return true;
   }
 
-  private retryStateRequest(generation: number): void {
-    this.clearTimer('stateTimer');
+  #retryStateRequest(generation: number): void {
+    this.#clearTimer('stateTimer');
     const delay = fullJitterBackoff(
-      this.stateAttempts - 1,
-      this.random,
-      this.options.backoffBaseMs,
-      this.options.backoffCapMs,
+      this.#stateAttempts - 1,
+      this.#random,
+      this.#options.backoffBaseMs,
+      this.#options.backoffCapMs,
     );
-    this.stateTimer = this.timers.setTimeout(() => {
+    this.stateTimer = this.#timers.setTimeout(() => {
       this.stateTimer = null;
-      if (generation === this.generation && !this._ready) this.sendStateRequest(generation);
+      if (generation === this.#generation && !this.#_ready) this.#sendStateRequest(generation);
     }, delay);
   }
 
-  private onMessage(generation: number, data: unknown): void {
+  #onMessage(generation: number, data: unknown): void {
     // The API sends text of at most MAX_MESSAGE_BYTES: anything else is skipped and counted.
     if (
       typeof data !== 'string' ||
       (data.length * 3 > MAX_MESSAGE_BYTES && frameBytes(data) > MAX_MESSAGE_BYTES)
     ) {
-      this.framesSkipped += 1;
-      this.emitChange();
+      this.#framesSkipped += 1;
+      this.#emitChange();
       return;
     }
     const text = data;
     if (text === PONG_FRAME) {
-      this.lastPongAt = this.timers.now();
-      this.emit('pong');
+      this.#lastPongAt = this.#timers.now();
+      this.#emit('pong');
       return;
     }
     let parsed: unknown;
@@ -1053,204 +1058,201 @@ export class StreamFleetClient {
     if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return;
     const reply = parsed as Reply;
     let changed = false;
-    if (typeof reply.region === 'string' && reply.region !== this._region) {
-      const previous = this._region;
-      this._region = reply.region;
-      this.emit('region', reply.region, previous);
+    if (typeof reply.region === 'string' && reply.region !== this.#_region) {
+      const previous = this.#_region;
+      this.#_region = reply.region;
+      this.#emit('region', reply.region, previous);
       changed = true;
     }
     // Before the reply's promise resolves: an awaiting subscribe() finds the cursor positioned.
-    if (reply.type === 'messages' || reply.type === 'subscribed') this.onStreamFrame(reply);
+    if (reply.type === 'messages' || reply.type === 'subscribed') this.#onStreamFrame(reply);
     const requestId = typeof reply.requestId === 'string' ? reply.requestId : null;
-    if (requestId !== null) this.settle(requestId)?.resolve(reply);
+    if (requestId !== null) this.#settle(requestId)?.resolve(reply);
     if (reply.type === 'state') {
       const state = reply as StateReply;
-      this._state = state;
+      this.#_state = state;
       changed = true;
-      if (requestId !== null && requestId === this.stateRequestId && generation === this.generation) {
-        this.healthy = true;
-        this._ready = true;
-        this.clearTimer('stateTimer');
-        this.failedBeforeOpen = false;
-        this.emit('ready', state);
-        this.followSubscriptions(state);
+      if (requestId !== null && requestId === this.#stateRequestId && generation === this.#generation) {
+        this.#healthy = true;
+        this.#_ready = true;
+        this.#clearTimer('stateTimer');
+        this.#failedBeforeOpen = false;
+        this.#emit('ready', state);
+        this.#followSubscriptions(state);
       }
-      this.emit('state', state);
+      this.#emit('state', state);
     }
-    this.emit('message', reply);
-    if (changed) this.emitChange();
-    if (isErrorReply(reply) && requestId !== null && requestId === this.stateRequestId && !this._ready) {
-      this.retryStateRequest(generation); // unavailable, too large...: asked again
+    this.#emit('message', reply);
+    if (changed) this.#emitChange();
+    if (isErrorReply(reply) && requestId !== null && requestId === this.#stateRequestId && !this.#_ready) {
+      this.#retryStateRequest(generation); // unavailable, too large...: asked again
     }
     if (isErrorReply(reply) && reply.error === TOKEN_EXPIRED) {
       // The server serves nothing more on this connection: a new one, with a token asked for
       // anew, resubscribes every stream from its position.
-      this.tokenExpired = true;
-      this.endConnection(generation, { code: null, reason: 'the token expired', forced: true });
+      this.#tokenExpired = true;
+      this.#endConnection(generation, { code: null, reason: 'the token expired', forced: true });
     }
   }
 
-  private scheduleHeartbeat(generation: number): void {
-    const now = this.timers.now();
+  #scheduleHeartbeat(generation: number): void {
+    const now = this.#timers.now();
     const wake =
-      this.outstanding.length > 0
-        ? Math.min(this.nextHeartbeatAt, this.outstanding[0]! + this.options.heartbeatTimeoutMs)
-        : this.nextHeartbeatAt;
-    this.heartbeatTimer = this.timers.setTimeout(
+      this.#outstanding.length > 0
+        ? Math.min(this.#nextHeartbeatAt, this.#outstanding[0]! + this.#options.heartbeatTimeoutMs)
+        : this.#nextHeartbeatAt;
+    this.heartbeatTimer = this.#timers.setTimeout(
       () => {
         this.heartbeatTimer = null;
-        if (generation === this.generation) this.heartbeatTick(generation);
+        if (generation === this.#generation) this.#heartbeatTick(generation);
       },
       Math.max(0, wake - now),
     );
   }
 
-  private heartbeatTick(generation: number): void {
-    const now = this.timers.now();
-    const { heartbeatIntervalMs, heartbeatTimeoutMs, missedPongsBeforeReconnect } = this.options;
-    if (this.outstanding.length > 0 && this.lastPongAt >= this.outstanding[0]!) {
+  #heartbeatTick(generation: number): void {
+    const now = this.#timers.now();
+    const { heartbeatIntervalMs, heartbeatTimeoutMs, missedPongsBeforeReconnect } = this.#options;
+    if (this.#outstanding.length > 0 && this.#lastPongAt >= this.#outstanding[0]!) {
       // A pong after a heartbeat answers it and every earlier one: no ids needed.
-      this.outstanding = [];
-      this.missed = 0;
+      this.#outstanding = [];
+      this.#missed = 0;
     }
-    while (this.outstanding.length > 0 && this.outstanding[0]! + heartbeatTimeoutMs <= now) {
-      this.outstanding.shift();
-      this.missed += 1;
-      if (this.missed >= missedPongsBeforeReconnect) {
-        this.forcedReconnects += 1;
-        this.endConnection(generation, {
+    while (this.#outstanding.length > 0 && this.#outstanding[0]! + heartbeatTimeoutMs <= now) {
+      this.#outstanding.shift();
+      this.#missed += 1;
+      if (this.#missed >= missedPongsBeforeReconnect) {
+        this.#forcedReconnects += 1;
+        this.#endConnection(generation, {
           code: null,
-          reason: `${this.missed} heartbeats unanswered`,
+          reason: `${this.#missed} heartbeats unanswered`,
           forced: true,
         });
         return;
       }
     }
-    if (now >= this.nextHeartbeatAt) {
+    if (now >= this.#nextHeartbeatAt) {
       try {
-        this.ws?.send(HEARTBEAT_FRAME);
+        this.#ws?.send(HEARTBEAT_FRAME);
       } catch (error) {
-        this.endConnection(generation, {
+        this.#endConnection(generation, {
           code: null,
           reason: `heartbeat failed: ${String(error)}`,
           forced: true,
         });
         return;
       }
-      this.outstanding.push(now);
-      this.nextHeartbeatAt = now + heartbeatIntervalMs;
+      this.#outstanding.push(now);
+      this.#nextHeartbeatAt = now + heartbeatIntervalMs;
     }
-    this.scheduleHeartbeat(generation);
+    this.#scheduleHeartbeat(generation);
   }
 
   /** The connection (or attempt) `generation` is over: clean up, then back off and retry. */
-  private endConnection(
-    generation: number,
-    info: { code: number | null; reason: string; forced: boolean },
-  ): void {
-    if (generation !== this.generation || this.closing) return;
-    const ws = this.ws;
-    const opened = this.opened;
-    const healthy = this.healthy;
-    const lasted = opened && this.timers.now() - this.openedAt >= this.options.minHealthyMs;
+  #endConnection(generation: number, info: { code: number | null; reason: string; forced: boolean }): void {
+    if (generation !== this.#generation || this.#closing) return;
+    const ws = this.#ws;
+    const opened = this.#opened;
+    const healthy = this.#healthy;
+    const lasted = opened && this.#timers.now() - this.#openedAt >= this.#options.minHealthyMs;
     // Nothing of this connection may fire any more.
-    this.generation += 1;
-    this.teardownSocket();
+    this.#generation += 1;
+    this.#teardownSocket();
     // Do not wait for a closing handshake a half-broken region may never finish.
     if (ws !== null) closeQuietly(ws, info.forced ? CLOSE_FORCED : CLOSE_NORMAL, info.reason);
-    this.failPending(new ConnectionLostError(`connection ended before the reply (${info.reason})`));
-    this.emit('disconnect', { ...info, opened, healthy });
+    this.#failPending(new ConnectionLostError(`connection ended before the reply (${info.reason})`));
+    this.#emit('disconnect', { ...info, opened, healthy });
     // One more failure unless the connection proved healthy and stayed so, so a server that
     // accepts and drops at once, or answers and then drops, still backs off exponentially; the
     // first retry after a healthy connection waits random() * base.
-    this.failures = Math.max(healthy && lasted ? 0 : this.failures + 1, 1);
-    this.healthy = false;
-    this.failedBeforeOpen = !opened;
-    this.scheduleRetry();
+    this.#failures = Math.max(healthy && lasted ? 0 : this.#failures + 1, 1);
+    this.#healthy = false;
+    this.#failedBeforeOpen = !opened;
+    this.#scheduleRetry();
   }
 
-  private scheduleRetry(): void {
-    const attempt = this.failures - 1;
+  #scheduleRetry(): void {
+    const attempt = this.#failures - 1;
     let computed: unknown;
     try {
-      computed = this.customInterval
-        ? this.customInterval(attempt)
-        : fullJitterBackoff(attempt, this.random, this.options.backoffBaseMs, this.options.backoffCapMs);
+      computed = this.#customInterval
+        ? this.#customInterval(attempt)
+        : fullJitterBackoff(attempt, this.#random, this.#options.backoffBaseMs, this.#options.backoffCapMs);
     } catch (error) {
       computed = error;
     }
-    let delay = this.options.backoffCapMs;
+    let delay = this.#options.backoffCapMs;
     if (typeof computed === 'number' && Number.isFinite(computed) && computed >= 0) {
       delay = computed;
     } else {
       // A broken backoff function must not stop the reconnecting: wait the longest.
       console.warn(`StreamFleetClient: reconnectInterval gave ${String(computed)}; waiting backoffCapMs`);
     }
-    this.lastDelayMs = delay;
-    this.nextAttemptAt = this.timers.now() + delay;
-    this.setStatus('backing-off');
-    this.emit('reconnecting', { attempt: this.failures, delayMs: delay });
-    this.retryTimer = this.timers.setTimeout(() => {
+    this.#lastDelayMs = delay;
+    this.#nextAttemptAt = this.#timers.now() + delay;
+    this.#setStatus('backing-off');
+    this.#emit('reconnecting', { attempt: this.#failures, delayMs: delay });
+    this.retryTimer = this.#timers.setTimeout(() => {
       this.retryTimer = null;
-      if (!this.closing) void this.attempt();
+      if (!this.#closing) void this.#attempt();
     }, delay);
   }
 
-  private teardownSocket(): void {
-    const ws = this.ws;
+  #teardownSocket(): void {
+    const ws = this.#ws;
     if (ws !== null) {
       ws.onopen = null;
       ws.onmessage = null;
       ws.onclose = null;
       ws.onerror = null;
     }
-    this.ws = null;
-    this.opened = false;
-    this._ready = false;
-    this.stateRequestId = null;
-    this.clearTimer('openTimer');
-    this.clearTimer('heartbeatTimer');
-    this.clearTimer('gapTimer');
-    this.clearTimer('stateTimer');
-    this.outstanding = [];
-    for (const cursor of this.cursors.values()) cursor.inFlight = false;
+    this.#ws = null;
+    this.#opened = false;
+    this.#_ready = false;
+    this.#stateRequestId = null;
+    this.#clearTimer('openTimer');
+    this.#clearTimer('heartbeatTimer');
+    this.#clearTimer('gapTimer');
+    this.#clearTimer('stateTimer');
+    this.#outstanding = [];
+    for (const cursor of this.#cursors.values()) cursor.inFlight = false;
   }
 
-  private clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer' | 'stateTimer'): void {
+  #clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer' | 'stateTimer'): void {
     if (this[which] !== null) {
-      this.timers.clearTimeout(this[which]);
+      this.#timers.clearTimeout(this[which]);
       this[which] = null;
     }
   }
 
-  private settle(requestId: string): Pending | undefined {
-    const pending = this.pending.get(requestId);
+  #settle(requestId: string): Pending | undefined {
+    const pending = this.#pending.get(requestId);
     if (pending === undefined) return undefined;
-    this.pending.delete(requestId);
-    this.timers.clearTimeout(pending.timer);
+    this.#pending.delete(requestId);
+    this.#timers.clearTimeout(pending.timer);
     return pending;
   }
 
-  private failPending(error: Error): void {
-    for (const requestId of [...this.pending.keys()]) this.settle(requestId)?.reject(error);
+  #failPending(error: Error): void {
+    for (const requestId of [...this.#pending.keys()]) this.#settle(requestId)?.reject(error);
   }
 
   // --- Events -----------------------------------------------------------------------------
 
-  private setStatus(status: ConnectionStatus): void {
-    const previous = this._status;
+  #setStatus(status: ConnectionStatus): void {
+    const previous = this.#_status;
     if (status === previous) return;
-    this._status = status;
-    this.emit('status', status, previous);
-    this.emitChange();
+    this.#_status = status;
+    this.#emit('status', status, previous);
+    this.#emitChange();
   }
 
-  private emitChange(): void {
-    this.emit('change', this.snapshot());
+  #emitChange(): void {
+    this.#emit('change', this.snapshot());
   }
 
-  private emit<E extends keyof ClientEvents>(event: E, ...args: Parameters<ClientEvents[E]>): void {
-    for (const listener of [...this.listeners[event]]) {
+  #emit<E extends keyof ClientEvents>(event: E, ...args: Parameters<ClientEvents[E]>): void {
+    for (const listener of [...this.#listeners[event]]) {
       try {
         (listener as (...a: Parameters<ClientEvents[E]>) => void)(...args);
       } catch (error) {

@@ -82,28 +82,28 @@ export class StreamCursor {
   inFlight = false;
   /** A subscribe of the current connection was answered. */
   acknowledged = false;
-  private readonly buffer = new Map<number, StreamMessage>();
+  readonly #buffer = new Map<number, StreamMessage>();
   /** seq -> the number of parts its cut has, and the parts received so far by index. */
-  private readonly parts = new Map<number, { total: number; pieces: Map<number, string> }>();
+  readonly #parts = new Map<number, { total: number; pieces: Map<number, string> }>();
   /** Characters held in incomplete parts (bounded: the highest seqs are evicted first). */
   partChars = 0;
   /** The id of this cursor's own subscribe in flight: only its reply moves the cursor. */
   requestId: string | null = null;
-  private gapSince: number | null = null;
-  private gapAttempts = 0;
+  #gapSince: number | null = null;
+  #gapAttempts = 0;
   /** The last frame or reply of this stream. */
-  private heardAt: number | null = null;
+  #heardAt: number | null = null;
   /** Quiet resubscribes that found nothing since the last that found a lost tail: each waits
    * twice as long (a delivery does not reset it: a slow stream would pay a subscribe a gap). */
-  private quietAttempts = 0;
+  #quietAttempts = 0;
   /** The subscribe in flight is a quiet one. */
-  private quietAsked = false;
-  private moreUpTo: StreamPosition | null = null;
+  #quietAsked = false;
+  #moreUpTo: StreamPosition | null = null;
   /** The last position a subscribe reply promised: awaited like a gap, so a replay whose frames
    * were lost is asked for again even on a quiet or stopped stream. */
-  private promisedUpTo: StreamPosition | null = null;
-  private epochChange: EpochChange | null = null;
-  private skip: Skip | null = null;
+  #promisedUpTo: StreamPosition | null = null;
+  #epochChange: EpochChange | null = null;
+  #skip: Skip | null = null;
 
   constructor(
     stream: string,
@@ -126,8 +126,8 @@ export class StreamCursor {
    * held of another epoch is dropped with it. */
   moveTo(position: StreamPosition): void {
     if (position.epoch !== this.epoch) {
-      this.buffer.clear();
-      for (const seq of [...this.parts.keys()]) this.dropParts(seq);
+      this.#buffer.clear();
+      for (const seq of [...this.#parts.keys()]) this.#dropParts(seq);
       this.epoch = position.epoch;
       this.ahead = false;
     }
@@ -136,40 +136,40 @@ export class StreamCursor {
 
   /** The forward jump the last reply made within the epoch, once (null: none). */
   takeSkip(): Skip | null {
-    const skip = this.skip;
-    this.skip = null;
+    const skip = this.#skip;
+    this.#skip = null;
     return skip;
   }
 
   /** The epoch change the last reply made, once (null: none): tell the application before
    * delivering what follows it. */
   takeEpochChange(): EpochChange | null {
-    const change = this.epochChange;
-    this.epochChange = null;
+    const change = this.#epochChange;
+    this.#epochChange = null;
     return change;
   }
 
   get buffered(): number {
-    return this.buffer.size;
+    return this.#buffer.size;
   }
 
   /** A `subscribed` reply: where the log starts for us, and whether the replay was cut. */
   onSubscribed(reply: SubscribedReply, now: number): StreamMessage[] {
     this.acknowledged = true;
-    this.heardAt = now;
-    if (this.quietAsked) {
-      this.quietAsked = false;
+    this.#heardAt = now;
+    if (this.#quietAsked) {
+      this.#quietAsked = false;
       const found = replyPosition(reply.upTo, reply.upToEpoch);
       const at = this.at;
       // It found a lost tail: ask as soon again.
-      if (found !== null && at !== null && comparePositions(found, at) > 0) this.quietAttempts = 0;
+      if (found !== null && at !== null && comparePositions(found, at) > 0) this.#quietAttempts = 0;
     }
     // Parts of a message the replay that follows brings whole are dropped: no part from before
     // a reconnect joins one from after it. Parts past the replay are kept: a live message
     // stored after the replay's read may have posted its first parts already.
     const upTo = replyPosition(reply.upTo, reply.upToEpoch);
-    for (const seq of [...this.parts.keys()]) {
-      if (upTo === null || comparePositions({ epoch: this.epoch, seq }, upTo) <= 0) this.dropParts(seq);
+    for (const seq of [...this.#parts.keys()]) {
+      if (upTo === null || comparePositions({ epoch: this.epoch, seq }, upTo) <= 0) this.#dropParts(seq);
     }
     const after = replyPosition(reply.after, reply.afterEpoch);
     const at = this.at;
@@ -177,26 +177,26 @@ export class StreamCursor {
       // No position yet: a first subscribe from the newest. Above ours: nothing exists in
       // between (before the stream's origin, expired, or the rest of an epoch that ended).
       if (after.epoch !== this.epoch && at !== null) {
-        this.epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
+        this.#epochChange = { stream: this.stream, epoch: after.epoch, previous: this.epoch };
         // The new epoch's first seqs are not in the log either (expired, or before the
         // stream's origin): told as a jump within it.
-        if (after.seq > 0) this.skip = { stream: this.stream, epoch: after.epoch, after: 0, to: after.seq };
+        if (after.seq > 0) this.#skip = { stream: this.stream, epoch: after.epoch, after: 0, to: after.seq };
       } else if (at !== null) {
-        this.skip = { stream: this.stream, epoch: this.epoch, after: at.seq, to: after.seq };
+        this.#skip = { stream: this.stream, epoch: this.epoch, after: at.seq, to: after.seq };
       }
       this.moveTo(after);
     }
-    this.moreUpTo = reply.more === true ? upTo : null;
-    this.promisedUpTo = upTo;
-    return this.drain(now);
+    this.#moreUpTo = reply.more === true ? upTo : null;
+    this.#promisedUpTo = upTo;
+    return this.#drain(now);
   }
 
   /** The entries of a `messages` frame; the messages now deliverable, in order. */
   onFrame(frame: MessagesFrame, now: number): StreamMessage[] {
-    this.heardAt = now;
+    this.#heardAt = now;
     const entries = Array.isArray(frame.messages) ? frame.messages : [];
     for (const entry of entries) {
-      const message = this.message(entry, frame);
+      const message = this.#message(entry, frame);
       if (message === null) continue;
       if (message.epoch !== this.epoch) {
         if (message.epoch > this.epoch)
@@ -204,19 +204,19 @@ export class StreamCursor {
         else this.stats.duplicates += 1;
         continue;
       }
-      if ((this.position !== null && message.seq <= this.position) || this.buffer.has(message.seq)) {
+      if ((this.position !== null && message.seq <= this.position) || this.#buffer.has(message.seq)) {
         this.stats.duplicates += 1;
         continue;
       }
-      this.buffer.set(message.seq, message);
-      if (this.buffer.size > this.maxBuffered) {
+      this.#buffer.set(message.seq, message);
+      if (this.#buffer.size > this.maxBuffered) {
         // The highest seqs are the cheapest to lose: the next replay brings them back.
-        this.buffer.delete(Math.max(...this.buffer.keys()));
+        this.#buffer.delete(Math.max(...this.#buffer.keys()));
         this.stats.droppedForSpace += 1;
       }
     }
-    this.stats.bufferedMax = Math.max(this.stats.bufferedMax, this.buffer.size);
-    return this.drain(now);
+    this.stats.bufferedMax = Math.max(this.stats.bufferedMax, this.#buffer.size);
+    return this.#drain(now);
   }
 
   /**
@@ -233,25 +233,25 @@ export class StreamCursor {
   ): ResubscribeReason | null {
     if (this.inFlight || !this.acknowledged) return null;
     if (this.position === null) {
-      if (this.buffer.size > 0 || this.parts.size > 0) return 'start';
+      if (this.#buffer.size > 0 || this.#parts.size > 0) return 'start';
       // A first subscribe that failed (no answer, or an error) is sent again after the timeout,
       // each time more patiently.
-      const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
-      return this.gapSince !== null && now - this.gapSince >= wait ? 'start' : null;
+      const wait = gapTimeoutMs * 2 ** Math.min(this.#gapAttempts, MAX_GAP_DOUBLINGS);
+      return this.#gapSince !== null && now - this.#gapSince >= wait ? 'start' : null;
     }
     if (
-      this.moreUpTo !== null &&
-      comparePositions({ epoch: this.epoch, seq: this.position }, this.moreUpTo) >= 0
+      this.#moreUpTo !== null &&
+      comparePositions({ epoch: this.epoch, seq: this.position }, this.#moreUpTo) >= 0
     ) {
       return 'more';
     }
     // A gap the log cannot fill (a stopped stream's unsealed tail) must not cost a subscribe
     // every timeout for ever: each unproductive retry waits twice as long.
-    const wait = gapTimeoutMs * 2 ** Math.min(this.gapAttempts, MAX_GAP_DOUBLINGS);
-    if (this.gapSince !== null && now - this.gapSince >= wait) return 'gap';
-    if (quietTimeoutMs !== null && this.heardAt !== null && this.gapSince === null) {
-      const quiet = quietTimeoutMs * 2 ** Math.min(this.quietAttempts, QUIET_BACKOFF_STEPS);
-      if (now - this.heardAt >= quiet) return 'quiet';
+    const wait = gapTimeoutMs * 2 ** Math.min(this.#gapAttempts, MAX_GAP_DOUBLINGS);
+    if (this.#gapSince !== null && now - this.#gapSince >= wait) return 'gap';
+    if (quietTimeoutMs !== null && this.#heardAt !== null && this.#gapSince === null) {
+      const quiet = quietTimeoutMs * 2 ** Math.min(this.#quietAttempts, QUIET_BACKOFF_STEPS);
+      if (now - this.#heardAt >= quiet) return 'quiet';
     }
     return null;
   }
@@ -260,29 +260,29 @@ export class StreamCursor {
   countResubscribe(reason: ResubscribeReason, now: number): void {
     if (reason === 'gap') {
       this.stats.gapResubscribes += 1;
-      this.gapAttempts += 1;
+      this.#gapAttempts += 1;
     } else if (reason === 'start') {
-      this.gapAttempts += 1; // until something is delivered
+      this.#gapAttempts += 1; // until something is delivered
     } else if (reason === 'more') {
       this.stats.moreResubscribes += 1;
     } else if (reason === 'quiet') {
       this.stats.quietResubscribes += 1;
-      this.quietAttempts += 1;
-      this.quietAsked = true;
-      this.heardAt = now;
+      this.#quietAttempts += 1;
+      this.#quietAsked = true;
+      this.#heardAt = now;
     }
-    this.moreUpTo = null;
-    this.promisedUpTo = null; // the next reply promises anew
-    this.gapSince = this.buffer.size > 0 || this.parts.size > 0 || this.ahead ? now : null;
+    this.#moreUpTo = null;
+    this.#promisedUpTo = null; // the next reply promises anew
+    this.#gapSince = this.#buffer.size > 0 || this.#parts.size > 0 || this.ahead ? now : null;
   }
 
   /** A subscribe failed to get an answer: try again after a gap timeout. */
   retryLater(now: number): void {
     this.acknowledged = true;
-    this.gapSince = now;
+    this.#gapSince = now;
   }
 
-  private message(entry: StreamEntry, frame: MessagesFrame): StreamMessage | null {
+  #message(entry: StreamEntry, frame: MessagesFrame): StreamMessage | null {
     if (entry === null || typeof entry !== 'object') return null;
     const { seq, data } = entry;
     const epoch = entry.epoch ?? 0;
@@ -304,68 +304,69 @@ export class StreamCursor {
     if (epoch !== this.epoch || (this.position !== null && seq <= this.position)) {
       return { ...base, data: '' }; // a duplicate, or of a newer epoch: judged by the caller
     }
-    let held = this.parts.get(seq);
+    let held = this.#parts.get(seq);
     if (held !== undefined && held.total !== parts) {
-      this.dropParts(seq); // another cut of the same message: never joined with this one
+      this.#dropParts(seq); // another cut of the same message: never joined with this one
       held = undefined;
     }
     if (held === undefined) {
       held = { total: parts!, pieces: new Map() };
-      this.parts.set(seq, held);
+      this.#parts.set(seq, held);
     }
     this.partChars += data.length - (held.pieces.get(part!)?.length ?? 0);
     held.pieces.set(part!, data);
     if (held.pieces.size < held.total) {
-      this.boundParts();
+      this.#boundParts();
       return null;
     }
     let joined = '';
     for (let index = 0; index < held.total; index += 1) joined += held.pieces.get(index)!;
-    this.dropParts(seq);
+    this.#dropParts(seq);
     return { ...base, data: joined };
   }
 
-  private dropParts(seq: number): void {
-    const held = this.parts.get(seq);
+  #dropParts(seq: number): void {
+    const held = this.#parts.get(seq);
     if (held === undefined) return;
     for (const piece of held.pieces.values()) this.partChars -= piece.length;
-    this.parts.delete(seq);
+    this.#parts.delete(seq);
   }
 
-  private boundParts(): void {
-    while (this.partChars > MAX_PART_CHARS && this.parts.size > 0) {
-      this.dropParts(Math.max(...this.parts.keys()));
+  #boundParts(): void {
+    while (this.partChars > MAX_PART_CHARS && this.#parts.size > 0) {
+      this.#dropParts(Math.max(...this.#parts.keys()));
       this.stats.droppedForSpace += 1;
     }
   }
 
-  private drain(now: number): StreamMessage[] {
+  #drain(now: number): StreamMessage[] {
     const ready: StreamMessage[] = [];
     if (this.position !== null) {
       for (;;) {
-        const next = this.buffer.get(this.position + 1);
+        const next = this.#buffer.get(this.position + 1);
         if (next === undefined) break;
-        this.buffer.delete(next.seq);
+        this.#buffer.delete(next.seq);
         this.position = next.seq;
         ready.push(next);
       }
-      for (const seq of [...this.buffer.keys()]) {
+      for (const seq of [...this.#buffer.keys()]) {
         if (seq <= this.position) {
-          this.buffer.delete(seq);
+          this.#buffer.delete(seq);
           this.stats.duplicates += 1;
         }
       }
-      for (const seq of [...this.parts.keys()]) if (seq <= this.position) this.dropParts(seq);
+      for (const seq of [...this.#parts.keys()]) if (seq <= this.position) this.#dropParts(seq);
     }
     this.stats.delivered += ready.length;
-    if (ready.length > 0) this.gapAttempts = 0;
+    if (ready.length > 0) this.#gapAttempts = 0;
     const at = this.at;
-    if (this.promisedUpTo !== null && at !== null && comparePositions(at, this.promisedUpTo) >= 0) {
-      this.promisedUpTo = null;
+    if (this.#promisedUpTo !== null && at !== null && comparePositions(at, this.#promisedUpTo) >= 0) {
+      this.#promisedUpTo = null;
     }
-    const waiting = this.buffer.size > 0 || this.parts.size > 0 || this.promisedUpTo !== null || this.ahead;
-    if (!waiting) this.gapSince = null;
-    else if (this.gapSince === null || ready.length > 0) this.gapSince = now;
+    const waiting =
+      this.#buffer.size > 0 || this.#parts.size > 0 || this.#promisedUpTo !== null || this.ahead;
+    if (!waiting) this.#gapSince = null;
+    else if (this.#gapSince === null || ready.length > 0) this.#gapSince = now;
     return ready;
   }
 }
