@@ -112,7 +112,9 @@ try {
         await target.context.setOffline(true);
         // Offline emulation stops new requests; an open WebSocket must be cut as a dead
         // network would cut it: from inside the page, without a close handshake.
-        await target.page.evaluate(() => window.streamfleet.client['ws']?.close(4001, 'network lost'));
+        await target.page.evaluate(() => {
+          for (const ws of window.streamfleet.sockets) ws.close(4001, 'network lost');
+        });
         await new Promise((r) => setTimeout(r, command.ms ?? 1000));
         await target.context.setOffline(false);
         out({ event: 'online', page: command.page ?? 0 });

@@ -219,8 +219,8 @@ describe('StreamFleetClient reconnecting', () => {
 });
 
 describe('StreamFleetClient heartbeat', () => {
-  it('reconnects after two consecutive missed pongs although the socket stays open', async () => {
-    const { client, factory } = setup();
+  async function open(overrides: Partial<StreamFleetClientOptions> = {}) {
+    const { client, factory } = setup(overrides);
     const disconnects: { forced: boolean; reason: string }[] = [];
     client.on('disconnect', (info) => disconnects.push(info));
     client.start();
@@ -228,23 +228,21 @@ describe('StreamFleetClient heartbeat', () => {
     const socket = factory.last();
     socket.open();
     socket.restoreState('us-east-1');
-    expect(client.ready).toBe(true);
+    return { client, factory, socket, disconnects };
+  }
 
-    // The region is throttled: every heartbeat gets an error frame, never `pong`.
-    await vi.advanceTimersByTimeAsync(30000);
+  it('notices a silently dead connection within 30 s by default: 20 s quiet, 10 s for the pong', async () => {
+    const { client, factory, socket, disconnects } = await open();
+    // The state reply at t=0 was the last sign of life: the network dies now, silently.
+    await vi.advanceTimersByTimeAsync(19_999);
+    expect(socket.heartbeats()).toBe(0);
+    await vi.advanceTimersByTimeAsync(1); // 20 s quiet: a heartbeat
     expect(socket.heartbeats()).toBe(1);
-    socket.deliver(THROTTLED);
-    await vi.advanceTimersByTimeAsync(30000); // 60 s: second heartbeat
-    expect(socket.heartbeats()).toBe(2);
-    socket.deliver(THROTTLED);
-    await vi.advanceTimersByTimeAsync(5000); // 65 s: the first is missed
-    expect(client.status).toBe('open');
-    expect(factory.sockets.length).toBe(1);
-    await vi.advanceTimersByTimeAsync(29999); // just before the second times out
+    await vi.advanceTimersByTimeAsync(9_999);
     expect(client.status).toBe('open');
     expect(socket.readyState).toBe(1); // the socket looks fine all along
-    await vi.advanceTimersByTimeAsync(1); // 95 s: two missed
-    expect(socket.closeCalls).toEqual([{ code: 4000, reason: '2 heartbeats unanswered' }]);
+    await vi.advanceTimersByTimeAsync(1); // 30 s: dropped
+    expect(socket.closeCalls).toEqual([{ code: 4000, reason: 'heartbeats unanswered (1)' }]);
     expect(client.status).toBe('backing-off');
     expect(client.ready).toBe(false);
     expect(client.snapshot().forcedReconnects).toBe(1);
@@ -254,40 +252,51 @@ describe('StreamFleetClient heartbeat', () => {
     client.close();
   });
 
-  it('stays connected while pongs come back, and a single miss is forgiven', async () => {
-    const { client, factory } = setup({ heartbeatIntervalMs: 1000, heartbeatTimeoutMs: 1500 });
-    client.start();
-    await settle();
-    const socket = factory.last();
-    socket.open();
-    socket.restoreState('us-east-1');
-    for (let beat = 1; beat <= 10; beat += 1) {
-      await vi.advanceTimersByTimeAsync(1000);
-      expect(socket.heartbeats()).toBe(beat);
-      // Every third heartbeat goes unanswered: never two in a row.
-      if (beat % 3 !== 0) socket.deliver('pong');
+  it('sends no heartbeat while replies keep coming, and counts from the last one', async () => {
+    const { client, socket } = await open();
+    for (let i = 0; i < 10; i += 1) {
+      await vi.advanceTimersByTimeAsync(15_000);
+      socket.deliver({ type: 'messages', stream: 's', source: 'live', messages: [], region: 'us-east-1' });
     }
-    await vi.advanceTimersByTimeAsync(400);
+    expect(socket.heartbeats()).toBe(0); // 150 s of traffic, no heartbeat
+    await vi.advanceTimersByTimeAsync(20_000);
+    expect(socket.heartbeats()).toBe(1);
+    socket.deliver('pong');
+    await vi.advanceTimersByTimeAsync(19_999);
+    expect(socket.heartbeats()).toBe(1); // the pong restarted the quiet period
+    await vi.advanceTimersByTimeAsync(1);
+    expect(socket.heartbeats()).toBe(2);
     expect(client.status).toBe('open');
-    expect(factory.sockets.length).toBe(1);
     expect(client.snapshot().forcedReconnects).toBe(0);
     client.close();
   });
 
-  it('does not take a JSON {"type":"pong"} or any other frame for the pong', async () => {
-    const { client, factory } = setup({ heartbeatIntervalMs: 1000, heartbeatTimeoutMs: 1500 });
-    client.start();
-    await settle();
-    const socket = factory.last();
-    socket.open();
-    socket.restoreState('us-east-1');
-    for (let i = 0; i < 3; i += 1) {
-      await vi.advanceTimersByTimeAsync(1000);
-      socket.deliver({ type: 'pong', region: 'us-east-1' });
-      socket.deliver('PONG');
-    }
+  it('takes no error frame for a sign of life, nor any frame for the pong', async () => {
+    // A throttled Region answers every message with an error frame: it must be left.
+    const { client, socket } = await open({ heartbeatIntervalMs: 1000, heartbeatTimeoutMs: 1500 });
+    await vi.advanceTimersByTimeAsync(1000);
+    expect(socket.heartbeats()).toBe(1);
+    socket.deliver(THROTTLED);
+    socket.deliver({ type: 'error', error: 'unavailable', region: 'us-east-1' });
+    socket.deliver({ type: 'pong', region: 'us-east-1' });
+    socket.deliver('PONG');
+    await vi.advanceTimersByTimeAsync(1499);
     expect(client.snapshot().forcedReconnects).toBe(0);
-    await vi.advanceTimersByTimeAsync(500); // 3.5 s: the second heartbeat's timeout
+    await vi.advanceTimersByTimeAsync(1); // 2.5 s: interval + timeout
+    expect(client.snapshot().forcedReconnects).toBe(1);
+    client.close();
+  });
+
+  it('with missedPongsBeforeReconnect 2, sends another heartbeat when one times out, and forgives one miss', async () => {
+    const { client, socket } = await open({ missedPongsBeforeReconnect: 2 });
+    await vi.advanceTimersByTimeAsync(30_000); // heartbeat at 20 s, unanswered at 30 s
+    expect(socket.heartbeats()).toBe(2); // the second goes at once
+    expect(client.status).toBe('open');
+    socket.deliver('pong'); // answered: the miss is forgiven
+    await vi.advanceTimersByTimeAsync(20_000 + 10_000 + 9_999);
+    expect(socket.heartbeats()).toBe(4);
+    expect(client.status).toBe('open');
+    await vi.advanceTimersByTimeAsync(1); // two in a row unanswered: 20 + 2 * 10 s after the pong
     expect(client.snapshot().forcedReconnects).toBe(1);
     client.close();
   });
@@ -503,7 +512,7 @@ describe('StreamFleetClient requests', () => {
     expect(error).toBeInstanceOf(RequestTimeoutError);
     expect((error as RequestTimeoutError).requestId).toBe(slowId);
     socket.deliver({ type: 'state', region: 'us-east-1', requestId: slowId }); // late: ignored
-    expect(vi.getTimerCount()).toBe(1); // only the heartbeat
+    expect(vi.getTimerCount()).toBe(2); // only the heartbeat and the rotation
     client.close();
   });
 
@@ -574,7 +583,7 @@ describe('StreamFleetClient lifecycle', () => {
     socket.open();
     socket.restoreState('us-east-1');
     const pending = client.bid('a1', 3);
-    expect(vi.getTimerCount()).toBe(2); // heartbeat and the request's timeout
+    expect(vi.getTimerCount()).toBe(3); // heartbeat, rotation and the request's timeout
     client.close();
     await expect(pending).rejects.toBeInstanceOf(ClientClosedError);
     expect(socket.closeCalls).toEqual([{ code: 1000, reason: 'client closed' }]);

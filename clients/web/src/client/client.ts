@@ -3,11 +3,21 @@
  * failovers: the browser counterpart of the Python `ReconnectingClient`
  * (runtime/streamfleet/client/reconnecting.py).
  *
- * - Application heartbeat: every `heartbeatIntervalMs` (30 s) it sends `{"action":"heartbeat"}`
- *   and expects the text frame `pong` within `heartbeatTimeoutMs` (35 s). After
- *   `missedPongsBeforeReconnect` (2) consecutive unanswered heartbeats it drops the connection
- *   and reconnects, even though the socket looks open: a throttled region keeps sockets open
- *   and answers every message with an error frame, which proves nothing.
+ * - Liveness: any reply of ours (a `pong`, a state, a stream's frames; not an error frame,
+ *   which a throttled region answers every message with) proves the connection alive. After
+ *   `heartbeatIntervalMs` (20 s) without one it sends `{"action":"heartbeat"}`, and drops the
+ *   connection when no `pong` came within `heartbeatTimeoutMs` (10 s), even though the socket
+ *   looks open (`missedPongsBeforeReconnect`, 1, heartbeats in a row). A silently dead
+ *   connection is so noticed within 20 + 10 = 30 s, at a cost of at most 3 heartbeats (6 API
+ *   Gateway messages with their pongs) per idle connection-minute, and none on one that
+ *   receives a reply or a stream message at least every 20 s.
+ * - Rotation: at a random age between 90 % and 100 % of `maxConnectionAgeMs` (110 min), ahead of
+ *   API Gateway's 2-hour limit, a successor connection is opened; it takes over once open (make
+ *   before break: the status stays `open`), the old one serving the replies to what was sent on
+ *   it for `requestTimeoutMs`. Subscriptions resume from their positions (the cursors drop
+ *   what both connections deliver).
+ * - While not ready, `send()` and `request()` are refused (`NotConnectedError`), or with
+ *   `sendQueueSize` queued, up to that many, and sent in order once the state is restored.
  * - Full-jitter backoff: the n-th consecutive retry waits `random() * min(2000 * 2**n, 20000)` ms.
  * - Before every attempt it asks the URL provider (the failover name; locally `/resolve`) and
  *   the token provider; after an attempt that failed before the socket opened, the token
@@ -33,6 +43,7 @@ import {
   FrameTooLargeError,
   NotConnectedError,
   RequestTimeoutError,
+  SendQueueFullError,
   ServerError,
   StreamFleetError,
   SubscriptionRefusedError,
@@ -157,12 +168,25 @@ export interface StreamFleetClientOptions {
   token?: TokenProvider;
   /** `subprotocol` (default: `streamfleet.v1, bearer.<jwt>`, kept out of URLs and logs) or `query`. */
   tokenTransport?: TokenTransport;
-  /** Default 30 000 ms. */
+  /** A heartbeat goes after this long without a proof of life (a `pong` or a reply other than
+   * an error). Default 20 000 ms. */
   heartbeatIntervalMs?: number;
-  /** Default 35 000 ms. */
+  /** How long a heartbeat waits for its `pong`. Default 10 000 ms. */
   heartbeatTimeoutMs?: number;
-  /** Default 2. */
+  /** Unanswered heartbeats (each sent when the previous times out) before the connection is
+   * dropped. Default 1: a dead connection is noticed within 20 + 1 * 10 = 30 s. */
   missedPongsBeforeReconnect?: number;
+  /**
+   * The connection is replaced (make before break) at a random age between 90 % and 100 % of
+   * this, ahead of API Gateway's 2-hour limit. Default 6 600 000 ms (110 min); `null`: never.
+   */
+  maxConnectionAgeMs?: number | null;
+  /**
+   * `send()` and `request()` while not ready: 0 (the default) refuses them with
+   * {@link NotConnectedError}; above 0, up to this many wait and go in order once the next
+   * connection's state is restored (more: {@link SendQueueFullError}).
+   */
+  sendQueueSize?: number;
   /** Default 2 000 ms. */
   backoffBaseMs?: number;
   /** Default 20 000 ms. */
@@ -296,6 +320,9 @@ export interface ClientEvents {
   subscriptionError: (error: SubscriptionRefusedError) => void;
 }
 
+type TimerName =
+  'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer' | 'stateTimer' | 'rotateTimer' | 'retireTimer';
+
 type Listeners = { [E in keyof ClientEvents]: Set<ClientEvents[E]> };
 
 interface Pending {
@@ -318,6 +345,15 @@ function nonNegativeMs(name: string, value: number | undefined, fallback: number
     );
   }
   return ms;
+}
+
+function whole(name: string, value: number, least: number): number {
+  if (!Number.isInteger(value) || value < least) {
+    throw new RangeError(
+      `StreamFleetClient: ${name} must be a whole number >= ${least}, got ${String(value)}`,
+    );
+  }
+  return value;
 }
 
 function positiveMs(name: string, value: number | undefined, fallback: number): number {
@@ -374,6 +410,7 @@ export class StreamFleetClient {
       | 'openTimeoutMs'
       | 'minHealthyMs'
       | 'requestTimeoutMs'
+      | 'sendQueueSize'
       | 'maxFrameBytes'
       | 'tokenTransport'
     >
@@ -403,6 +440,9 @@ export class StreamFleetClient {
     subscriptionError: new Set(),
   };
   readonly #gapTimeoutMs: number;
+  readonly #maxConnectionAgeMs: number | null;
+  /** What `send()` and `request()` gave while not ready (`sendQueueSize` > 0), oldest first. */
+  readonly #queue: { frame: string; id?: string }[] = [];
   readonly #quietTimeoutMs: number | null;
   readonly #maxBufferedPerStream: number;
   readonly #followServerSubscriptions: boolean;
@@ -453,11 +493,18 @@ export class StreamFleetClient {
   private retryTimer: unknown = null;
   private openTimer: unknown = null;
   private heartbeatTimer: unknown = null;
-  /** Send times of unanswered heartbeats, oldest first. */
-  #outstanding: number[] = [];
+  private rotateTimer: unknown = null;
+  private retireTimer: unknown = null;
+  /** The connection that will take over from this one (rotation), until it does. */
+  #successor: WebSocketLike | null = null;
+  /** The connection a rotation replaced, kept open a little for its replies. */
+  #retiring: WebSocketLike | null = null;
+  /** The last proof of life on this connection: its opening, a `pong`, or a reply of ours. */
+  #heardAt = 0;
+  /** When the unanswered heartbeat was sent (null: none is). */
+  #pingAt: number | null = null;
   #missed = 0;
   #lastPongAt = -Infinity;
-  #nextHeartbeatAt = 0;
 
   constructor(options: StreamFleetClientOptions) {
     if (options === null || typeof options !== 'object') {
@@ -475,12 +522,7 @@ export class StreamFleetClient {
         `StreamFleetClient: tokenTransport must be 'subprotocol' or 'query', got ${String(transport)}`,
       );
     }
-    const missed = options.missedPongsBeforeReconnect ?? 2;
-    if (!Number.isInteger(missed) || missed < 1) {
-      throw new RangeError(
-        `StreamFleetClient: missedPongsBeforeReconnect must be a whole number >= 1, got ${String(missed)}`,
-      );
-    }
+    const missed = whole('missedPongsBeforeReconnect', options.missedPongsBeforeReconnect ?? 1, 1);
     const maxFrameBytes = options.maxFrameBytes ?? MAX_FRAME_BYTES;
     if (!Number.isInteger(maxFrameBytes) || maxFrameBytes < 1 || maxFrameBytes > MAX_FRAME_BYTES) {
       throw new RangeError(
@@ -494,17 +536,22 @@ export class StreamFleetClient {
       );
     }
     this.#options = {
-      heartbeatIntervalMs: positiveMs('heartbeatIntervalMs', options.heartbeatIntervalMs, 30000),
-      heartbeatTimeoutMs: positiveMs('heartbeatTimeoutMs', options.heartbeatTimeoutMs, 35000),
+      heartbeatIntervalMs: positiveMs('heartbeatIntervalMs', options.heartbeatIntervalMs, 20000),
+      heartbeatTimeoutMs: positiveMs('heartbeatTimeoutMs', options.heartbeatTimeoutMs, 10000),
       missedPongsBeforeReconnect: missed,
       backoffBaseMs: positiveMs('backoffBaseMs', options.backoffBaseMs, DEFAULT_BACKOFF_BASE_MS),
       backoffCapMs: positiveMs('backoffCapMs', options.backoffCapMs, DEFAULT_BACKOFF_CAP_MS),
       openTimeoutMs: positiveMs('openTimeoutMs', options.openTimeoutMs, 10000),
       minHealthyMs: nonNegativeMs('minHealthyMs', options.minHealthyMs, 10000),
       requestTimeoutMs: positiveMs('requestTimeoutMs', options.requestTimeoutMs, 10000),
+      sendQueueSize: whole('sendQueueSize', options.sendQueueSize ?? 0, 0),
       maxFrameBytes,
       tokenTransport: transport,
     };
+    this.#maxConnectionAgeMs =
+      options.maxConnectionAgeMs === null
+        ? null
+        : positiveMs('maxConnectionAgeMs', options.maxConnectionAgeMs, 6_600_000);
     this.name = name;
     this.#urlProvider = options.url;
     this.#tokenProvider = options.token;
@@ -522,13 +569,11 @@ export class StreamFleetClient {
     if (this.#quietTimeoutMs !== null && this.#quietTimeoutMs < this.#gapTimeoutMs) {
       throw new RangeError('StreamFleetClient: quietTimeoutMs must be at least gapTimeoutMs, or null');
     }
-    const maxBuffered = options.maxBufferedPerStream ?? DEFAULT_MAX_BUFFERED;
-    if (!Number.isInteger(maxBuffered) || maxBuffered < 1) {
-      throw new RangeError(
-        `StreamFleetClient: maxBufferedPerStream must be a whole number >= 1, got ${String(maxBuffered)}`,
-      );
-    }
-    this.#maxBufferedPerStream = maxBuffered;
+    this.#maxBufferedPerStream = whole(
+      'maxBufferedPerStream',
+      options.maxBufferedPerStream ?? DEFAULT_MAX_BUFFERED,
+      1,
+    );
     this.#followServerSubscriptions = options.followServerSubscriptions ?? true;
     this.#positions = options.positions ?? memoryPositions();
   }
@@ -611,14 +656,17 @@ export class StreamFleetClient {
     this.#nextAttemptAt = null;
     const ws = this.#ws;
     this.#teardownSocket();
+    this.#dropRetiring();
     if (ws !== null) closeQuietly(ws, CLOSE_NORMAL, 'client closed');
+    // Queued messages are dropped: queued requests reject with the pending ones.
+    this.#queue.length = 0;
     this.#failPending(new ClientClosedError('client closed'));
     this.#setStatus('closed');
   }
 
   /**
    * Drop the current connection and connect again after a short jittered pause (e.g. to
-   * follow a fail-back, or ahead of API Gateway's 2-hour connection limit).
+   * follow a fail-back; rotation ahead of API Gateway's 2-hour limit needs no call).
    */
   reconnect(): void {
     if (this.#ws !== null) {
@@ -698,7 +746,7 @@ export class StreamFleetClient {
 
   async #sendUnsubscribe(stream: string): Promise<void> {
     try {
-      const reply = await this.request({ action: ROUTE_UNSUBSCRIBE, stream });
+      const reply = await this.#exchange({ action: ROUTE_UNSUBSCRIBE, stream }, {}, false);
       if (reply.type === 'unsubscribed') this.#pendingUnsubscribes.delete(stream);
     } catch {
       // Not connected any more: told again with the next connection.
@@ -710,12 +758,11 @@ export class StreamFleetClient {
     let reply: Reply;
     try {
       cursor.requestId = this.#peekNextId();
-      reply = await this.request({
-        action: ROUTE_SUBSCRIBE,
-        stream: cursor.stream,
-        after: cursor.position,
-        afterEpoch: cursor.epoch,
-      });
+      reply = await this.#exchange(
+        { action: ROUTE_SUBSCRIBE, stream: cursor.stream, after: cursor.position, afterEpoch: cursor.epoch },
+        {},
+        false,
+      );
     } catch {
       cursor.inFlight = false;
       cursor.retryLater(this.#timers.now()); // or the next connection subscribes again
@@ -810,40 +857,79 @@ export class StreamFleetClient {
   // --- Sending ----------------------------------------------------------------------------
 
   /**
-   * Send one message without waiting for a reply. Throws {@link NotConnectedError} when no
-   * connection is open, {@link FrameTooLargeError} for a frame over the limit.
+   * Send one message without waiting for a reply. Throws {@link FrameTooLargeError} for a frame
+   * over the limit; while not ready, {@link NotConnectedError} (or, with `sendQueueSize`, queues
+   * it: {@link SendQueueFullError} when full).
    */
   send(message: ClientMessage): void {
     const frame = this.#encode(message);
-    const ws = this.#openSocket();
-    ws.send(frame);
+    if (this.#queueing()) this.#enqueue(frame);
+    else this.#openSocket().send(frame);
   }
 
   /**
    * Send `message` with a fresh `requestId` and resolve with the reply that echoes it (of any
-   * type, errors included). Rejects with {@link NotConnectedError}, {@link FrameTooLargeError},
-   * {@link RequestTimeoutError}, or {@link ConnectionLostError} if the connection ends first
-   * (the request may or may not have been applied).
+   * type, errors included). Rejects with {@link NotConnectedError} (or queues it, see `send()`;
+   * its timeout runs while it waits, and one that times out is never sent),
+   * {@link FrameTooLargeError}, {@link RequestTimeoutError}, or {@link ConnectionLostError} if
+   * the connection ends first (the request may or may not have been applied).
    */
   request(message: ClientMessage, options: RequestOptions = {}): Promise<Reply> {
+    return this.#exchange(message, options, true);
+  }
+
+  #exchange(message: ClientMessage, options: RequestOptions, mayQueue: boolean): Promise<Reply> {
     try {
       const timeoutMs = positiveMs('timeoutMs', options.timeoutMs, this.#options.requestTimeoutMs);
       const requestId = this.#nextId();
       const frame = this.#encode({ ...message, requestId });
-      const ws = this.#openSocket();
+      const ws = mayQueue && this.#queueing() ? this.#enqueue(frame, requestId) : this.#openSocket();
       return new Promise<Reply>((resolve, reject) => {
         const timer = this.#timers.setTimeout(() => {
-          if (this.#pending.delete(requestId)) reject(new RequestTimeoutError(requestId, timeoutMs));
+          if (this.#pending.delete(requestId)) {
+            this.#unqueue(requestId);
+            reject(new RequestTimeoutError(requestId, timeoutMs));
+          }
         }, timeoutMs);
         this.#pending.set(requestId, { resolve, reject, timer });
         try {
-          ws.send(frame);
+          ws?.send(frame);
         } catch (error) {
           this.#settle(requestId)?.reject(new NotConnectedError(`send failed: ${String(error)}`));
         }
       });
     } catch (error) {
       return Promise.reject(error instanceof Error ? error : new Error(String(error)));
+    }
+  }
+
+  /** Whether what the application sends now waits: a queue is configured, and the state of a
+   * connection is not restored, or older messages still wait (order is kept). */
+  #queueing(): boolean {
+    return this.#options.sendQueueSize > 0 && (!this.#_ready || this.#queue.length > 0);
+  }
+
+  #enqueue(frame: string, id?: string): null {
+    if (this.#queue.length >= this.#options.sendQueueSize)
+      throw new SendQueueFullError(this.#options.sendQueueSize);
+    this.#queue.push({ frame, id });
+    return null;
+  }
+
+  #unqueue(id: string): void {
+    const index = this.#queue.findIndex((queued) => queued.id === id);
+    if (index >= 0) this.#queue.splice(index, 1);
+  }
+
+  /** The queue, in order, on a connection whose state was just restored. */
+  #flush(): void {
+    try {
+      while (this.#_ready && this.#queue.length > 0) {
+        this.#ws!.send(this.#queue[0]!.frame);
+        this.#queue.shift();
+      }
+    } catch {
+      // The socket is failing: what is left waits for the next connection.
     }
   }
 
@@ -923,18 +1009,7 @@ export class StreamFleetClient {
     this.#setStatus('connecting');
     let socket: WebSocketLike;
     try {
-      const url =
-        typeof this.#urlProvider === 'string' ? this.#urlProvider : await this.#urlProvider(context);
-      const token = this.#tokenProvider === undefined ? null : await this.#tokenProvider(context);
-      if (generation !== this.#generation) return; // closed meanwhile
-      if (typeof url !== 'string' || url === '') {
-        throw new StreamFleetError(`url provider returned ${String(url)}, not a URL`);
-      }
-      if (token !== null && token !== undefined && typeof token !== 'string') {
-        throw new StreamFleetError('token provider returned something other than a string');
-      }
-      const shake = handshake(url, token, this.#options.tokenTransport);
-      socket = this.#createSocket(shake.url, shake.protocols);
+      socket = await this.#dial(context, generation);
     } catch (error) {
       if (generation !== this.#generation) return;
       this.#emit('error', error);
@@ -950,6 +1025,32 @@ export class StreamFleetClient {
     this.#ws = socket;
     this.#opened = false;
     this.#healthy = false;
+    this.#wire(socket, generation);
+    this.openTimer = this.#timers.setTimeout(() => {
+      this.openTimer = null;
+      if (generation === this.#generation && !this.#opened) {
+        this.#endConnection(generation, { code: null, reason: 'open timed out', forced: true });
+      }
+    }, this.#options.openTimeoutMs);
+  }
+
+  /** A socket for `context`, from the URL and token providers; throws if `generation` ended
+   * meanwhile (closed) or a provider failed. */
+  async #dial(context: AttemptContext, generation: number): Promise<WebSocketLike> {
+    const url = typeof this.#urlProvider === 'string' ? this.#urlProvider : await this.#urlProvider(context);
+    const token = this.#tokenProvider === undefined ? null : await this.#tokenProvider(context);
+    if (generation !== this.#generation) throw new ClientClosedError('superseded');
+    if (typeof url !== 'string' || url === '') {
+      throw new StreamFleetError(`url provider returned ${String(url)}, not a URL`);
+    }
+    if (token !== null && token !== undefined && typeof token !== 'string') {
+      throw new StreamFleetError('token provider returned something other than a string');
+    }
+    const shake = handshake(url, token, this.#options.tokenTransport);
+    return this.#createSocket(shake.url, shake.protocols);
+  }
+
+  #wire(socket: WebSocketLike, generation: number): void {
     socket.onopen = () => {
       if (generation === this.#generation) this.#onOpen(generation);
     };
@@ -964,12 +1065,103 @@ export class StreamFleetClient {
     socket.onerror = () => {
       // A close event follows every error event; the close decides.
     };
-    this.openTimer = this.#timers.setTimeout(() => {
-      this.openTimer = null;
-      if (generation === this.#generation && !this.#opened) {
-        this.#endConnection(generation, { code: null, reason: 'open timed out', forced: true });
+  }
+
+  // --- Rotation: make before break --------------------------------------------------------
+
+  #scheduleRotation(generation: number): void {
+    const age = this.#maxConnectionAgeMs;
+    if (age === null) return;
+    // Jittered down to 90 %, so that the clients of a fleet that connected together (after a
+    // failover) do not all rotate together.
+    this.#later(
+      'rotateTimer',
+      generation,
+      () => void this.#rotate(generation),
+      age * (1 - this.#random() / 10),
+    );
+  }
+
+  /**
+   * Ahead of API Gateway's 2-hour limit: a successor connection takes over as soon as it opens,
+   * without the status leaving `open` or `ready` turning false (make before break: a break
+   * would show the application a disconnected and a connecting state, refuse its sends, and
+   * lose live frames until the resubscribes' replays brought them back). A successor that does
+   * not open leaves this connection in place and is tried again after `backoffCapMs`; at worst
+   * the limit closes it and the reconnect rules apply.
+   */
+  async #rotate(generation: number): Promise<void> {
+    let next: WebSocketLike | null = null;
+    let failed = false;
+    const fail = (): void => {
+      if (failed) return;
+      failed = true;
+      if (next !== null) {
+        if (this.#successor === next) this.#successor = null;
+        detach(next);
+        closeQuietly(next, CLOSE_NORMAL, 'rotation failed');
       }
-    }, this.#options.openTimeoutMs);
+      // Only for this connection: a later one has its own rotation timer.
+      if (generation === this.#generation) {
+        this.#later(
+          'rotateTimer',
+          generation,
+          () => void this.#rotate(generation),
+          this.#options.backoffCapMs,
+        );
+      }
+    };
+    this.#later('rotateTimer', generation, fail, this.#options.openTimeoutMs);
+    try {
+      next = await this.#dial({ attempt: 0, forceRefresh: false }, generation);
+    } catch {
+      return fail();
+    }
+    if (failed) return closeQuietly(next, CLOSE_NORMAL, 'rotation failed');
+    const socket = (this.#successor = next);
+    socket.onopen = () => {
+      if (generation === this.#generation) this.#promote(socket);
+    };
+    socket.onclose = fail;
+  }
+
+  /** The successor takes over, its getState sent as on any connection; the old one stays open
+   * `requestTimeoutMs` for the replies to requests sent on it (and its live frames: the cursors
+   * drop what both deliver). `ready` stays true: the state it restored is the latest there is
+   * until the successor's getState answers. */
+  #promote(next: WebSocketLike): void {
+    const old = this.#ws!;
+    const ready = this.#_ready;
+    this.#successor = null;
+    this.#teardownSocket();
+    this.#generation += 1;
+    this.#dropRetiring();
+    this.#retiring = old;
+    old.onmessage = (event: MessageEvent) => this.#onMessage(-1, event.data);
+    this.retireTimer = this.#timers.setTimeout(() => this.#dropRetiring(), this.#options.requestTimeoutMs);
+    this.#ws = next;
+    this.#wire(next, this.#generation);
+    this.#_ready = ready;
+    this.#onOpen(this.#generation);
+  }
+
+  #dropRetiring(): void {
+    this.#clearTimer('retireTimer');
+    const old = this.#retiring;
+    this.#retiring = null;
+    if (old !== null) {
+      detach(old);
+      closeQuietly(old, CLOSE_NORMAL, 'rotated');
+    }
+  }
+
+  /** A timer of connection `generation`: it does nothing once the connection is over. */
+  #later(which: 'rotateTimer', generation: number, callback: () => void, ms: number): void {
+    this.#clearTimer(which);
+    this[which] = this.#timers.setTimeout(() => {
+      this[which] = null;
+      if (generation === this.#generation) callback();
+    }, ms);
   }
 
   #onOpen(generation: number): void {
@@ -978,13 +1170,14 @@ export class StreamFleetClient {
     this.#openedAt = this.#timers.now();
     this.#connections += 1;
     this.#setStatus('open');
-    this.#outstanding = [];
+    this.#heardAt = this.#openedAt;
+    this.#pingAt = null;
     this.#missed = 0;
     this.#lastPongAt = -Infinity;
-    this.#nextHeartbeatAt = this.#timers.now() + this.#options.heartbeatIntervalMs;
     this.#stateAttempts = 0;
     if (!this.#sendStateRequest(generation)) return;
     this.#scheduleHeartbeat(generation);
+    this.#scheduleRotation(generation);
     // Resume every subscription from the last seq delivered, without waiting for the state.
     this.#resubscribeAll();
     for (const stream of this.#pendingUnsubscribes) void this.#sendUnsubscribe(stream);
@@ -1044,8 +1237,9 @@ export class StreamFleetClient {
       return;
     }
     const text = data;
+    const current = generation === this.#generation;
     if (text === PONG_FRAME) {
-      this.#lastPongAt = this.#timers.now();
+      if (current) this.#lastPongAt = this.#heardAt = this.#timers.now();
       this.#emit('pong');
       return;
     }
@@ -1057,6 +1251,9 @@ export class StreamFleetClient {
     }
     if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return;
     const reply = parsed as Reply;
+    // A reply of ours proves the connection alive; API Gateway's error frames (no `type`: what a
+    // throttled Region answers) and our error replies prove nothing.
+    if (current && typeof reply.type === 'string' && !isErrorReply(reply)) this.#heardAt = this.#timers.now();
     let changed = false;
     if (typeof reply.region === 'string' && reply.region !== this.#_region) {
       const previous = this.#_region;
@@ -1077,6 +1274,7 @@ export class StreamFleetClient {
         this.#_ready = true;
         this.#clearTimer('stateTimer');
         this.#failedBeforeOpen = false;
+        this.#flush();
         this.#emit('ready', state);
         this.#followSubscriptions(state);
       }
@@ -1096,42 +1294,46 @@ export class StreamFleetClient {
   }
 
   #scheduleHeartbeat(generation: number): void {
-    const now = this.#timers.now();
+    const { heartbeatIntervalMs, heartbeatTimeoutMs } = this.#options;
     const wake =
-      this.#outstanding.length > 0
-        ? Math.min(this.#nextHeartbeatAt, this.#outstanding[0]! + this.#options.heartbeatTimeoutMs)
-        : this.#nextHeartbeatAt;
+      this.#pingAt === null ? this.#heardAt + heartbeatIntervalMs : this.#pingAt + heartbeatTimeoutMs;
     this.heartbeatTimer = this.#timers.setTimeout(
       () => {
         this.heartbeatTimer = null;
         if (generation === this.#generation) this.#heartbeatTick(generation);
       },
-      Math.max(0, wake - now),
+      Math.max(0, wake - this.#timers.now()),
     );
   }
 
+  /**
+   * A heartbeat only after `heartbeatIntervalMs` without a proof of life (so a busy connection
+   * sends none), answered only by `pong`. Unanswered within `heartbeatTimeoutMs`, another goes
+   * at once; after `missedPongsBeforeReconnect` the connection is dropped: a silently dead
+   * connection is noticed within interval + missed * timeout (30 s by default).
+   */
   #heartbeatTick(generation: number): void {
     const now = this.#timers.now();
-    const { heartbeatIntervalMs, heartbeatTimeoutMs, missedPongsBeforeReconnect } = this.#options;
-    if (this.#outstanding.length > 0 && this.#lastPongAt >= this.#outstanding[0]!) {
-      // A pong after a heartbeat answers it and every earlier one: no ids needed.
-      this.#outstanding = [];
+    if (this.#pingAt !== null && this.#lastPongAt >= this.#pingAt) {
+      this.#pingAt = null;
       this.#missed = 0;
     }
-    while (this.#outstanding.length > 0 && this.#outstanding[0]! + heartbeatTimeoutMs <= now) {
-      this.#outstanding.shift();
-      this.#missed += 1;
-      if (this.#missed >= missedPongsBeforeReconnect) {
+    if (this.#pingAt !== null && now >= this.#pingAt + this.#options.heartbeatTimeoutMs) {
+      this.#pingAt = null;
+      if (++this.#missed >= this.#options.missedPongsBeforeReconnect) {
         this.#forcedReconnects += 1;
         this.#endConnection(generation, {
           code: null,
-          reason: `${this.#missed} heartbeats unanswered`,
+          reason: `heartbeats unanswered (${this.#missed})`,
           forced: true,
         });
         return;
       }
     }
-    if (now >= this.#nextHeartbeatAt) {
+    if (
+      this.#pingAt === null &&
+      (this.#missed > 0 || now >= this.#heardAt + this.#options.heartbeatIntervalMs)
+    ) {
       try {
         this.#ws?.send(HEARTBEAT_FRAME);
       } catch (error) {
@@ -1142,8 +1344,7 @@ export class StreamFleetClient {
         });
         return;
       }
-      this.#outstanding.push(now);
-      this.#nextHeartbeatAt = now + heartbeatIntervalMs;
+      this.#pingAt = now;
     }
     this.#scheduleHeartbeat(generation);
   }
@@ -1199,12 +1400,11 @@ export class StreamFleetClient {
   }
 
   #teardownSocket(): void {
-    const ws = this.#ws;
-    if (ws !== null) {
-      ws.onopen = null;
-      ws.onmessage = null;
-      ws.onclose = null;
-      ws.onerror = null;
+    if (this.#ws !== null) detach(this.#ws);
+    if (this.#successor !== null) {
+      detach(this.#successor);
+      closeQuietly(this.#successor, CLOSE_NORMAL, 'not needed');
+      this.#successor = null;
     }
     this.#ws = null;
     this.#opened = false;
@@ -1214,11 +1414,11 @@ export class StreamFleetClient {
     this.#clearTimer('heartbeatTimer');
     this.#clearTimer('gapTimer');
     this.#clearTimer('stateTimer');
-    this.#outstanding = [];
+    this.#clearTimer('rotateTimer');
     for (const cursor of this.#cursors.values()) cursor.inFlight = false;
   }
 
-  #clearTimer(which: 'retryTimer' | 'openTimer' | 'heartbeatTimer' | 'gapTimer' | 'stateTimer'): void {
+  #clearTimer(which: TimerName): void {
     if (this[which] !== null) {
       this.#timers.clearTimeout(this[which]);
       this[which] = null;
@@ -1233,8 +1433,11 @@ export class StreamFleetClient {
     return pending;
   }
 
+  /** Rejects the requests sent (queued ones wait for the next connection). */
   #failPending(error: Error): void {
-    for (const requestId of [...this.#pending.keys()]) this.#settle(requestId)?.reject(error);
+    for (const requestId of [...this.#pending.keys()]) {
+      if (!this.#queue.some((queued) => queued.id === requestId)) this.#settle(requestId)?.reject(error);
+    }
   }
 
   // --- Events -----------------------------------------------------------------------------
@@ -1261,6 +1464,10 @@ export class StreamFleetClient {
       }
     }
   }
+}
+
+function detach(ws: WebSocketLike): void {
+  ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
 }
 
 function closeQuietly(ws: WebSocketLike, code: number, reason: string): void {

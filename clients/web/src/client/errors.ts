@@ -10,6 +10,13 @@ export class StreamFleetError extends Error {
 /** There is no open connection right now (the client is connecting or backing off). */
 export class NotConnectedError extends StreamFleetError {}
 
+/** Not connected, and `sendQueueSize` messages already wait: nothing was queued. */
+export class SendQueueFullError extends NotConnectedError {
+  constructor(readonly size: number) {
+    super(`not connected, and the send queue is full (${size})`);
+  }
+}
+
 /** The connection ended while a request waited for its reply (it may have been applied). */
 export class ConnectionLostError extends StreamFleetError {}
 

@@ -26,6 +26,7 @@ export {
   FrameTooLargeError,
   NotConnectedError,
   RequestTimeoutError,
+  SendQueueFullError,
   ServerError,
   StreamFleetError,
   SubscriptionRefusedError,

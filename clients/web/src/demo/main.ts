@@ -5,7 +5,8 @@
  *
  * Query string: `user` (the bidder; default a random one, kept in the URL so a reload keeps
  * it), `auction` (default `a1`), and, to compress the timings for tests and demos, `hb` and
- * `hbTimeout` (heartbeat interval and timeout, ms; default 30000 / 35000), `backoffBase` and
+ * `hbTimeout` (heartbeat quiet period and pong timeout, ms; default 20000 / 10000), `maxAge`
+ * (rotate the connection at 90 to 100 % of this age, ms; default 6600000), `backoffBase` and
  * `backoffCap` (ms; default 2000 / 20000), `poll` (how often to refresh the highest bid from
  * the server, ms; default 2000), `gap` (how long a gap in a watched stream may stay open before
  * the stored log is asked, ms; default 2000), and `stream` (watch this stream in the live-stream
@@ -71,12 +72,21 @@ function main(): void {
   const user = idParameter(params, 'user', 'anonymous');
   const auction = idParameter(params, 'auction', 'a1');
   const pollMs = msParameter(params, 'poll', 2000);
+  // The sockets this page has open, so that a browser test can cut them as a lost network would.
+  const sockets = new Set<WebSocket>();
   const client = new StreamFleetClient({
+    webSocket: (url, protocols) => {
+      const ws = new WebSocket(url, protocols);
+      sockets.add(ws);
+      ws.addEventListener('close', () => sockets.delete(ws));
+      return ws;
+    },
     url: resolveUrl,
     token: tokenProvider(user),
     getStateFields: { auction },
-    heartbeatIntervalMs: msParameter(params, 'hb', 30000),
-    heartbeatTimeoutMs: msParameter(params, 'hbTimeout', 35000),
+    heartbeatIntervalMs: msParameter(params, 'hb', 20000),
+    heartbeatTimeoutMs: msParameter(params, 'hbTimeout', 10000),
+    maxConnectionAgeMs: msParameter(params, 'maxAge', 6_600_000),
     backoffBaseMs: msParameter(params, 'backoffBase', 2000),
     backoffCapMs: msParameter(params, 'backoffCap', 20000),
     gapTimeoutMs: msParameter(params, 'gap', 2000),
@@ -179,7 +189,7 @@ function main(): void {
 
   // For the browser tests and for poking at it from the devtools console.
   const streams = mountStreamPanel(client, params);
-  (window as unknown as { streamfleet: unknown }).streamfleet = { client, user, auction, streams };
+  (window as unknown as { streamfleet: unknown }).streamfleet = { client, user, auction, streams, sockets };
   render(client.snapshot());
   client.start();
 }
