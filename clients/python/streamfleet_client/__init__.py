@@ -19,6 +19,7 @@ from .reconnecting import (
     FrameTooLarge,
     NotConnected,
     ReconnectingClient,
+    SendQueueFull,
     SubscriptionRefused,
 )
 from .streams import EpochChange, Skip, StreamCursor, StreamMessage, StreamPosition
@@ -34,6 +35,7 @@ __all__ = [
     "FrameTooLarge",
     "NotConnected",
     "ReconnectingClient",
+    "SendQueueFull",
     "Skip",
     "StreamCursor",
     "StreamMessage",

@@ -2,13 +2,27 @@
 
 What it does, and why:
 
-* **Application heartbeat.** Every ``heartbeat_interval`` (30 s) it sends
-  ``{"action": "heartbeat"}`` and expects the TEXT frame ``pong`` within ``heartbeat_timeout``
-  (35 s). Protocol-level pings prove nothing here: API Gateway answers them itself even when the
-  backend Lambda is throttled, and so does a half-broken region; and any other frame proves
-  nothing either (a throttled region answers every message with an ``Internal server error``
-  frame). After ``missed_pongs_before_reconnect`` (2) *consecutive* heartbeats without a
-  ``pong`` the client closes the connection and reconnects, even though the socket looks open.
+* **Liveness.** Any reply of ours (the TEXT frame ``pong``, a state, a stream's frames) proves
+  the connection alive; an error frame does not (a throttled region answers every message with
+  an ``Internal server error`` frame), nor do protocol-level pings (API Gateway answers them
+  itself even when the backend Lambda is throttled). After ``heartbeat_interval`` (20 s)
+  without one it sends ``{"action": "heartbeat"}``; when no ``pong`` comes within
+  ``heartbeat_timeout`` (10 s) it closes the connection and reconnects, even though the socket
+  looks open (``missed_pongs_before_reconnect``, 1, heartbeats in a row, each sent when the
+  previous timed out). A silently dead connection is so noticed within 20 + 10 = 30 s, at a
+  cost of at most 3 heartbeats (6 API Gateway messages with their pongs) per idle
+  connection-minute, and none on a connection that hears from the server at least every 20 s.
+* **Rotation before API Gateway's 2-hour limit.** At a random age between 90 % and 100 % of
+  ``max_connection_age`` (110 min; ``None``: never) a successor connection is opened (make
+  before break); once it is open it takes over without the status leaving ``OPEN`` and without
+  ``ready`` turning false, and the old one keeps receiving for ``request_timeout`` (the replies
+  to requests sent on it, and live frames, which the cursors dedupe). Subscriptions resume
+  from their positions. A successor that fails is tried again after ``backoff_cap``.
+* **Sending while not ready** is refused (:class:`NotConnected`) by default; with
+  ``send_queue_size`` above 0, :meth:`~ReconnectingClient.send` and
+  :meth:`~ReconnectingClient.request` wait in a queue of that many, sent in order once the next
+  connection's state is restored (:class:`SendQueueFull` when full; a queued request's timeout
+  runs while it waits, and one that times out is never sent; ``close()`` drops the queue).
 * **Replies correlated by ``requestId``**, never by order: each message is handled by its own
   Lambda invocation, so replies arrive in any order. :meth:`ReconnectingClient.request` adds a
   fresh ``requestId`` and waits for the reply that echoes it.
@@ -108,12 +122,18 @@ def _accepts_force_refresh(provider: Callable[..., Any]) -> bool:
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Timings and limits. The defaults are the production values of a widely used
-    configuration: 30 s heartbeats, 2 s backoff base, 20 s cap."""
+    """Timings and limits. A dead connection is noticed within ``heartbeat_interval +
+    missed_pongs_before_reconnect * heartbeat_timeout`` (30 s); 2 s backoff base, 20 s cap."""
 
-    heartbeat_interval: float = 30.0
-    heartbeat_timeout: float = 35.0
-    missed_pongs_before_reconnect: int = 2
+    # A heartbeat after this long without a proof of life (a pong, a reply other than an error).
+    heartbeat_interval: float = 20.0
+    heartbeat_timeout: float = 10.0  # for its pong
+    missed_pongs_before_reconnect: int = 1
+    # Rotated (make before break) at a random 90-100 % of this age: API Gateway closes a
+    # connection after 2 hours. None: never.
+    max_connection_age: float | None = 6600.0
+    # send()/request() while not ready: 0 refuses them (NotConnected); N queues up to N.
+    send_queue_size: int = 0
     backoff_base: float = 2.0
     backoff_cap: float = 20.0
     max_auth_retries: int | None = None  # None: a refusal never stops the client on its own
@@ -163,6 +183,15 @@ class ClientConfig:
             raise ValueError("backoff_base: must be a finite number of seconds above zero")
         if self.missed_pongs_before_reconnect < 1:
             raise ValueError("missed_pongs_before_reconnect: must be at least 1")
+        age = self.max_connection_age
+        if age is not None and not (
+            isinstance(age, (int, float)) and math.isfinite(age) and age > 0
+        ):
+            raise ValueError(
+                "max_connection_age: must be a finite number of seconds above 0, or None"
+            )
+        if not isinstance(self.send_queue_size, int) or self.send_queue_size < 0:
+            raise ValueError("send_queue_size: must be a whole number, 0 or more")
         if self.max_auth_retries is not None and self.max_auth_retries < 0:
             raise ValueError("max_auth_retries: must be zero or more, or None")
         if self.max_buffered_per_stream < 1:
@@ -187,6 +216,14 @@ class ClientError(Exception):
 
 class NotConnected(ClientError):
     """No open connection right now (the client is connecting or backing off)."""
+
+
+class SendQueueFull(NotConnected):
+    """Not ready, and ``send_queue_size`` messages already wait: this one was not queued."""
+
+    def __init__(self, size: int):
+        super().__init__(f"not connected, and the send queue is full ({size})")
+        self.size = size
 
 
 class FrameTooLarge(ClientError, ValueError):
@@ -330,6 +367,14 @@ class ReconnectingClient:
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
         self._last_pong_at = -math.inf
+        # The last proof of life on the current connection (a pong, a reply other than an error).
+        self._heard_at = -math.inf
+        self._restored = asyncio.Event()  # this connection's getState was answered
+        self._successor: ClientConnection | None = None  # opened by a rotation, not yet serving
+        self._retiring: set[asyncio.Task[None]] = set()  # old connections, still receiving
+        # What send()/request() gave while not ready (send_queue_size > 0): (text, request id).
+        self._queue: deque[tuple[str, str | None]] = deque()
+        self.rotations = 0
         self._session_healthy = False
         self._state_request_id: str | None = None
         self._session_tasks: set[asyncio.Task[Any]] = set()
@@ -351,6 +396,15 @@ class ReconnectingClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        for task in self._retiring:
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        successor, self._successor = self._successor, None
+        if successor is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.config.close_timeout):
+                    await successor.close()
+        self._queue.clear()  # queued requests fail below with the pending ones
         self._fail_pending(ClientClosed("client closed"))
         if self.status is not ClientStatus.FAILED:
             await self._set_status(ClientStatus.CLOSED)
@@ -398,8 +452,8 @@ class ReconnectingClient:
         return self._ready.is_set()
 
     def reconnect(self) -> None:
-        """Drop the current connection and connect again (e.g. to follow a fail-back, or to
-        stand in for API Gateway's 2-hour limit)."""
+        """Drop the current connection and connect again (e.g. to follow a fail-back; the
+        rotation ahead of API Gateway's 2-hour limit needs no call)."""
         self._reconnect_now.set()
 
     def abort_connection(self) -> bool:
@@ -453,7 +507,9 @@ class ReconnectingClient:
 
     async def _send_unsubscribe(self, stream: str) -> None:
         with contextlib.suppress(NotConnected, ConnectionLost, TimeoutError):
-            reply = await self.request({"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream})
+            reply = await self._request(
+                {"action": model.WS_ROUTE_UNSUBSCRIBE, "stream": stream}, queue=False
+            )
             if reply.get("type") == model.WS_REPLY_UNSUBSCRIBED:
                 self._pending_unsubscribes.discard(stream)
 
@@ -482,7 +538,7 @@ class ReconnectingClient:
         cursor.in_flight = True
         cursor.request_id = self._next_request_id()
         try:
-            reply = await self.request(
+            reply = await self._request(
                 {
                     "action": model.WS_ROUTE_SUBSCRIBE,
                     "stream": cursor.stream,
@@ -490,6 +546,7 @@ class ReconnectingClient:
                     "afterEpoch": cursor.epoch,
                 },
                 request_id=cursor.request_id,
+                queue=False,
             )
         except (NotConnected, ConnectionLost, TimeoutError) as exc:
             # The next connection subscribes again; on this one, retry after a gap timeout.
@@ -550,9 +607,13 @@ class ReconnectingClient:
     # Sending ---------------------------------------------------------------------------------
 
     async def send(self, message: Mapping[str, Any]) -> None:
-        """Send one message; :class:`FrameTooLarge` (nothing sent) over 32 KB,
-        :class:`NotConnected` when there is no open connection."""
+        """Send one message; :class:`FrameTooLarge` (nothing sent) over 32 KB. While not ready:
+        :class:`NotConnected`, or with ``send_queue_size`` queued (:class:`SendQueueFull` when
+        full), sent in order once the next connection's state is restored."""
         text = _frame(dict(message))
+        if self._queueing():
+            self._enqueue(text, None)
+            return
         ws = self._ws
         if ws is None:
             raise NotConnected("not connected")
@@ -572,35 +633,78 @@ class ReconnectingClient:
 
         Replies are matched by ``requestId`` only, so concurrent requests may complete in any
         order. :class:`FrameTooLarge` (nothing sent) if the message is over 32 KB,
-        :class:`NotConnected` if there is no connection, :class:`ConnectionLost` if it ends
-        before the reply (the request may or may not have been applied), ``TimeoutError`` if no
-        reply comes within ``timeout`` (default ``request_timeout``).
+        :class:`NotConnected` if there is no connection (or, with ``send_queue_size``, queued
+        as :meth:`send` does; the timeout runs while it waits, and a request that times out or
+        is cancelled while queued is never sent), :class:`ConnectionLost` if it ends before the
+        reply (the request may or may not have been applied), ``TimeoutError`` if no reply
+        comes within ``timeout`` (default ``request_timeout``).
         """
+        return await self._request(message, timeout=timeout, request_id=request_id, queue=True)
+
+    async def _request(
+        self,
+        message: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        queue: bool,
+    ) -> dict[str, Any]:
         request_id = request_id or self._next_request_id()
         text = _frame({**message, "requestId": request_id})
+        queued = queue and self._queueing()
         ws = self._ws
-        if ws is None:
+        if queued:
+            self._enqueue(text, request_id)
+        elif ws is None:
             raise NotConnected("not connected")
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            try:
-                await ws.send(text)
-            except ConnectionClosed:
-                raise NotConnected("the connection just closed") from None
+            if ws is not None and not queued:
+                try:
+                    await ws.send(text)
+                except ConnectionClosed:
+                    raise NotConnected("the connection just closed") from None
             async with asyncio.timeout(timeout or self.config.request_timeout):
                 return await future
         finally:
             self._pending.pop(request_id, None)
+            if queued:
+                self._unqueue(request_id)
+
+    def _queueing(self) -> bool:
+        """Whether what the application sends now waits: a queue is configured, and this
+        connection's state is not restored, or older messages still wait (order is kept)."""
+        return self.config.send_queue_size > 0 and (not self._ready.is_set() or bool(self._queue))
+
+    def _enqueue(self, text: str, request_id: str | None) -> None:
+        if len(self._queue) >= self.config.send_queue_size:
+            raise SendQueueFull(self.config.send_queue_size)
+        self._queue.append((text, request_id))
+
+    def _unqueue(self, request_id: str) -> None:
+        for item in self._queue:
+            if item[1] == request_id:
+                self._queue.remove(item)
+                return
+
+    async def _flush(self, ws: ClientConnection) -> None:
+        """The queue, in order, on a connection whose state was just restored."""
+        while self._queue and self._ws is ws:
+            await ws.send(self._queue[0][0])
+            self._queue.popleft()
 
     def _next_request_id(self) -> str:
         return f"{self.name}-{next(self._ids)}"
 
     def _fail_pending(self, error: Exception) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self._pending.clear()
+        """Fails the requests sent; queued ones wait for the next connection."""
+        queued = {request_id for _, request_id in self._queue}
+        for request_id, future in list(self._pending.items()):
+            if request_id not in queued:
+                if not future.done():
+                    future.set_exception(error)
+                del self._pending[request_id]
 
     # Connection loop -------------------------------------------------------------------------
 
@@ -612,7 +716,11 @@ class ReconnectingClient:
         try:
             while not self._closing:
                 self.consecutive_failures = failures
-                if not first:
+                # A rotation's successor serves next, at once: no backoff, no status change.
+                successor, self._successor = self._successor, None
+                if successor is not None:
+                    ws = successor
+                elif not first:
                     delay = full_jitter(
                         max(failures - 1, 0),
                         self.config.backoff_base,
@@ -624,39 +732,42 @@ class ReconnectingClient:
                     await self._set_status(ClientStatus.BACKING_OFF)
                     await asyncio.sleep(delay)
                 first = False
-                await self._set_status(ClientStatus.CONNECTING)
-                self.attempts += 1
-                try:
-                    ws = await self._open(failures, force_refresh)
-                except InvalidStatus as exc:
-                    force_refresh = True
-                    status = exc.response.status_code
-                    failures += 1
-                    logger.info("%s: handshake refused with HTTP %s", self.name, status)
-                    await self._emit(self.on_handshake_failed, status)
-                    if status in AUTH_FAILURE_STATUSES:
-                        self.auth_failures += 1
-                        auth_refusals += 1
-                        limit = self.config.max_auth_retries
-                        if limit is not None and auth_refusals > limit:
-                            self.error = AuthorizationFailed(status, auth_refusals)
-                            logger.warning("%s: %s; giving up", self.name, self.error)
-                            await self._set_status(ClientStatus.FAILED)
-                            return
-                    continue
-                except Exception as exc:  # refused, timed out, DNS, provider failure: retry
-                    force_refresh = True
-                    failures += 1
-                    logger.info("%s: connect failed: %s: %s", self.name, type(exc).__name__, exc)
-                    await self._emit(self.on_handshake_failed, None)
-                    continue
+                if successor is None:
+                    await self._set_status(ClientStatus.CONNECTING)
+                    self.attempts += 1
+                    try:
+                        ws = await self._open(failures, force_refresh)
+                    except InvalidStatus as exc:
+                        force_refresh = True
+                        status = exc.response.status_code
+                        failures += 1
+                        logger.info("%s: handshake refused with HTTP %s", self.name, status)
+                        await self._emit(self.on_handshake_failed, status)
+                        if status in AUTH_FAILURE_STATUSES:
+                            self.auth_failures += 1
+                            auth_refusals += 1
+                            limit = self.config.max_auth_retries
+                            if limit is not None and auth_refusals > limit:
+                                self.error = AuthorizationFailed(status, auth_refusals)
+                                logger.warning("%s: %s; giving up", self.name, self.error)
+                                await self._set_status(ClientStatus.FAILED)
+                                return
+                        continue
+                    except Exception as exc:  # refused, timed out, DNS, provider failure: retry
+                        force_refresh = True
+                        failures += 1
+                        logger.info(
+                            "%s: connect failed: %s: %s", self.name, type(exc).__name__, exc
+                        )
+                        await self._emit(self.on_handshake_failed, None)
+                        continue
                 auth_refusals = 0
                 force_refresh = False
                 # One more failure unless the session proves healthy (its getState answered)
                 # and stays so for min_healthy_seconds, so a server that accepts and drops at
                 # once, or answers and then drops, still backs off exponentially.
                 opened_at = asyncio.get_running_loop().time()
-                healthy = await self._session(ws)
+                healthy = await self._session(ws, rotated=successor is not None)
                 lasted = asyncio.get_running_loop().time() - opened_at
                 if healthy and lasted >= self.config.min_healthy_seconds:
                     failures = 0
@@ -692,11 +803,17 @@ class ReconnectingClient:
             proxy=None,
         )
 
-    async def _session(self, ws: ClientConnection) -> bool:
-        """Serve one connection until it ends; whether it was healthy (state restored)."""
+    async def _session(self, ws: ClientConnection, *, rotated: bool = False) -> bool:
+        """Serve one connection until it ends; whether it was healthy (state restored).
+
+        ``rotated``: it took over from a connection that was ready, which stays so (the state
+        it restored is the latest there is until this one's getState is answered)."""
         self._ws = ws
         self._session_healthy = False
-        self._ready.clear()
+        if not rotated:
+            self._ready.clear()
+        self._restored.clear()
+        self._heard_at = asyncio.get_running_loop().time()
         self._reconnect_now.clear()
         self.connections += 1
         await self._set_status(ClientStatus.OPEN)
@@ -710,6 +827,8 @@ class ReconnectingClient:
                 loop.create_task(self._reconnect_now.wait(), name=f"{self.name}-reconnect"),
                 loop.create_task(self._watch_gaps(), name=f"{self.name}-gaps"),
             ]
+            if self.config.max_connection_age is not None:
+                tasks.append(loop.create_task(self._rotate(), name=f"{self.name}-rotate"))
             # Resume every subscription from the last seq delivered, without waiting for the
             # state reply (which may add the ones this client does not know about yet).
             for cursor in self.subscriptions.values():
@@ -734,13 +853,58 @@ class ReconnectingClient:
             for cursor in self.subscriptions.values():
                 cursor.in_flight = False
             self._ws = None
-            self._ready.clear()
-            self._fail_pending(ConnectionLost("connection ended before the reply"))
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.config.close_timeout):
-                    await ws.close()
-            self.last_close_code, self.last_close_reason = ws.close_code, ws.close_reason
+            if self._successor is not None and not self._closing:
+                self._retire(ws)  # rotated: the successor serves next, at once
+            else:
+                self._ready.clear()
+                self._fail_pending(ConnectionLost("connection ended before the reply"))
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(self.config.close_timeout):
+                        await ws.close()
+                self.last_close_code, self.last_close_reason = ws.close_code, ws.close_reason
         return self._session_healthy
+
+    async def _rotate(self) -> None:
+        """Ahead of API Gateway's 2-hour limit: open a successor, then return, which ends this
+        session; the connection loop serves the successor next.
+
+        Make before break: breaking first would take the status through ``BACKING_OFF`` and
+        ``CONNECTING``, refuse (or queue) the application's sends meanwhile, and lose the live
+        frames of the gap until the resubscribes' replays brought them back."""
+        age = self.config.max_connection_age
+        assert age is not None
+        # Jittered down to 90 %: clients that connected together (after a failover) spread out.
+        await asyncio.sleep(age * (1 - self._rng.random() / 10))
+        while True:
+            try:
+                self._successor = await self._open(0, False)
+            except Exception as exc:  # refused, timed out: keep this one, try again later
+                logger.info(
+                    "%s: rotation: successor failed: %s: %s", self.name, type(exc).__name__, exc
+                )
+                await asyncio.sleep(self.config.backoff_cap)
+                continue
+            self.rotations += 1
+            logger.info("%s: rotating to a new connection", self.name)
+            return
+
+    def _retire(self, ws: ClientConnection) -> None:
+        """Keep receiving on a rotated-out connection for ``request_timeout`` (the replies to
+        requests sent on it; its live frames, which the cursors dedupe), then close it."""
+
+        async def retire() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(self.config.request_timeout):
+                        await self._receive(ws)
+            finally:  # close() cancels it: the socket is closed all the same
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(self.config.close_timeout):
+                        await ws.close()
+
+        task = asyncio.get_running_loop().create_task(retire(), name=f"{self.name}-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def _restore_state(self, ws: ClientConnection) -> None:
         """``getState`` until it is answered: an error reply (``unavailable``, a reply too
@@ -759,7 +923,7 @@ class ReconnectingClient:
                     separators=(",", ":"),
                 )
             )
-            answered = asyncio.ensure_future(self._ready.wait())
+            answered = asyncio.ensure_future(self._restored.wait())
             failed = asyncio.ensure_future(self._state_failed.wait())
             try:
                 await asyncio.wait(
@@ -770,7 +934,7 @@ class ReconnectingClient:
             finally:
                 answered.cancel()
                 failed.cancel()
-            if self._ready.is_set():
+            if self._restored.is_set():
                 return
             logger.info("%s: getState not answered (attempt %d)", self.name, attempt + 1)
             await asyncio.sleep(
@@ -782,9 +946,11 @@ class ReconnectingClient:
     async def _receive(self, ws: ClientConnection) -> None:
         loop = asyncio.get_running_loop()
         async for raw in ws:
+            current = ws is self._ws  # not a connection a rotation retired
             if raw == model.WS_PONG_FRAME:  # the heartbeat's reply, a bare text frame
                 self.pongs += 1
-                self._last_pong_at = loop.time()
+                if current:
+                    self._last_pong_at = self._heard_at = loop.time()
                 continue
             if isinstance(raw, bytes) or _oversized(raw, self.config.max_message_bytes):
                 # The server sends text of at most max_message_bytes: anything else is skipped
@@ -799,6 +965,8 @@ class ReconnectingClient:
             if not isinstance(message, dict):
                 continue
             kind = message.get("type")
+            if current and isinstance(kind, str) and kind != model.WS_REPLY_ERROR:
+                self._heard_at = loop.time()  # a reply of ours: proof of life
             region = message.get("region")
             if isinstance(region, str) and region != self.region:
                 old, self.region = self.region, region
@@ -813,15 +981,17 @@ class ReconnectingClient:
                 future.set_result(message)
             if kind == model.WS_REPLY_STATE:
                 self.state = message
-                if request_id == self._state_request_id:
+                if current and request_id == self._state_request_id:
                     self._session_healthy = True
                     self._ready.set()
+                    self._restored.set()
                     self._follow_server_subscriptions(message)
+                    await self._flush(ws)
                 await self._emit(self.on_state, message)
             await self._emit(self.on_message, message)
             if kind == model.WS_REPLY_ERROR and request_id == self._state_request_id:
                 self._state_failed.set()  # sent again by _restore_state
-            if kind == model.WS_REPLY_ERROR and message.get("error") == TOKEN_EXPIRED:
+            if current and kind == model.WS_REPLY_ERROR and message.get("error") == TOKEN_EXPIRED:
                 # The server serves nothing more on this connection: a new one, with a token
                 # asked for anew, resubscribes every stream from its position.
                 logger.info("%s: the token expired; reconnecting", self.name)
@@ -865,22 +1035,22 @@ class ReconnectingClient:
                 self._spawn(self._send_subscribe(cursor, "server-state"), "subscribe-state")
 
     async def _heartbeat(self, ws: ClientConnection) -> None:
-        """Send heartbeats; return (ending the session) after too many consecutive misses."""
+        """A heartbeat after ``heartbeat_interval`` without a proof of life, answered only by
+        ``pong``; return (ending the session) when too many in a row go unanswered, each sent
+        as soon as the previous timed out: within ``interval + missed * timeout`` of the last
+        sign of life."""
         loop = asyncio.get_running_loop()
         interval = self.config.heartbeat_interval
         timeout = self.config.heartbeat_timeout
-        outstanding: deque[float] = deque()  # send times of unanswered heartbeats
+        ping_at: float | None = None  # when the unanswered heartbeat was sent
         missed = 0
-        next_send = loop.time() + interval
         heartbeat = json.dumps({"action": model.WS_ROUTE_HEARTBEAT}, separators=(",", ":"))
         while True:
             now = loop.time()
-            if outstanding and self._last_pong_at >= outstanding[0]:
-                # A pong after a heartbeat answers it and every earlier one: no ids needed.
-                outstanding.clear()
-                missed = 0
-            while outstanding and outstanding[0] + timeout <= now:
-                outstanding.popleft()
+            if ping_at is not None and self._last_pong_at >= ping_at:
+                ping_at, missed = None, 0
+            if ping_at is not None and now >= ping_at + timeout:
+                ping_at = None
                 missed += 1
                 if missed >= self.config.missed_pongs_before_reconnect:
                     self.forced_reconnects += 1
@@ -890,11 +1060,10 @@ class ReconnectingClient:
                         missed,
                     )
                     return
-            if now >= next_send:
+            if ping_at is None and (missed or now >= self._heard_at + interval):
                 await ws.send(heartbeat)
-                outstanding.append(now)
-                next_send = now + interval
-            wake = min(next_send, outstanding[0] + timeout) if outstanding else next_send
+                ping_at = now
+            wake = self._heard_at + interval if ping_at is None else ping_at + timeout
             await asyncio.sleep(max(0.0, wake - loop.time()))
 
     # Callbacks -------------------------------------------------------------------------------
