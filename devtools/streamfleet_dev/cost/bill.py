@@ -22,6 +22,7 @@ from typing import Any
 
 from streamfleet.worker.protocol import UpstreamMessage
 from streamfleet.worker.sink import MessageSink, item_bytes
+from streamfleet_client.reconnecting import ClientConfig
 
 HERE = Path(__file__).resolve().parent
 MONTH_SECONDS = 30 * 24 * 3600  # a 30-day month
@@ -31,11 +32,15 @@ GB = 1e9
 KB = 1024
 API_MESSAGE_UNIT_BYTES = 32 * 1024  # API Gateway meters WebSocket messages in 32 KB units
 
-# Client behaviour, from the clients' defaults: a heartbeat every 30 s, answered by a pong.
-HEARTBEATS_PER_CONNECTION_MINUTE = 2.0
-# API Gateway closes every WebSocket connection after 2 hours: each client reconnects (its
-# authorizer runs) and subscribes again (a handler invocation and a replay read per stream).
-CONNECTS_PER_CONNECTION_HOUR = 0.5
+# Client behaviour, from the Python client's defaults (the browser client's are the same): a
+# heartbeat only after this long without hearing from the server, answered by a pong.
+HEARTBEAT_QUIET_SECONDS = ClientConfig().heartbeat_interval
+# An idle connection's: one a quiet period (its pong starts the next one).
+HEARTBEATS_PER_IDLE_CONNECTION_MINUTE = 60 / HEARTBEAT_QUIET_SECONDS
+# Each client rotates its connection (a connect, its authorizer, a resubscribe per stream) at
+# a random 90-100 % of max_connection_age, ahead of API Gateway's 2-hour limit.
+_MAX_AGE = ClientConfig().max_connection_age or 2 * 3600
+CONNECTS_PER_CONNECTION_HOUR = 3600 / (0.95 * _MAX_AGE)
 # The worker's checkpoint of a stream that receives: at most one per CHECKPOINT_EVERY (300 s).
 CHECKPOINTS_PER_STREAM_MINUTE = 60 / 300
 # A wire entry's envelope around a message's data (seq, epoch, at, quotes, commas).
@@ -55,6 +60,17 @@ ASSUMED = {
     "fanout_log_bytes_per_invocation": 1500,  # the above and its EMF document
     "worker_log_bytes_per_minute": 2000,  # worker_stats and lease events
 }
+
+
+def heartbeats_per_connection_minute(posts_per_second: float) -> float:
+    """The heartbeats of a connection that receives ``posts_per_second`` posts (any post is
+    proof of life): with posts as a Poisson process of rate r and the quiet period Q, each gap
+    longer than Q brings one heartbeat, whose pong restarts the clock: r / (e^(rQ) - 1) a
+    second, 1 / Q when idle."""
+    rate = posts_per_second * HEARTBEAT_QUIET_SECONDS
+    if rate <= 0:
+        return HEARTBEATS_PER_IDLE_CONNECTION_MINUTE
+    return 60 * posts_per_second / math.expm1(rate) if rate < 700 else 0.0
 
 
 @dataclass(frozen=True)
@@ -264,14 +280,19 @@ def bill(
         f"measured: {measured['posts_per_1000_delivered']['value'][window]:g} posts per 1,000 "
         f"delivered (docs/benchmarks/fanout.md), {units_per_post} unit(s) each",
     )
-    heartbeats = connections * HEARTBEATS_PER_CONNECTION_MINUTE * MONTH_MINUTES
+    per_connection_s = posts / connections / MONTH_SECONDS if connections else 0.0
+    per_minute = heartbeats_per_connection_minute(per_connection_s)
+    heartbeats = connections * per_minute * MONTH_MINUTES
     add(
         "API Gateway",
         "heartbeats and pongs",
         heartbeats * 2,
         "messages",
         "apigw_websocket_message",
-        "client default: a heartbeat every 30 s, each answered by a pong",
+        f"client default: a heartbeat after {HEARTBEAT_QUIET_SECONDS:g} s without a post or "
+        f"reply ({HEARTBEATS_PER_IDLE_CONNECTION_MINUTE:g} a minute idle), each answered by a "
+        f"pong; assumed: posts as a Poisson process ({per_connection_s:.3g} a second per "
+        f"connection): {per_minute:.3g} heartbeats a connection-minute",
     )
     api_messages = sum(line.quantity for line in lines if line.unit.startswith("messages"))
     beyond = max(0.0, api_messages - usd["apigw_websocket_message_tier_1_messages"])
@@ -324,7 +345,8 @@ def bill(
         "authorizer",
         reconnects,
         ASSUMED["authorizer_ms"],
-        f"assumed: {ASSUMED['authorizer_ms']:g} ms per connect; a reconnect every 2 h",
+        f"assumed: {ASSUMED['authorizer_ms']:g} ms per connect; client default: a rotation "
+        f"every {0.95 * _MAX_AGE / 60:g} min on average",
     )
     canary_runs = ASSUMED["canary_runs_per_minute"] * MONTH_MINUTES * replicas
     lambda_lines(
