@@ -73,6 +73,7 @@ function readPage(page) {
       region: client?.region ?? null,
       ready: client?.ready ?? false,
       connections: client?.snapshot().connections ?? 0,
+      attempts: client?.snapshot().attempts ?? 0,
       gapResubscribes: cursor?.stats.gapResubscribes ?? 0,
       duplicates: cursor?.stats.duplicates ?? 0,
       position: client?.position(stream) ?? null,
