@@ -273,3 +273,5 @@ async def test_close_drops_the_queue_and_fails_queued_requests():
         with pytest.raises(ClientClosed):
             await queued
         assert server.seen == []
+        with pytest.raises(NotConnected):  # closed: refused, not queued for ever
+            await client.send({"action": "note"})

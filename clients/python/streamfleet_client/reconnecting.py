@@ -675,6 +675,8 @@ class ReconnectingClient:
     def _queueing(self) -> bool:
         """Whether what the application sends now waits: a queue is configured, and this
         connection's state is not restored, or older messages still wait (order is kept)."""
+        if self._closing:
+            return False  # refused as without a queue: nothing would ever send it
         return self.config.send_queue_size > 0 and (not self._ready.is_set() or bool(self._queue))
 
     def _enqueue(self, text: str, request_id: str | None) -> None:
