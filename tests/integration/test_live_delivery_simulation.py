@@ -36,12 +36,12 @@ CATCHES_MOVING_BACK = (5, 10, 19)
 CATCHES_POSITIONS_PER_REGION = (2, 4, 13)  # schedules with a regional failover
 CATCHES_IGNORING_MISSED_PONGS = (75, 88, 94)  # schedules whose primary Region is cut off
 CATCHES_IGNORING_SERVER_STATE = (5, 10, 13)  # schedules with a client restart
-CATCHES_NO_READERS_CHECK_AFTER_REPLAY = (6, 18, 38)
+CATCHES_NO_READERS_CHECK_AFTER_REPLAY = (17, 18, 38)
 CATCHES_NO_TOKEN_CHECK_AFTER_REPLAY = (1, 13, 37)
-CATCHES_A_CUT_PER_PATH = (10, 86, 89)
+CATCHES_A_CUT_PER_PATH = (10, 83, 89)
 CATCHES_EVERY_HOLE_SKIPPED = (6, 111, 128)
 CATCHES_NO_EPOCH_ON_THE_WIRE = (6, 11, 13)
-CATCHES_AN_UNBOUNDED_REPLAY = (80, 138)  # replays of over 1 MiB of large messages
+CATCHES_AN_UNBOUNDED_REPLAY = (80,)  # a replay of over 1 MiB of large messages
 
 
 def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() -> None:
@@ -77,7 +77,7 @@ def test_every_fixed_schedule_delivers_the_stored_log_exactly_once_in_order() ->
         "the failover name answers with the primary again",
         "us-west-2 fan-out batch",
         # Heartbeats and getState: a client on a cut-off Region gives its connection up after
-        # two missed pongs; a restarted client takes its subscriptions from getState, in
+        # its missed pongs; a restarted client takes its subscriptions from getState, in
         # either Region (the state table replicates both ways).
         "heartbeats unanswered",
         "restarting",
@@ -201,7 +201,7 @@ def test_a_client_that_starts_afresh_in_another_region_is_caught(
 
 def test_a_client_that_ignores_missed_pongs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker can fail on the heartbeat: a client that keeps a connection of a cut-off
-    Region (its socket looks open, nothing answers) past two missed pongs."""
+    Region (its socket looks open, nothing answers) past its missed pongs."""
     original = heartbeat.HeartbeatWatch.tick
 
     def deaf(self: heartbeat.HeartbeatWatch, now: float) -> str | None:

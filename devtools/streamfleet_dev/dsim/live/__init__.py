@@ -26,7 +26,7 @@ One schedule runs, in one Region (in one schedule in five two, with a regional f
   every connection from the position delivered, the gap and quiet watch, final refusals,
   ``token_expired``), reconnecting with full-jitter backoff and a fresh token; ``getState``
   after every connect, following the subscriptions it lists (:mod:`.state_restore`), and the
-  application heartbeat, a connection given up after two missed pongs (:mod:`.heartbeat`);
+  application heartbeat, a connection given up after its missed pongs (:mod:`.heartbeat`);
   some clients restart, keeping only their positions;
 * **faults**: every request to DynamoDB and the Management API takes a seeded time, an
   answer may be lost after the request was applied (the SDK sends it again: a duplicated
