@@ -1,10 +1,9 @@
 """The TypeScript client's unit tests (vitest, fake WebSocket and fake timers), run from pytest
-so that ``make test`` and CI run them: backoff formula and bounds, two missed pongs force a
-reconnect, the token provider per attempt with ``forceRefresh``, ``getState`` after every
-reconnect, out-of-order correlation, the 32 KB refusal and ``close()`` leaving no timer. Also the
-type check and formatting (the built package as a consumer installs it:
-``test_web_package.py``).
-"""
+so that ``make test`` and CI run them: backoff formula and bounds, an unanswered heartbeat forces
+a reconnect, rotation and the send queue, the token provider per attempt with ``forceRefresh``,
+``getState`` after every reconnect, out-of-order correlation, the 32 KB refusal and ``close()``
+leaving no timer. Also the type check and formatting (the built package as a consumer installs
+it: ``test_web_package.py``)."""
 
 from __future__ import annotations
 

@@ -99,13 +99,13 @@ async def test_failover_drill(
     assert details["pongs"] > 0  # heartbeats were answered with the text frame pong
     if failure is DrillFailure.THROTTLED and canary_disconnects:
         # The canary closed the open sockets of the throttled region once it tripped (the
-        # alarm's 2 of 2), before two heartbeats went unanswered.
+        # alarm's 2 of 2), before their heartbeats went unanswered.
         assert details["closed_by_canary"] >= 1
         assert details["closed_by_canary"] + details["forced_reconnects"] >= clients
         assert summary["gateways"][config.secondary]["closed_by_canary"] == 0
     if failure is DrillFailure.THROTTLED and not canary_disconnects:
         # Without the canary's help, open sockets that stopped answering were abandoned by the
-        # clients themselves (two heartbeats without a pong).
+        # clients themselves (a heartbeat without a pong).
         assert details["closed_by_canary"] == 0
         assert details["forced_reconnects"] >= clients
     assert "| Time to detect (s) |" in markdown(summary)

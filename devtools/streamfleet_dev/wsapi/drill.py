@@ -28,10 +28,11 @@ canary must close no connection. Then recover the primary and check the slow fai
 (``healthy_runs_to_recover`` good canary runs first) and that the clients, moved back, find
 their state there too.
 
-Timings are compressed (canary every 0.2 s, heartbeat 0.3 s / 0.4 s, backoff base 0.05 s): the
-same ratios as production (1 min, 30 s / 35 s, 2 s), a few hundred times faster. A client can
-leave the failed region two ways, and the summary counts both: its own rule (two heartbeats
-without a ``pong``) or the canary closing its connection (what moves third-party clients).
+Timings are compressed (canary every 0.2 s, heartbeat 0.3 s / 0.4 s, backoff base 0.05 s), a
+few hundred times faster than production (canary every minute, a heartbeat after 20 s without a
+reply and 10 s for its ``pong``, backoff base 2 s). A client can leave the failed region two
+ways, and the summary counts both: its own rule (a heartbeat without a ``pong``) or the canary
+closing its connection (what moves third-party clients).
 
 Run it: ``python -m streamfleet_dev.wsapi.drill [--clients 8] [--failures throttled,down,store]
 [--backend dynalite|moto] [--markdown] [--only failover|live]``. After this failover drill it
@@ -902,7 +903,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("Accepted bids lost", ", ".join(f"{k}: {v}" for k, v in bids["lost"].items())),
         ("Unacknowledged bids (outage)", bids["unacknowledged"]),
         (
-            "Clients moved by the canary / by two missed pongs",
+            "Clients moved by the canary / by missed pongs",
             f"{summary['clients_detail']['closed_by_canary']} / "
             f"{summary['clients_detail']['forced_reconnects']}",
         ),
