@@ -17,9 +17,10 @@ export function makeClient(positions: PositionStore = memoryPositions()) {
 }
 
 /** A started client whose connection is open and its state restored. */
-export function connected(positions?: PositionStore) {
+export async function connected(positions?: PositionStore) {
   const { client, factory } = makeClient(positions);
-  client.start(); // with a URL string and no token provider the socket is made at once
+  client.start();
+  await settle(); // the socket is wired to the client once its dial has returned
   const socket = factory.last();
   socket.open();
   socket.restoreState('us-east-1');

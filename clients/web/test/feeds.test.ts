@@ -13,7 +13,7 @@ const seqs = (feed: ReturnType<typeof feedOf>, keep: number) => feed.view(keep).
 
 describe('StreamFeed', () => {
   it('subscribes once for every component, and unsubscribes after the last lets go', async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     const feed = feedOf(client, 's');
     expect(feedOf(client, 's')).toBe(feed);
     const first = feed.attach(10, () => undefined);
@@ -31,7 +31,7 @@ describe('StreamFeed', () => {
   });
 
   it("keeps the subscription through StrictMode's unmount and mount in one commit", async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     const feed = feedOf(client, 's');
     feed.attach(10, () => undefined)();
     const again = feed.attach(10, () => undefined);
@@ -43,7 +43,7 @@ describe('StreamFeed', () => {
   });
 
   it('keeps the last messages, tells its listeners once per frame, and gives a stable view', async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     const feed = feedOf(client, 's');
     let told = 0;
     const detach = feed.attach(3, () => (told += 1));
@@ -67,7 +67,7 @@ describe('StreamFeed', () => {
   });
 
   it('resumes after a remount from where the client was, with no duplicate', async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     const feed = feedOf(client, 's');
     const detach = feed.attach(10, () => undefined);
     serve(socket, 's', 0, [1, 2, 3]);
@@ -87,6 +87,7 @@ describe('StreamFeed', () => {
     const feed = feedOf(client, 'secret');
     const detach = feed.attach(10, () => undefined);
     expect(client.status).toBe('connecting');
+    await settle();
     const socket = factory.last();
     socket.open();
     socket.restoreState('us-east-1');
@@ -103,12 +104,13 @@ describe('StreamFeed', () => {
     client.close();
   });
 
-  it("gives the connection's status, readiness and region, a new object only when they change", () => {
+  it("gives the connection's status, readiness and region, a new object only when they change", async () => {
     const { client, factory } = makeClient();
     const idle = connectionOf(client);
     expect(idle).toEqual({ status: 'idle', ready: false, region: null });
     expect(connectionOf(client)).toBe(idle);
     client.start();
+    await settle();
     factory.last().open();
     factory.last().restoreState('us-east-1');
     expect(connectionOf(client)).toEqual({ status: 'open', ready: true, region: 'us-east-1' });

@@ -45,7 +45,7 @@ async function render(node: React.ReactNode): Promise<void> {
 
 describe('useStream', () => {
   it("subscribes once under StrictMode's double mount, and shows the messages and the state", async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     await render(
       <StrictMode>
         <Feed client={client} stream="s" />
@@ -61,7 +61,7 @@ describe('useStream', () => {
   });
 
   it('unsubscribes when the last component showing the stream unmounts, and leaves the client open', async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     await render(
       <>
         <Feed client={client} stream="s" />
@@ -80,7 +80,7 @@ describe('useStream', () => {
   });
 
   it('shows what it had after a remount, then what it missed, with no duplicate', async () => {
-    const { client, socket } = connected();
+    const { client, socket } = await connected();
     await render(<Feed client={client} stream="s" />);
     await act(async () => serve(socket, 's', 0, [1, 2, 3]));
     await render(null);
@@ -97,12 +97,12 @@ describe('useStream', () => {
   it('resumes after a reload from the position kept in localStorage', async () => {
     const prefix = `test.${Math.random().toString(36).slice(2)}.`;
     try {
-      const page = connected(storagePositions(localStorage, prefix));
+      const page = await connected(storagePositions(localStorage, prefix));
       await render(<Feed client={page.client} stream="s" />);
       await act(async () => serve(page.socket, 's', 0, [1, 2, 3]));
       await act(async () => page.client.close()); // the page goes away; a new one starts with a new client
       await render(null);
-      const reloaded = connected(storagePositions(localStorage, prefix));
+      const reloaded = await connected(storagePositions(localStorage, prefix));
       await render(<Feed client={reloaded.client} stream="s" />);
       expect(sent(reloaded.socket, 'subscribe', 's')).toMatchObject([{ after: 3 }]);
       await act(async () => serve(reloaded.socket, 's', 3, [3, 4]));
