@@ -594,6 +594,18 @@ describe('StreamFleetClient lifecycle', () => {
     expect(() => client.send({ action: 'heartbeat' })).toThrow(ClientClosedError);
   });
 
+  it('close() right after start(), before the dial has returned: its socket is closed, no timer left', async () => {
+    // A fixed URL and no token provider: the socket is made at once, and wired a microtask later.
+    const { client, factory } = setup({ url: 'ws://127.0.0.1:9/primary', token: undefined });
+    client.start();
+    client.close();
+    await settle();
+    expect(factory.sockets.length).toBe(1);
+    expect(factory.last().closeCalls).toEqual([{ code: 1000, reason: 'closed' }]);
+    expect(vi.getTimerCount()).toBe(0);
+    expect(client.status).toBe('closed');
+  });
+
   it('close() while backing off cancels the retry', async () => {
     const { client, factory } = setup();
     client.start();

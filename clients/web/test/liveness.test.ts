@@ -156,6 +156,9 @@ describe('rotation before API Gateway’s 2-hour limit', () => {
     expect(statuses).toEqual([]); // 'open' all along
     expect(readiness).toEqual([true]); // every change event said ready
     expect(client.snapshot()).toMatchObject({ connections: 2, attempts: 1, reconnectAttempt: 0 });
+    // The retired connection still answers, but no longer says where the client is.
+    old.deliver({ type: 'bid', requestId: 'unknown', region: 'us-west-2' });
+    expect(client.region).toBe('us-east-1');
     // New requests go on the new connection.
     void client.bid('a1', 6).catch(() => undefined);
     expect(sentOf(next, 'bid').length).toBe(1);

@@ -1022,6 +1022,8 @@ export class StreamFleetClient {
       });
       return;
     }
+    // Closed (or superseded) while the dial returned: the socket is nobody's.
+    if (generation !== this.#generation) return closeQuietly(socket, CLOSE_NORMAL, 'closed');
     this.#ws = socket;
     this.#opened = false;
     this.#healthy = false;
@@ -1117,7 +1119,7 @@ export class StreamFleetClient {
     } catch {
       return fail();
     }
-    if (failed) return closeQuietly(next, CLOSE_NORMAL, 'rotation failed');
+    if (failed || generation !== this.#generation) return closeQuietly(next, CLOSE_NORMAL, 'rotation failed');
     const socket = (this.#successor = next);
     socket.onopen = () => {
       if (generation === this.#generation) this.#promote(socket);
@@ -1255,7 +1257,9 @@ export class StreamFleetClient {
     // throttled Region answers) and our error replies prove nothing.
     if (current && typeof reply.type === 'string' && !isErrorReply(reply)) this.#heardAt = this.#timers.now();
     let changed = false;
-    if (typeof reply.region === 'string' && reply.region !== this.#_region) {
+    // A connection a rotation retired still answers its requests, but it no longer says where
+    // the client is nor what its state is.
+    if (current && typeof reply.region === 'string' && reply.region !== this.#_region) {
       const previous = this.#_region;
       this.#_region = reply.region;
       this.#emit('region', reply.region, previous);
@@ -1265,11 +1269,11 @@ export class StreamFleetClient {
     if (reply.type === 'messages' || reply.type === 'subscribed') this.#onStreamFrame(reply);
     const requestId = typeof reply.requestId === 'string' ? reply.requestId : null;
     if (requestId !== null) this.#settle(requestId)?.resolve(reply);
-    if (reply.type === 'state') {
+    if (current && reply.type === 'state') {
       const state = reply as StateReply;
       this.#_state = state;
       changed = true;
-      if (requestId !== null && requestId === this.#stateRequestId && generation === this.#generation) {
+      if (requestId !== null && requestId === this.#stateRequestId) {
         this.#healthy = true;
         this.#_ready = true;
         this.#clearTimer('stateTimer');
@@ -1285,7 +1289,7 @@ export class StreamFleetClient {
     if (isErrorReply(reply) && requestId !== null && requestId === this.#stateRequestId && !this.#_ready) {
       this.#retryStateRequest(generation); // unavailable, too large...: asked again
     }
-    if (isErrorReply(reply) && reply.error === TOKEN_EXPIRED) {
+    if (current && isErrorReply(reply) && reply.error === TOKEN_EXPIRED) {
       // The server serves nothing more on this connection: a new one, with a token asked for
       // anew, resubscribes every stream from its position.
       this.#tokenExpired = true;
