@@ -59,7 +59,14 @@ class Server:
     def seen_on(self, connection: int, action: str) -> list[dict[str, Any]]:
         return [r for i, r in self.requests if i == connection and r["action"] == action]
 
-    def refuse_while_down(self, connection: ServerConnection, request: Any) -> Any:
+    # While set and not yet released, handshakes after the first wait (a successor held).
+    handshake_gate: asyncio.Event | None = None
+    waiting_handshakes: int = 0
+
+    async def refuse_while_down(self, connection: ServerConnection, request: Any) -> Any:
+        if self.handshake_gate is not None and self.connections:
+            self.waiting_handshakes += 1
+            await self.handshake_gate.wait()
         return connection.respond(503, "down\n") if self.down else None
 
     async def serve(self, ws: ServerConnection) -> None:
@@ -225,6 +232,40 @@ async def test_the_connection_is_rotated_before_it_breaks_and_the_stream_goes_on
         )
         assert statuses.count(ClientStatus.OPEN) == 1  # never left it
         await until(lambda: old.close_code is not None, "the old connection closed")
+
+
+async def test_a_rotation_never_ends_a_frame_midway_nor_interleaves_two_connections():
+    """The old connection's frame of seqs 4 and 5 is being delivered (the application's
+    coroutine awaits something at seq 4) when the successor opens and the rotation ends the old
+    connection's session: 5 is still delivered, after 4, and once."""
+    server = Server(handshake_gate=asyncio.Event())
+    delivered: list[int] = []
+    at_4, go_on = asyncio.Event(), asyncio.Event()
+
+    async def on_stream_message(message: StreamMessage) -> None:
+        if message.seq == 4:
+            at_4.set()
+            await go_on.wait()  # the application's own await (a database, a render)
+        delivered.append(message.seq)
+
+    config = ClientConfig(**{**FAST.__dict__, "max_connection_age": 1.0})
+    async with client_of(server, config, on_stream_message=on_stream_message) as client:
+        await client.wait_ready(10)
+        await client.subscribe("s", after=0)
+        for seq in (1, 2, 3):
+            await server.publish(seq)
+        await until(lambda: delivered == [1, 2, 3], "the first messages")
+        await until(lambda: server.waiting_handshakes == 1, "a successor dialling", timeout=30)
+        old = server.connections[0]
+        server.log += [4, 5]
+        await old.send(json.dumps(frame([4, 5], "live")))
+        await asyncio.wait_for(at_4.wait(), 10)
+        server.handshake_gate.set()  # the successor opens; the rotation ends the old session
+        await until(lambda: client.rotations == 1 and client.connections == 2, "rotated")
+        await until(lambda: len(server.seen_on(1, "subscribe")) >= 1, "resubscribed")
+        go_on.set()
+        await server.publish(6)
+        await until(lambda: delivered == [1, 2, 3, 4, 5, 6], f"once, in order: {delivered}")
 
 
 async def test_sending_while_not_ready_is_refused_by_default():

@@ -372,6 +372,9 @@ class ReconnectingClient:
         self._restored = asyncio.Event()  # this connection's getState was answered
         self._successor: ClientConnection | None = None  # opened by a rotation, not yet serving
         self._retiring: set[asyncio.Task[None]] = set()  # old connections, still receiving
+        # Stream frames are handled one at a time and each to its end (see _on_stream_frame).
+        self._stream_frames = asyncio.Lock()
+        self._frames: set[asyncio.Task[None]] = set()
         # What send()/request() gave while not ready (send_queue_size > 0): (text, request id).
         self._queue: deque[tuple[str, str | None]] = deque()
         self.rotations = 0
@@ -396,9 +399,9 @@ class ReconnectingClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        for task in self._retiring:
+        for task in [*self._retiring, *self._frames]:
             task.cancel()
-        await asyncio.gather(*self._retiring, return_exceptions=True)
+        await asyncio.gather(*self._retiring, *self._frames, return_exceptions=True)
         successor, self._successor = self._successor, None
         if successor is not None:
             with contextlib.suppress(Exception):
@@ -970,7 +973,9 @@ class ReconnectingClient:
             if current and isinstance(kind, str) and kind != model.WS_REPLY_ERROR:
                 self._heard_at = loop.time()  # a reply of ours: proof of life
             region = message.get("region")
-            if isinstance(region, str) and region != self.region:
+            # A retired connection still answers its requests, but it no longer says where the
+            # client is nor what its state is.
+            if current and isinstance(region, str) and region != self.region:
                 old, self.region = self.region, region
                 await self._emit(self.on_region, region, old)
             if kind in (model.WS_REPLY_MESSAGES, model.WS_REPLY_SUBSCRIBED):
@@ -981,9 +986,9 @@ class ReconnectingClient:
             future = self._pending.get(request_id) if isinstance(request_id, str) else None
             if future is not None and not future.done():
                 future.set_result(message)
-            if kind == model.WS_REPLY_STATE:
+            if current and kind == model.WS_REPLY_STATE:
                 self.state = message
-                if current and request_id == self._state_request_id:
+                if request_id == self._state_request_id:
                     self._session_healthy = True
                     self._ready.set()
                     self._restored.set()
@@ -1002,6 +1007,22 @@ class ReconnectingClient:
                 return
 
     async def _on_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
+        """One frame at a time, and each to its end. Across a rotation two connections deliver
+        for a while: without the lock the new one could emit seq 6 while the old one's callback
+        still awaits seq 5; and a cursor counts a frame's messages as delivered before they are
+        emitted, so a receive cancelled mid-frame (the old session's, when the rotation ends it)
+        would lose the rest. The frame's task is shielded: cancelling the receive leaves it to
+        finish, and the next frame waits for it."""
+        frame = asyncio.ensure_future(self._stream_frame(kind, message, now))
+        self._frames.add(frame)
+        frame.add_done_callback(self._frames.discard)
+        await asyncio.shield(frame)
+
+    async def _stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
+        async with self._stream_frames:
+            await self._handle_stream_frame(kind, message, now)
+
+    async def _handle_stream_frame(self, kind: str, message: dict[str, Any], now: float) -> None:
         stream = message.get("stream")
         cursor = self.subscriptions.get(stream) if isinstance(stream, str) else None
         if cursor is None:
