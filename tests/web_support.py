@@ -1,12 +1,15 @@
-"""Where the web client's build, Chromium and the browser tests' screenshots are, and how its
-vitest suite is run."""
+"""Where the web client's build, Chromium and the browser tests' screenshots are, how its
+vitest suite is run, and how a browser script (clients/web/scripts/browser-*.mjs) is run."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +42,35 @@ def run_vitest(*args: str, env: dict[str, str] | None = None) -> tuple[str, int]
     passed = re.search(r"Tests\s+(\d+) passed", output)
     assert passed and int(passed.group(1)) > 0, output
     return output, int(passed.group(1))
+
+
+async def run_browser_script(
+    script: Path, *args: str, artifacts: Path, timeout: float, what: str
+) -> tuple[dict[str, Any], int]:
+    """Run a browser script with node; the JSON report it prints last (also kept in
+    ``artifacts/report.json``, its output in ``artifacts/<script>.log``) and its exit status.
+    Fails the test if it hangs past ``timeout`` or prints no report; ``what`` names it there."""
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        str(script),
+        *args,
+        "--artifacts",
+        str(artifacts),
+        cwd=WEB,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError(f"{what}: the browser script hung for {timeout} s") from None
+    (artifacts / f"{script.stem}.log").write_bytes(out + b"\n--- stderr ---\n" + err)
+    lines = out.decode(errors="replace").strip().splitlines()
+    assert lines and lines[-1].startswith("{"), (
+        f"{what}: no report (exit {process.returncode})\n{out.decode()}\n{err.decode()}"
+    )
+    report = json.loads(lines[-1])
+    (artifacts / "report.json").write_text(json.dumps(report, indent=2))
+    return report, process.returncode

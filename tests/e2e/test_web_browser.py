@@ -15,7 +15,6 @@ Screenshots and the reports land in ``clients/web/test-artifacts/<test>/`` (git-
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shutil
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from streamfleet_dev.wsapi.regions import LocalRegions, RegionsSettings
-from tests.web_support import ARTIFACTS, CHROMIUM, DIST, PNG_MAGIC, WEB
+from tests.web_support import ARTIFACTS, CHROMIUM, DIST, PNG_MAGIC, WEB, run_browser_script
 
 SCRIPT = WEB / "scripts" / "browser-test.mjs"
 PRIMARY, SECONDARY = "us-east-1", "us-west-2"
@@ -71,35 +70,17 @@ def dynalite_endpoint(servers, monkeypatch: pytest.MonkeyPatch) -> str:
 
 async def run_browser(regions: LocalRegions, scenario: str, artifacts: Path) -> dict[str, Any]:
     """Run one scenario of the browser script; its report, after checking it passed."""
-    process = await asyncio.create_subprocess_exec(
-        "node",
-        str(SCRIPT),
+    report, returncode = await run_browser_script(
+        SCRIPT,
         scenario,
         "--base-url",
         regions.http_url,
-        "--artifacts",
-        str(artifacts),
-        cwd=WEB,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        artifacts=artifacts,
+        timeout=SCRIPT_TIMEOUT_SECONDS,
+        what=scenario,
     )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), SCRIPT_TIMEOUT_SECONDS)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise AssertionError(
-            f"{scenario}: the browser script hung for {SCRIPT_TIMEOUT_SECONDS} s"
-        ) from None
-    (artifacts / "browser-test.log").write_bytes(out + b"\n--- stderr ---\n" + err)
-    lines = out.decode(errors="replace").strip().splitlines()
-    assert lines and lines[-1].startswith("{"), (
-        f"{scenario}: no report (exit {process.returncode})\n{out.decode()}\n{err.decode()}"
-    )
-    report = json.loads(lines[-1])
-    (artifacts / "report.json").write_text(json.dumps(report, indent=2))
     steps = "\n".join(f"  {s['atMs'] / 1000:6.2f} s  {s['step']}" for s in report["steps"])
-    assert report["ok"] and process.returncode == 0, (
+    assert report["ok"] and returncode == 0, (
         f"{scenario} failed: {report.get('error')}\n{steps}\n"
         f"console: {report['console'][:10]}\nlogs: {json.dumps(report['observed'])[:2000]}\n"
         f"artifacts: {artifacts}"

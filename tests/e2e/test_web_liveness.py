@@ -13,7 +13,6 @@ Artifacts (screenshots, report, log) land in ``clients/web/test-artifacts/<test>
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shutil
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 
 from streamfleet_dev.wsapi.regions import LocalRegions, RegionsSettings
-from tests.web_support import ARTIFACTS, CHROMIUM, DIST, PNG_MAGIC, WEB
+from tests.web_support import ARTIFACTS, CHROMIUM, DIST, PNG_MAGIC, WEB, run_browser_script
 
 SCRIPT = WEB / "scripts" / "browser-liveness.mjs"
 # The dead-connection scenario waits up to 300 s for a 30 s bound; this only catches a hang.
@@ -73,33 +72,17 @@ async def run_scenario(
     settings: RegionsSettings, web_build: Path, scenario: str, artifacts: Path
 ) -> dict[str, Any]:
     async with LocalRegions(settings=settings, static_dir=web_build) as regions:
-        process = await asyncio.create_subprocess_exec(
-            "node",
-            str(SCRIPT),
+        report, returncode = await run_browser_script(
+            SCRIPT,
             scenario,
             "--base-url",
             regions.http_url,
-            "--artifacts",
-            str(artifacts),
-            cwd=WEB,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            artifacts=artifacts,
+            timeout=SCRIPT_TIMEOUT_SECONDS,
+            what=scenario,
         )
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), SCRIPT_TIMEOUT_SECONDS)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise AssertionError(f"{scenario}: the browser script hung") from None
-    (artifacts / "browser-liveness.log").write_bytes(out + b"\n--- stderr ---\n" + err)
-    lines = out.decode(errors="replace").strip().splitlines()
-    assert lines and lines[-1].startswith("{"), (
-        f"{scenario}: no report (exit {process.returncode})\n{out.decode()}\n{err.decode()}"
-    )
-    report = json.loads(lines[-1])
-    (artifacts / "report.json").write_text(json.dumps(report, indent=2))
     steps = "\n".join(f"  {s['atMs'] / 1000:6.2f} s  {s['step']}" for s in report["steps"])
-    assert report["ok"] and process.returncode == 0, (
+    assert report["ok"] and returncode == 0, (
         f"{scenario} failed: {report.get('error')}\n{steps}\nconsole: {report['console'][:10]}\n"
         f"observed: {json.dumps(report['observed'])[:2000]}\nartifacts: {artifacts}"
     )

@@ -12,7 +12,6 @@ same versions. TypeScript and Vite are the newcomer's tools, run from there too.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shutil
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 
 from streamfleet_dev.wsapi.e2e import LiveWorld, WorldSettings
-from tests.web_support import ARTIFACTS, CHROMIUM, PNG_MAGIC, WEB
+from tests.web_support import ARTIFACTS, CHROMIUM, PNG_MAGIC, WEB, run_browser_script
 
 pytestmark = pytest.mark.slow
 
@@ -123,28 +122,15 @@ def newcomer_app(tmp_path: Path) -> Path:
 
 
 async def run_browser(base_url: str, artifacts: Path) -> dict[str, Any]:
-    process = await asyncio.create_subprocess_exec(
-        "node",
-        str(SCRIPT),
+    report, returncode = await run_browser_script(
+        SCRIPT,
         "--base-url",
         base_url,
-        "--artifacts",
-        str(artifacts),
-        cwd=WEB,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        artifacts=artifacts,
+        timeout=SCRIPT_TIMEOUT_SECONDS,
+        what="newcomer",
     )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), SCRIPT_TIMEOUT_SECONDS)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise AssertionError(f"the browser script hung for {SCRIPT_TIMEOUT_SECONDS} s") from None
-    (artifacts / "browser-newcomer.log").write_bytes(out + b"\n--- stderr ---\n" + err)
-    lines = out.decode(errors="replace").strip().splitlines()
-    assert lines and lines[-1].startswith("{"), f"no report\n{out.decode()}\n{err.decode()}"
-    report = json.loads(lines[-1])
-    assert report["ok"] and process.returncode == 0, (
+    assert report["ok"] and returncode == 0, (
         f"{report.get('error')}\nsteps: {report['steps']}\nconsole: {report['console'][:10]}\n"
         f"artifacts: {artifacts}"
     )
